@@ -1,0 +1,133 @@
+//! The raw shape of a configuration fragment: every key optional, unknown keys refused, values
+//! checked as they are read so a bad one is reported with its line.
+
+use super::values::{Day, HumanDuration, TimeOfDay, Zone};
+use serde::Deserialize;
+use std::path::PathBuf;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ConfigInput {
+    pub identity: Option<IdentityInput>,
+    pub triggers: Option<TriggersInput>,
+    pub window: Option<Vec<WindowInput>>,
+    pub lock: Option<LockInput>,
+    pub kubernetes: Option<KubernetesInput>,
+    pub reboot: Option<RebootInput>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct IdentityInput {
+    pub group: Option<String>,
+    pub node_name: Option<String>,
+    pub machine_id_file: Option<PathBuf>,
+    pub boot_id_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct TriggersInput {
+    pub update_engine: Option<bool>,
+    pub sentinel_file: Option<PathBuf>,
+    pub sentinel_command: Option<Vec<String>>,
+    pub sentinel_interval: Option<HumanDuration>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct WindowInput {
+    pub days: Vec<Day>,
+    pub start: TimeOfDay,
+    pub length: HumanDuration,
+    pub time_zone: Option<Zone>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum BackendInput {
+    None,
+    Etcd,
+    Kubernetes,
+    Fleetlock,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct LockInput {
+    pub backend: Option<BackendInput>,
+    pub max_hold: Option<HumanDuration>,
+    pub etcd: Option<EtcdInput>,
+    pub kubernetes: Option<KubeLeaseInput>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct EtcdInput {
+    pub endpoints: Option<Vec<String>>,
+    pub ca_file: Option<PathBuf>,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    pub username: Option<String>,
+    pub password_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct KubeLeaseInput {
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum DrainFailureInput {
+    Abort,
+    Reboot,
+}
+
+/// `"default"` or a duration.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum GracePeriodInput {
+    Default,
+    Duration(std::time::Duration),
+}
+
+impl<'de> Deserialize<'de> for GracePeriodInput {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        if s == "default" {
+            return Ok(GracePeriodInput::Default);
+        }
+        super::values::parse_duration(&s)
+            .map(GracePeriodInput::Duration)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct KubernetesInput {
+    pub kubeconfig: Option<PathBuf>,
+    pub drain_timeout: Option<HumanDuration>,
+    pub on_drain_failure: Option<DrainFailureInput>,
+    pub pod_grace_period: Option<GracePeriodInput>,
+    pub skip_pods: Option<String>,
+    pub blocking_pods: Option<String>,
+    pub ready_timeout: Option<HumanDuration>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum InhibitorsInput {
+    Respect,
+    Ignore,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RebootInput {
+    pub inhibitors: Option<InhibitorsInput>,
+    pub timeout: Option<HumanDuration>,
+    pub retry_interval: Option<HumanDuration>,
+}

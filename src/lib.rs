@@ -1,0 +1,17 @@
+//! rebootd: a reboot coordinator for fleets of Linux hosts.
+//!
+//! The daemon learns that its host needs a reboot, waits for a maintenance window, takes a slot
+//! in a fleet-wide counting semaphore, optionally drains its Kubernetes node, reboots through
+//! logind and, after boot, checks health and gives the slot back. See `docs/DESIGN.md`.
+
+pub mod agent;
+pub mod config;
+pub mod lock;
+pub mod logging;
+pub mod notify;
+pub mod reboot;
+pub mod runtime;
+pub mod state;
+pub mod status;
+pub mod trigger;
+pub mod window;

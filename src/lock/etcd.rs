@@ -1,0 +1,1 @@
+//! etcd v3 lock backend (locksmith-compatible). Work in progress.

@@ -1,0 +1,1 @@
+//! notify (being written)

@@ -1,0 +1,1 @@
+//! reboot (being written)
