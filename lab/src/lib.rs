@@ -1,4 +1,9 @@
 //! rebootd-lab: the stand-ins (update_engine, logind, Kubernetes API), the etcd launcher and the
 //! fleet harness shared by the integration tests, the demo and the benchmarks.
 
+pub mod dbus;
+pub mod etcd;
+pub mod fake_logind;
+pub mod fake_update_engine;
+
 pub use rebootd_lab_kube as kube_api;

@@ -1,0 +1,1 @@
+//! fake_update_engine (being written)
