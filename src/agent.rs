@@ -1,1 +1,613 @@
-//! agent (being written)
+//! The agent's state machine, pure: `step(state, event) -> state` and `next_action(state)`.
+//!
+//! No I/O happens here. The runtime (`runtime.rs`) performs the action the state asks for, turns
+//! its outcome into an [`Event`], steps, and persists the new state before the next action, so
+//! every side effect is guarded by a state written before it.
+
+use crate::state::{Phase, RebootRequest, State};
+use jiff::Timestamp;
+use std::time::Duration;
+
+/// The parts of the configuration the state machine needs.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// Whether a Kubernetes drain happens before the reboot.
+    pub drain: bool,
+    /// How long an accepted reboot may take before it counts as lost.
+    pub reboot_timeout: Duration,
+    /// Back-off after a refusal or a backend error.
+    pub retry_interval: Duration,
+}
+
+/// What happened, as the runtime reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// The process started, in the boot with this id.
+    Started { boot_id: String },
+    /// A trigger says the host needs a reboot.
+    RebootNeeded { reason: String },
+    /// A maintenance window is open now.
+    WindowOpen,
+    /// No window is open; the next one opens then (None: never).
+    WindowClosed { next_open: Option<Timestamp> },
+    /// This node holds a slot.
+    SlotAcquired,
+    /// Talking to the lock backend failed (it will be retried).
+    LockFailed { error: String },
+    /// The node is drained.
+    Drained,
+    /// The drain did not finish; `reboot_anyway` per `on_drain_failure`.
+    DrainFailed { error: String, reboot_anyway: bool },
+    /// The cordon was put on by rebootd (true) or was there before (false).
+    Cordoned { by_us: bool },
+    /// Everything allows the reboot now: the request is about to be made.
+    ReadyToReboot,
+    /// logind accepted the reboot request.
+    RebootAccepted,
+    /// logind refused (inhibitor, error).
+    RebootRefused { error: String },
+    /// An accepted reboot did not happen within the timeout.
+    RebootTimedOut,
+    /// The node is back and healthy after the reboot.
+    Healthy,
+    /// The node is schedulable again.
+    Uncordoned,
+    /// The slot is given back.
+    Released,
+    /// A back-off ended.
+    RetryDue,
+}
+
+/// What the runtime must do next for a state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Wait for a trigger.
+    WaitForTrigger,
+    /// Do nothing until then, then report [`Event::RetryDue`].
+    Sleep { until: Timestamp },
+    /// See whether a window is open now.
+    CheckWindow,
+    /// Wait until a window opens.
+    WaitForWindow,
+    /// Take a slot (waiting for one).
+    AcquireSlot,
+    /// Cordon and drain the node.
+    Drain,
+    /// Check once more that the reboot may happen now (window, blockers).
+    PrepareReboot,
+    /// Ask logind to reboot.
+    CallReboot,
+    /// Wait for the host to go down, until the deadline.
+    AwaitReboot { deadline: Timestamp },
+    /// Wait for the node to be healthy after boot.
+    WaitHealthy,
+    /// Make the node schedulable again.
+    Uncordon,
+    /// Give the slot back.
+    ReleaseSlot,
+}
+
+/// The result of a step: the new state and, when the phase changed, why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    pub state: State,
+    pub why: String,
+}
+
+/// What the state asks for next.
+pub fn next_action(s: &State, policy: &Policy) -> Action {
+    if let Some(until) = s.retry_at {
+        return Action::Sleep { until };
+    }
+    match s.phase {
+        Phase::Idle => Action::WaitForTrigger,
+        Phase::RebootNeeded => Action::CheckWindow,
+        Phase::WaitingForWindow => Action::WaitForWindow,
+        Phase::AcquiringSlot => Action::AcquireSlot,
+        Phase::Draining => Action::Drain,
+        Phase::Rebooting => match &s.reboot {
+            None => Action::PrepareReboot,
+            Some(r) if !r.called => Action::CallReboot,
+            Some(r) => Action::AwaitReboot {
+                deadline: add(r.requested_at, policy.reboot_timeout),
+            },
+        },
+        Phase::WaitingForHealthy => Action::WaitHealthy,
+        Phase::Uncordoning => Action::Uncordon,
+        Phase::Releasing => Action::ReleaseSlot,
+    }
+}
+
+fn add(t: Timestamp, d: Duration) -> Timestamp {
+    jiff::SignedDuration::try_from(d)
+        .ok()
+        .and_then(|d| t.checked_add(d).ok())
+        .unwrap_or(Timestamp::MAX)
+}
+
+fn enter(s: &mut State, phase: Phase, now: Timestamp) {
+    if s.phase != phase {
+        s.phase = phase;
+        s.since = now;
+    }
+    s.waiting_for = None;
+}
+
+/// After the slot is taken: drain first when configured.
+fn after_slot(policy: &Policy) -> Phase {
+    if policy.drain {
+        Phase::Draining
+    } else {
+        Phase::Rebooting
+    }
+}
+
+/// Undo what was done for a reboot that will not happen now: uncordon, then release.
+fn back_out(s: &mut State, now: Timestamp) {
+    let phase = if s.cordoned_by_us {
+        Phase::Uncordoning
+    } else {
+        Phase::Releasing
+    };
+    enter(s, phase, now);
+}
+
+/// Apply an event to a state.
+pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step {
+    let mut s = old.clone();
+    let why: String;
+    match event {
+        Event::Started { boot_id } => {
+            let rebooted = s.boot_id != boot_id;
+            let previous = std::mem::replace(&mut s.boot_id, boot_id.clone());
+            if !rebooted {
+                if let Some(r) = s.reboot.as_mut() {
+                    // We may have asked logind before the restart: wait out the deadline
+                    // rather than asking twice.
+                    r.called = true;
+                }
+                why = format!("restarted in the same boot {boot_id}; resuming");
+            } else {
+                match s.phase {
+                    Phase::Idle => why = format!("new boot {boot_id}"),
+                    Phase::WaitingForHealthy | Phase::Uncordoning | Phase::Releasing => {
+                        why = format!("new boot {boot_id} during post-boot checks; resuming");
+                    }
+                    _ => {
+                        let ours = s.phase == Phase::Rebooting && s.reboot.is_some();
+                        why = if ours {
+                            format!("rebooted: boot id {previous} -> {boot_id}")
+                        } else {
+                            format!(
+                                "the host rebooted outside rebootd's control in phase {} \
+                                 (boot id {previous} -> {boot_id})",
+                                s.phase
+                            )
+                        };
+                        s.reason = None;
+                        s.reboot = None;
+                        s.retry_at = None;
+                        s.failed_attempts = 0;
+                        s.last_error = None;
+                        s.last_reboot = Some(now);
+                        let post_boot = s.slot_held || s.cordoned_by_us || ours;
+                        enter(
+                            &mut s,
+                            if post_boot {
+                                Phase::WaitingForHealthy
+                            } else {
+                                Phase::Idle
+                            },
+                            now,
+                        );
+                    }
+                }
+            }
+        }
+        Event::RebootNeeded { reason } => {
+            if s.reason.is_none() {
+                s.reason = Some(reason.clone());
+            }
+            if s.phase == Phase::Idle {
+                enter(&mut s, Phase::RebootNeeded, now);
+                why = format!("reboot needed: {reason}");
+            } else {
+                why = format!("already in phase {}; noted: {reason}", s.phase);
+            }
+        }
+        Event::WindowOpen => match s.phase {
+            Phase::RebootNeeded | Phase::WaitingForWindow => {
+                enter(&mut s, Phase::AcquiringSlot, now);
+                why = "maintenance window open".into();
+            }
+            _ => why = "window open (no change)".into(),
+        },
+        Event::WindowClosed { next_open } => {
+            let when = next_open.map_or("never".to_string(), |t| t.to_string());
+            match s.phase {
+                Phase::RebootNeeded | Phase::WaitingForWindow => {
+                    enter(&mut s, Phase::WaitingForWindow, now);
+                    why = format!("outside the maintenance window; next opens {when}");
+                    s.waiting_for = Some(format!("maintenance window opening at {when}"));
+                }
+                Phase::AcquiringSlot | Phase::Draining | Phase::Rebooting => {
+                    back_out(&mut s, now);
+                    why = format!(
+                        "the maintenance window closed before the reboot; backing out (next opens {when})"
+                    );
+                }
+                _ => why = "window closed (no change)".into(),
+            }
+        }
+        Event::SlotAcquired => {
+            s.slot_held = true;
+            s.last_error = None;
+            enter(&mut s, after_slot(policy), now);
+            why = "slot acquired".into();
+        }
+        Event::LockFailed { error } => {
+            s.retry_at = Some(add(now, policy.retry_interval));
+            why = format!("lock backend: {error}; retrying");
+            s.waiting_for = Some(format!("retry after lock backend error: {error}"));
+            s.last_error = Some(error);
+        }
+        Event::Cordoned { by_us } => {
+            s.cordoned_by_us = by_us;
+            why = if by_us {
+                "node cordoned by rebootd".into()
+            } else {
+                "node was already unschedulable; rebootd will leave it so".into()
+            };
+        }
+        Event::Drained => {
+            enter(&mut s, Phase::Rebooting, now);
+            why = "node drained".into();
+        }
+        Event::DrainFailed {
+            error,
+            reboot_anyway,
+        } => {
+            s.last_error = Some(format!("drain failed: {error}"));
+            if reboot_anyway {
+                enter(&mut s, Phase::Rebooting, now);
+                why = format!("drain failed ({error}); rebooting anyway (on_drain_failure = reboot)");
+            } else {
+                back_out(&mut s, now);
+                s.retry_at = Some(add(now, policy.retry_interval));
+                why = format!("drain failed ({error}); backing out (on_drain_failure = abort)");
+            }
+        }
+        Event::ReadyToReboot => {
+            s.reboot = Some(RebootRequest {
+                requested_at: now,
+                boot_id: s.boot_id.clone(),
+                called: false,
+            });
+            why = "asking logind to reboot".into();
+        }
+        Event::RebootAccepted => {
+            if let Some(r) = s.reboot.as_mut() {
+                r.called = true;
+            }
+            let deadline = s
+                .reboot
+                .as_ref()
+                .map(|r| add(r.requested_at, policy.reboot_timeout));
+            s.waiting_for = deadline.map(|d| format!("the host to go down (until {d})"));
+            why = "logind accepted the reboot".into();
+        }
+        Event::RebootRefused { error } => {
+            s.reboot = None;
+            s.retry_at = Some(add(now, policy.retry_interval));
+            s.waiting_for = Some(format!("retry after the reboot was refused: {error}"));
+            why = format!("reboot refused: {error}");
+            s.last_error = Some(why.clone());
+        }
+        Event::RebootTimedOut => {
+            s.failed_attempts += 1;
+            let at = s
+                .reboot
+                .as_ref()
+                .map_or("?".to_string(), |r| r.requested_at.to_string());
+            s.reboot = None;
+            why = format!(
+                "the reboot requested at {at} did not happen within {}; asking again (failed attempts: {})",
+                humantime::format_duration(policy.reboot_timeout),
+                s.failed_attempts
+            );
+            s.last_error = Some(why.clone());
+        }
+        Event::Healthy => {
+            let next = if s.cordoned_by_us {
+                Phase::Uncordoning
+            } else {
+                Phase::Releasing
+            };
+            enter(&mut s, next, now);
+            why = "node healthy after boot".into();
+        }
+        Event::Uncordoned => {
+            s.cordoned_by_us = false;
+            enter(&mut s, Phase::Releasing, now);
+            why = "node uncordoned".into();
+        }
+        Event::Released => {
+            s.slot_held = false;
+            s.last_error = None;
+            if s.reason.is_some() {
+                enter(&mut s, Phase::RebootNeeded, now);
+                why = "slot released; a reboot is still needed".into();
+            } else {
+                enter(&mut s, Phase::Idle, now);
+                why = "slot released; cycle complete".into();
+            }
+        }
+        Event::RetryDue => {
+            s.retry_at = None;
+            why = "retrying".into();
+        }
+    }
+    Step { state: s, why }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> Policy {
+        Policy {
+            drain: false,
+            reboot_timeout: Duration::from_secs(600),
+            retry_interval: Duration::from_secs(60),
+        }
+    }
+
+    fn t(secs: i64) -> Timestamp {
+        Timestamp::from_second(secs).unwrap()
+    }
+
+    fn run(s: &State, events: Vec<Event>) -> State {
+        let mut s = s.clone();
+        for (i, e) in events.into_iter().enumerate() {
+            s = step(&s, e, t(i as i64), &policy()).state;
+        }
+        s
+    }
+
+    #[test]
+    fn full_cycle_without_drain() {
+        let s = State::new("boot1", t(0));
+        assert_eq!(next_action(&s, &policy()), Action::WaitForTrigger);
+        let s = run(
+            &s,
+            vec![
+                Event::RebootNeeded {
+                    reason: "update_engine".into(),
+                },
+                Event::WindowOpen,
+                Event::SlotAcquired,
+            ],
+        );
+        assert_eq!(s.phase, Phase::Rebooting);
+        assert!(s.slot_held);
+        assert_eq!(next_action(&s, &policy()), Action::PrepareReboot);
+        let s = run(&s, vec![Event::ReadyToReboot]);
+        assert_eq!(next_action(&s, &policy()), Action::CallReboot);
+        let s = run(&s, vec![Event::RebootAccepted]);
+        assert!(matches!(
+            next_action(&s, &policy()),
+            Action::AwaitReboot { .. }
+        ));
+        // The next boot.
+        let s = run(
+            &s,
+            vec![Event::Started {
+                boot_id: "boot2".into(),
+            }],
+        );
+        assert_eq!(s.phase, Phase::WaitingForHealthy);
+        assert_eq!(s.reason, None);
+        let s = run(&s, vec![Event::Healthy]);
+        assert_eq!(next_action(&s, &policy()), Action::ReleaseSlot);
+        let s = run(&s, vec![Event::Released]);
+        assert_eq!(s.phase, Phase::Idle);
+        assert!(!s.slot_held);
+        assert!(s.last_reboot.is_some());
+    }
+
+    #[test]
+    fn restart_in_same_boot_does_not_count_as_reboot_and_does_not_call_twice() {
+        let s = run(
+            &State::new("boot1", t(0)),
+            vec![
+                Event::RebootNeeded { reason: "x".into() },
+                Event::WindowOpen,
+                Event::SlotAcquired,
+                Event::ReadyToReboot,
+            ],
+        );
+        // Crash after the marker was written, maybe before logind was called.
+        let s = run(
+            &s,
+            vec![Event::Started {
+                boot_id: "boot1".into(),
+            }],
+        );
+        assert_eq!(s.phase, Phase::Rebooting);
+        assert!(matches!(
+            next_action(&s, &policy()),
+            Action::AwaitReboot { .. }
+        ));
+        // The bounded wait ends: report and ask again.
+        let s = run(&s, vec![Event::RebootTimedOut]);
+        assert_eq!(s.failed_attempts, 1);
+        assert!(s.last_error.as_deref().unwrap().contains("did not happen"));
+        assert_eq!(next_action(&s, &policy()), Action::PrepareReboot);
+    }
+
+    #[test]
+    fn refused_reboot_backs_off_then_retries() {
+        let s = run(
+            &State::new("b", t(0)),
+            vec![
+                Event::RebootNeeded { reason: "x".into() },
+                Event::WindowOpen,
+                Event::SlotAcquired,
+                Event::ReadyToReboot,
+                Event::RebootRefused {
+                    error: "blocked by inhibitor of backup".into(),
+                },
+            ],
+        );
+        assert!(matches!(next_action(&s, &policy()), Action::Sleep { .. }));
+        assert!(s.last_error.as_deref().unwrap().contains("backup"));
+        let s = run(&s, vec![Event::RetryDue]);
+        assert_eq!(next_action(&s, &policy()), Action::PrepareReboot);
+    }
+
+    #[test]
+    fn closed_window_waits_then_opens() {
+        let s = run(
+            &State::new("b", t(0)),
+            vec![
+                Event::RebootNeeded { reason: "x".into() },
+                Event::WindowClosed {
+                    next_open: Some(t(100)),
+                },
+            ],
+        );
+        assert_eq!(s.phase, Phase::WaitingForWindow);
+        assert_eq!(next_action(&s, &policy()), Action::WaitForWindow);
+        assert!(s.waiting_for.as_deref().unwrap().contains("window"));
+        let s = run(&s, vec![Event::WindowOpen]);
+        assert_eq!(s.phase, Phase::AcquiringSlot);
+    }
+
+    #[test]
+    fn window_closing_before_reboot_gives_slot_back_and_keeps_need() {
+        let s = run(
+            &State::new("b", t(0)),
+            vec![
+                Event::RebootNeeded { reason: "x".into() },
+                Event::WindowOpen,
+                Event::SlotAcquired,
+                Event::WindowClosed { next_open: None },
+            ],
+        );
+        assert_eq!(s.phase, Phase::Releasing);
+        let s = run(&s, vec![Event::Released]);
+        assert_eq!(s.phase, Phase::RebootNeeded);
+        assert!(!s.slot_held);
+    }
+
+    #[test]
+    fn unplanned_reboot_with_slot_goes_through_post_boot_checks() {
+        let s = run(
+            &State::new("b1", t(0)),
+            vec![
+                Event::RebootNeeded { reason: "x".into() },
+                Event::WindowOpen,
+                Event::SlotAcquired,
+            ],
+        );
+        let s = run(&s, vec![Event::Started { boot_id: "b2".into() }]);
+        assert_eq!(s.phase, Phase::WaitingForHealthy);
+        // Without a slot, an unplanned reboot just clears the need.
+        let s = run(
+            &State::new("b1", t(0)),
+            vec![
+                Event::RebootNeeded { reason: "x".into() },
+                Event::Started { boot_id: "b2".into() },
+            ],
+        );
+        assert_eq!(s.phase, Phase::Idle);
+        assert_eq!(s.reason, None);
+    }
+
+    #[test]
+    fn drain_path_and_abort_uncordons_only_if_we_cordoned() {
+        let p = Policy {
+            drain: true,
+            ..policy()
+        };
+        let mut s = State::new("b", t(0));
+        for e in [
+            Event::RebootNeeded { reason: "x".into() },
+            Event::WindowOpen,
+            Event::SlotAcquired,
+        ] {
+            s = step(&s, e, t(1), &p).state;
+        }
+        assert_eq!(next_action(&s, &p), Action::Drain);
+        let cordoned = step(&s, Event::Cordoned { by_us: true }, t(2), &p).state;
+        let failed = step(
+            &cordoned,
+            Event::DrainFailed {
+                error: "pdb".into(),
+                reboot_anyway: false,
+            },
+            t(3),
+            &p,
+        )
+        .state;
+        assert_eq!(failed.phase, Phase::Uncordoning);
+        let was = step(&s, Event::Cordoned { by_us: false }, t(2), &p).state;
+        let failed = step(
+            &was,
+            Event::DrainFailed {
+                error: "pdb".into(),
+                reboot_anyway: false,
+            },
+            t(3),
+            &p,
+        )
+        .state;
+        assert_eq!(failed.phase, Phase::Releasing);
+        let anyway = step(
+            &cordoned,
+            Event::DrainFailed {
+                error: "pdb".into(),
+                reboot_anyway: true,
+            },
+            t(3),
+            &p,
+        )
+        .state;
+        assert_eq!(anyway.phase, Phase::Rebooting);
+    }
+
+    #[test]
+    fn lock_error_backs_off_in_place() {
+        let s = run(
+            &State::new("b", t(0)),
+            vec![
+                Event::RebootNeeded { reason: "x".into() },
+                Event::WindowOpen,
+                Event::LockFailed {
+                    error: "etcd unreachable".into(),
+                },
+            ],
+        );
+        assert_eq!(s.phase, Phase::AcquiringSlot);
+        assert!(matches!(next_action(&s, &policy()), Action::Sleep { .. }));
+        let s = run(&s, vec![Event::RetryDue]);
+        assert_eq!(next_action(&s, &policy()), Action::AcquireSlot);
+    }
+
+    #[test]
+    fn new_need_during_post_boot_leads_to_another_cycle() {
+        let mut s = State::new("b", t(0));
+        s.phase = Phase::Releasing;
+        s.slot_held = true;
+        let s = run(
+            &s,
+            vec![
+                Event::RebootNeeded {
+                    reason: "again".into(),
+                },
+                Event::Released,
+            ],
+        );
+        assert_eq!(s.phase, Phase::RebootNeeded);
+    }
+}

@@ -1,1 +1,298 @@
-//! runtime (being written)
+//! The agent's runtime: performs the action the state asks for, turns its outcome into an event,
+//! steps the pure state machine and writes the new state before the next action.
+
+use crate::agent::{self, Action, Event, Policy};
+use crate::config::{Backend, Config};
+use crate::lock::{self, LockError, Semaphore};
+use crate::notify;
+use crate::reboot::{Logind, RebootError, Rebooter};
+use crate::state::{State, StateError, StateStore};
+use crate::trigger::{self, Need};
+use jiff::Timestamp;
+use std::path::Path;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tracing::{debug, error, info, info_span, warn, Instrument};
+
+/// Longest single sleep while waiting for a window: the wall clock is looked at again after it,
+/// so a clock step (NTP, suspend) delays a window opening by at most this much.
+const WINDOW_RECHECK: Duration = Duration::from_secs(300);
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error("cannot read {what} from {path}: {reason}")]
+    Identity {
+        what: &'static str,
+        path: String,
+        reason: String,
+    },
+    #[error("lock backend: {0}")]
+    Lock(#[from] LockError),
+}
+
+/// Read a one-line id file (machine id, boot id), trimmed and checked non-empty.
+pub fn read_id(what: &'static str, path: &Path) -> Result<String, RuntimeError> {
+    let err = |reason: String| RuntimeError::Identity {
+        what,
+        path: path.display().to_string(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    let id = text.trim().to_string();
+    if id.is_empty() {
+        return Err(err("the file is empty".into()));
+    }
+    Ok(id)
+}
+
+/// This node's identity in the semaphore, from the configured files.
+pub fn identity(config: &Config) -> Result<lock::Identity, RuntimeError> {
+    Ok(lock::Identity {
+        id: read_id("the machine id", &config.identity.machine_id_file)?,
+        node: config.identity.node_name.clone(),
+        boot_id: read_id("the boot id", &config.identity.boot_id_file)?,
+    })
+}
+
+/// Open the configured lock backend.
+pub async fn open_semaphore(config: &Config) -> Result<Box<dyn Semaphore>, LockError> {
+    match config.lock.backend {
+        Backend::None => Ok(Box::new(lock::none::NoLock {
+            group: config.identity.group.clone(),
+        })),
+        other => Err(LockError::Refused(format!(
+            "lock backend `{}` is not available in this build",
+            other.as_str()
+        ))),
+    }
+}
+
+/// The policy the state machine follows, from the configuration.
+pub fn policy(config: &Config) -> Policy {
+    Policy {
+        drain: config.kubernetes.is_some(),
+        reboot_timeout: config.reboot.timeout,
+        retry_interval: config.reboot.retry_interval,
+    }
+}
+
+/// One running agent.
+pub struct Runtime {
+    config: Config,
+    store: StateStore,
+    semaphore: Box<dyn Semaphore>,
+    rebooter: Box<dyn Rebooter>,
+    me: lock::Identity,
+    policy: Policy,
+}
+
+fn sleep_until(t: Timestamp) -> tokio::time::Sleep {
+    let d = t.duration_since(Timestamp::now());
+    let d = Duration::try_from(d).unwrap_or(Duration::ZERO);
+    tokio::time::sleep(d)
+}
+
+impl Runtime {
+    /// Build a runtime with the logind rebooter.
+    pub fn new(
+        config: Config,
+        store: StateStore,
+        semaphore: Box<dyn Semaphore>,
+        me: lock::Identity,
+    ) -> Runtime {
+        let rebooter = Box::new(Logind::new(
+            config.reboot.inhibitors == crate::config::Inhibitors::Respect,
+        ));
+        let policy = policy(&config);
+        Runtime {
+            config,
+            store,
+            semaphore,
+            rebooter,
+            me,
+            policy,
+        }
+    }
+
+    /// Run until `shutdown` resolves. Returns an error only for what the agent cannot carry on
+    /// from (the state file cannot be read or written).
+    pub async fn run(
+        self,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> Result<(), RuntimeError> {
+        let (tx, mut needs) = mpsc::channel(16);
+        let triggers = trigger::spawn_all(&self.config.triggers, &self.store.request_path(), tx);
+        let now = Timestamp::now();
+        let mut state = self
+            .store
+            .load()?
+            .unwrap_or_else(|| State::new(&self.me.boot_id, now));
+        state = self
+            .apply(
+                state,
+                Event::Started {
+                    boot_id: self.me.boot_id.clone(),
+                },
+            )
+            .await?;
+        notify::ready(&format!("phase: {}", state.phase));
+        let watchdog = notify::spawn_watchdog();
+        tokio::pin!(shutdown);
+        let result = loop {
+            let action = agent::next_action(&state, &self.policy);
+            let span = info_span!("action", phase = %state.phase, action = ?action);
+            let event = tokio::select! {
+                event = self.perform(&action, &mut needs).instrument(span) => event,
+                _ = &mut shutdown => break Ok(()),
+            };
+            let consumed_request = matches!(
+                (&action, &event),
+                (Action::WaitForTrigger, Event::RebootNeeded { reason }) if reason.starts_with("rebootctl:")
+            );
+            match self.apply(state.clone(), event).await {
+                Ok(next) => state = next,
+                Err(e) => break Err(e),
+            }
+            if consumed_request {
+                if let Err(e) = std::fs::remove_file(self.store.request_path()) {
+                    warn!(error = %e, "cannot remove the consumed reboot request");
+                }
+            }
+        };
+        notify::stopping();
+        info!(phase = %state.phase, "stopping");
+        for t in triggers {
+            t.abort();
+        }
+        if let Some(w) = watchdog {
+            w.abort();
+        }
+        result
+    }
+
+    /// Step, log, persist, publish.
+    async fn apply(&self, state: State, event: Event) -> Result<State, RuntimeError> {
+        debug!(?event, "event");
+        let step = agent::step(&state, event, Timestamp::now(), &self.policy);
+        let next = step.state;
+        if next.phase != state.phase {
+            info!(from = %state.phase, to = %next.phase, why = %step.why, "phase change");
+        } else if next != state {
+            info!(phase = %next.phase, why = %step.why, "state change");
+        }
+        if next != state {
+            self.store.save(&next)?;
+            if next.slot_held && next.phase != state.phase {
+                if let Err(e) = self
+                    .semaphore
+                    .report_phase(&self.me, next.phase.as_str())
+                    .await
+                {
+                    warn!(error = %e, "cannot record the phase in the lock backend");
+                }
+            }
+        }
+        let line = match &next.waiting_for {
+            Some(w) => format!("{}: waiting for {w}", next.phase),
+            None => next.phase.to_string(),
+        };
+        notify::status(&line);
+        Ok(next)
+    }
+
+    /// Perform one action and report what came of it.
+    async fn perform(&self, action: &Action, needs: &mut mpsc::Receiver<Need>) -> Event {
+        match action {
+            Action::WaitForTrigger => {
+                info!("idle: waiting for a trigger");
+                match needs.recv().await {
+                    Some(need) => Event::RebootNeeded {
+                        reason: need.to_string(),
+                    },
+                    None => std::future::pending().await,
+                }
+            }
+            Action::Sleep { until } => {
+                info!(until = %until, "backing off");
+                sleep_until(*until).await;
+                Event::RetryDue
+            }
+            Action::CheckWindow | Action::PrepareReboot => {
+                let now = Timestamp::now();
+                let windows = &self.config.windows;
+                if windows.is_open(now) {
+                    match action {
+                        Action::PrepareReboot => Event::ReadyToReboot,
+                        _ => Event::WindowOpen,
+                    }
+                } else {
+                    Event::WindowClosed {
+                        next_open: windows.next_open(now),
+                    }
+                }
+            }
+            Action::WaitForWindow => loop {
+                let now = Timestamp::now();
+                let windows = &self.config.windows;
+                if windows.is_open(now) {
+                    return Event::WindowOpen;
+                }
+                match windows.next_open(now) {
+                    Some(at) => {
+                        info!(opens = %at, windows = %windows.describe(), "waiting for the maintenance window");
+                        let cap = jiff::SignedDuration::try_from(WINDOW_RECHECK)
+                            .ok()
+                            .and_then(|d| now.checked_add(d).ok())
+                            .unwrap_or(at);
+                        sleep_until(at.min(cap)).await;
+                    }
+                    None => {
+                        error!(windows = %windows.describe(), "no maintenance window can ever open; not rebooting");
+                        std::future::pending::<()>().await;
+                    }
+                }
+            },
+            Action::AcquireSlot => {
+                info!(backend = self.semaphore.backend(), group = %self.config.identity.group, "waiting for a reboot slot");
+                match self.semaphore.acquire(&self.me).await {
+                    Ok(()) => Event::SlotAcquired,
+                    Err(e) => Event::LockFailed {
+                        error: e.to_string(),
+                    },
+                }
+            }
+            Action::Drain => Event::Drained,
+            Action::CallReboot => match self.rebooter.reboot().await {
+                Ok(()) => Event::RebootAccepted,
+                Err(e @ RebootError::Blocked { .. }) => {
+                    warn!(error = %e, "the reboot is blocked; will ask again");
+                    Event::RebootRefused {
+                        error: e.to_string(),
+                    }
+                }
+                Err(e) => {
+                    error!(error = %e, "the reboot request failed; will ask again");
+                    Event::RebootRefused {
+                        error: e.to_string(),
+                    }
+                }
+            },
+            Action::AwaitReboot { deadline } => {
+                info!(deadline = %deadline, "waiting for the host to go down");
+                sleep_until(*deadline).await;
+                error!(deadline = %deadline, "the reboot did not happen in time");
+                Event::RebootTimedOut
+            }
+            Action::WaitHealthy => Event::Healthy,
+            Action::Uncordon => Event::Uncordoned,
+            Action::ReleaseSlot => match self.semaphore.release(&self.me.id).await {
+                Ok(()) => Event::Released,
+                Err(e) => Event::LockFailed {
+                    error: e.to_string(),
+                },
+            },
+        }
+    }
+}

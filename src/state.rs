@@ -1,1 +1,299 @@
-//! state (being written)
+//! What survives a crash and a reboot: `state.json` in the state directory, written atomically
+//! (write a temporary file, fsync it, rename it over the old one, fsync the directory).
+//!
+//! The agent writes the new state before the side effect it guards, so after a crash the file
+//! always says what may have been done. A file that does not parse is never overwritten: rebootd
+//! refuses to start and names the file, so an operator can look at it.
+
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Name of the state file inside the state directory.
+pub const STATE_FILE: &str = "state.json";
+
+/// Name of the file `rebootctl reboot` writes to ask for a coordinated reboot.
+pub const REQUEST_FILE: &str = "reboot-request";
+
+/// Version of the state file layout; bumped on incompatible changes.
+pub const STATE_VERSION: u32 = 1;
+
+/// Where a node is in its reboot cycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Idle,
+    RebootNeeded,
+    WaitingForWindow,
+    AcquiringSlot,
+    Draining,
+    Rebooting,
+    WaitingForHealthy,
+    Uncordoning,
+    Releasing,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Idle => "idle",
+            Phase::RebootNeeded => "reboot_needed",
+            Phase::WaitingForWindow => "waiting_for_window",
+            Phase::AcquiringSlot => "acquiring_slot",
+            Phase::Draining => "draining",
+            Phase::Rebooting => "rebooting",
+            Phase::WaitingForHealthy => "waiting_for_healthy",
+            Phase::Uncordoning => "uncordoning",
+            Phase::Releasing => "releasing",
+        }
+    }
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A reboot that logind was (about to be) asked for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RebootRequest {
+    /// Written before the call to logind, so a crash right after it is not a lost reboot.
+    pub requested_at: Timestamp,
+    /// The boot the request was made in: a different boot id after restart = it happened.
+    pub boot_id: String,
+    /// Whether logind may have been called (accepted, or unknown after a crash).
+    #[serde(default)]
+    pub called: bool,
+}
+
+/// The persisted state of the agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct State {
+    pub version: u32,
+    pub phase: Phase,
+    /// When the current phase was entered.
+    pub since: Timestamp,
+    /// Why a reboot is needed (which trigger, what it said); None when none is.
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// The boot id when this state was written.
+    pub boot_id: String,
+    /// Whether this node holds a slot of the semaphore.
+    #[serde(default)]
+    pub slot_held: bool,
+    /// Set from just before asking logind until the reboot is seen to have happened.
+    #[serde(default)]
+    pub reboot: Option<RebootRequest>,
+    /// Reboot requests that did not lead to a reboot in this cycle.
+    #[serde(default)]
+    pub failed_attempts: u32,
+    /// Do nothing before this instant (a back-off after a refusal or an error).
+    #[serde(default)]
+    pub retry_at: Option<Timestamp>,
+    /// The last thing that went wrong, for `rebootctl status`.
+    #[serde(default)]
+    pub last_error: Option<String>,
+    /// What the agent waits for now, in words.
+    #[serde(default)]
+    pub waiting_for: Option<String>,
+    /// Whether rebootd cordoned the node (and so may uncordon it).
+    #[serde(default)]
+    pub cordoned_by_us: bool,
+    /// When the last coordinated reboot was seen to have happened.
+    #[serde(default)]
+    pub last_reboot: Option<Timestamp>,
+}
+
+impl State {
+    /// The state of a node that has never needed a reboot.
+    pub fn new(boot_id: &str, now: Timestamp) -> State {
+        State {
+            version: STATE_VERSION,
+            phase: Phase::Idle,
+            since: now,
+            reason: None,
+            boot_id: boot_id.to_string(),
+            slot_held: false,
+            reboot: None,
+            failed_attempts: 0,
+            retry_at: None,
+            last_error: None,
+            waiting_for: None,
+            cordoned_by_us: false,
+            last_reboot: None,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("cannot read state file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("state file {path} does not parse ({reason}); it is left as it is — move it aside to start afresh. Content: {content}")]
+    Corrupt {
+        path: PathBuf,
+        reason: String,
+        content: String,
+    },
+    #[error("cannot write state file {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// The state directory: `$STATE_DIRECTORY` (set by systemd) or `/var/lib/rebootd`.
+pub fn state_dir() -> PathBuf {
+    std::env::var_os("STATE_DIRECTORY")
+        // systemd may pass several colon-separated directories; the first is ours.
+        .and_then(|v| {
+            v.to_string_lossy()
+                .split(':')
+                .next()
+                .map(PathBuf::from)
+        })
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or_else(|| PathBuf::from("/var/lib/rebootd"))
+}
+
+/// Reads and writes the state file of one state directory.
+#[derive(Debug, Clone)]
+pub struct StateStore {
+    dir: PathBuf,
+}
+
+impl StateStore {
+    pub fn new(dir: impl Into<PathBuf>) -> StateStore {
+        StateStore { dir: dir.into() }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn path(&self) -> PathBuf {
+        self.dir.join(STATE_FILE)
+    }
+
+    pub fn request_path(&self) -> PathBuf {
+        self.dir.join(REQUEST_FILE)
+    }
+
+    /// The saved state, or None when there is none yet.
+    pub fn load(&self) -> Result<Option<State>, StateError> {
+        let path = self.path();
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(StateError::Read { path, source }),
+        };
+        parse(&bytes)
+            .map(Some)
+            .map_err(|reason| StateError::Corrupt {
+                path,
+                reason,
+                content: String::from_utf8_lossy(&bytes).chars().take(400).collect(),
+            })
+    }
+
+    /// Write the state atomically and durably.
+    pub fn save(&self, state: &State) -> Result<(), StateError> {
+        let bytes = serde_json::to_vec_pretty(state).map_err(|e| StateError::Write {
+            path: self.path(),
+            source: std::io::Error::other(e),
+        })?;
+        write_atomic(&self.path(), &bytes)
+    }
+}
+
+/// Parse a state file, refusing an unknown layout version.
+pub fn parse(bytes: &[u8]) -> Result<State, String> {
+    let state: State = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    if state.version != STATE_VERSION {
+        return Err(format!(
+            "layout version {} is not the supported {STATE_VERSION}",
+            state.version
+        ));
+    }
+    Ok(state)
+}
+
+/// Write `bytes` to `path` so that a crash leaves either the old or the new content:
+/// temporary file in the same directory, fsync, rename, fsync of the directory.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
+    let err = |source| StateError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(err)?;
+    let tmp = dir.join(format!(
+        ".{}.tmp",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("state")
+    ));
+    let mut f = std::fs::File::create(&tmp).map_err(err)?;
+    f.write_all(bytes).map_err(err)?;
+    f.sync_all().map_err(err)?;
+    drop(f);
+    std::fs::rename(&tmp, path).map_err(err)?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(err)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn save_then_load_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path());
+        assert_eq!(store.load().unwrap(), None);
+        let mut s = State::new("b1", Timestamp::UNIX_EPOCH);
+        s.phase = Phase::Rebooting;
+        s.reboot = Some(RebootRequest {
+            requested_at: Timestamp::UNIX_EPOCH,
+            boot_id: "b1".into(),
+            called: false,
+        });
+        store.save(&s).unwrap();
+        assert_eq!(store.load().unwrap(), Some(s));
+        // No temporary file is left behind.
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, [STATE_FILE]);
+    }
+
+    #[test]
+    fn corrupt_file_is_reported_and_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path());
+        std::fs::write(store.path(), b"{\"phase\": \"idle\", trunc").unwrap();
+        let err = store.load().unwrap_err().to_string();
+        assert!(err.contains(&store.path().display().to_string()), "{err}");
+        assert!(err.contains("trunc"), "{err}");
+        assert_eq!(
+            std::fs::read(store.path()).unwrap(),
+            b"{\"phase\": \"idle\", trunc"
+        );
+    }
+
+    #[test]
+    fn unknown_phase_and_version_are_refused() {
+        let mut v = serde_json::to_value(State::new("b", Timestamp::UNIX_EPOCH)).unwrap();
+        v["phase"] = "dancing".into();
+        assert!(parse(v.to_string().as_bytes()).is_err());
+        let mut v = serde_json::to_value(State::new("b", Timestamp::UNIX_EPOCH)).unwrap();
+        v["version"] = 99.into();
+        assert!(parse(v.to_string().as_bytes()).unwrap_err().contains("99"));
+    }
+}

@@ -1,1 +1,152 @@
-fn main() {}
+//! rebootctl: show and steer rebootd. Works with the daemon stopped: it reads the configuration,
+//! the state file and the lock backend directly.
+//!
+//! Exit codes: 0 success; 1 the operation failed (backend unreachable, refused, state
+//! unreadable); 2 bad usage or configuration.
+
+use clap::{Parser, Subcommand};
+use rebootd::config::Config;
+use rebootd::runtime;
+use rebootd::state::{self, StateStore};
+use rebootd::status;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Debug, Parser)]
+#[command(version, about = "Show and steer rebootd")]
+struct Args {
+    /// Configuration fragment (repeatable); default: the daemon's search path.
+    #[arg(long = "config", value_name = "FILE", global = true)]
+    config: Vec<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Show the local phase and the semaphore.
+    Status {
+        /// Machine-readable output (stable; fields are only added).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Ask for a coordinated reboot of this host (in its window, holding a slot).
+    Reboot,
+    /// Release a slot of the semaphore (default: this machine's).
+    Unlock { id: Option<String> },
+    /// Set the number of slots.
+    SetMax {
+        max: u64,
+        /// Allow fewer slots than current holders.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Take a slot for this machine by hand (waits for one).
+    Lock,
+}
+
+/// Failures, each with its exit code.
+enum Failure {
+    Usage(String),
+    Operation(String),
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("rebootctl: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Usage(m)) => {
+            eprintln!("rebootctl: {m}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Operation(m)) => {
+            eprintln!("rebootctl: {m}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn op<E: std::fmt::Display>(e: E) -> Failure {
+    Failure::Operation(e.to_string())
+}
+
+async fn run(args: Args) -> Result<(), Failure> {
+    let config = if args.config.is_empty() {
+        Config::load_default_locations()
+    } else {
+        Config::load(&args.config)
+    }
+    .map_err(|e| Failure::Usage(e.to_string()))?;
+    let store = StateStore::new(state::state_dir());
+    match args.command {
+        Command::Status { json } => {
+            let saved = store.load().map_err(op)?;
+            let boot_id =
+                runtime::read_id("the boot id", &config.identity.boot_id_file).ok();
+            let now = jiff::Timestamp::now();
+            let mut report = status::local(&config, &store, saved.as_ref(), boot_id, now);
+            match runtime::open_semaphore(&config).await {
+                Ok(sem) => match sem.status().await {
+                    Ok(s) => report.semaphore = Some(s),
+                    Err(e) => report.semaphore_error = Some(e.to_string()),
+                },
+                Err(e) => report.semaphore_error = Some(e.to_string()),
+            }
+            if json {
+                let text = serde_json::to_string_pretty(&report).map_err(op)?;
+                println!("{text}");
+            } else {
+                print!("{}", status::render(&report, now));
+            }
+            Ok(())
+        }
+        Command::Reboot => {
+            let body = serde_json::json!({
+                "requested_at": jiff::Timestamp::now(),
+                "by": "rebootctl",
+            });
+            state::write_atomic(&store.request_path(), body.to_string().as_bytes()).map_err(op)?;
+            println!(
+                "reboot requested ({}); rebootd reboots this host in its window ({}) once it holds a slot",
+                store.request_path().display(),
+                config.windows.describe()
+            );
+            Ok(())
+        }
+        Command::Unlock { id } => {
+            let id = match id {
+                Some(id) => id,
+                None => runtime::read_id("the machine id", &config.identity.machine_id_file)
+                    .map_err(op)?,
+            };
+            let sem = runtime::open_semaphore(&config).await.map_err(op)?;
+            sem.release(&id).await.map_err(op)?;
+            println!("released the slot of {id} (if it held one)");
+            Ok(())
+        }
+        Command::SetMax { max, force } => {
+            let sem = runtime::open_semaphore(&config).await.map_err(op)?;
+            sem.set_max(max, force).await.map_err(op)?;
+            println!("max set to {max}");
+            Ok(())
+        }
+        Command::Lock => {
+            let me = runtime::identity(&config).map_err(op)?;
+            let sem = runtime::open_semaphore(&config).await.map_err(op)?;
+            eprintln!("waiting for a slot for {} ...", me.id);
+            sem.acquire(&me).await.map_err(op)?;
+            println!("{} holds a slot", me.id);
+            Ok(())
+        }
+    }
+}

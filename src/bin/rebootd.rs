@@ -1,1 +1,96 @@
-fn main() {}
+//! The rebootd daemon: parse arguments, load the configuration, run the agent.
+
+use clap::Parser;
+use rebootd::config::Config;
+use rebootd::logging::{self, LogFormat};
+use rebootd::runtime::{self, Runtime};
+use rebootd::state::{self, StateStore};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Reboot coordinator: reboots this host when it needs it, in its maintenance window, holding a
+/// slot of a fleet-wide semaphore.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// Configuration fragment (repeatable, merged in order); replaces the search of
+    /// /usr/lib/rebootd/config.d and /etc/rebootd/config.d.
+    #[arg(long = "config", value_name = "FILE")]
+    config: Vec<PathBuf>,
+    /// Log format.
+    #[arg(long, value_enum, default_value = "auto")]
+    log_format: LogFormat,
+    /// Check the configuration and exit.
+    #[arg(long)]
+    check_config: bool,
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = int.recv() => {},
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    logging::init(args.log_format);
+    let config = if args.config.is_empty() {
+        Config::load_default_locations()
+    } else {
+        Config::load(&args.config)
+    };
+    let config = match config {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("rebootd: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.check_config {
+        println!("configuration OK ({} fragment(s))", config.sources.len());
+        return ExitCode::SUCCESS;
+    }
+    // One thread: rebootd waits most of its life, and a small footprint matters on every host.
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("rebootd: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async move {
+        let me = runtime::identity(&config)?;
+        tracing::info!(
+            node = %me.node, machine_id = %me.id, boot_id = %me.boot_id,
+            group = %config.identity.group, backend = config.lock.backend.as_str(),
+            windows = %config.windows.describe(),
+            sources = ?config.sources, "rebootd starting"
+        );
+        let semaphore = runtime::open_semaphore(&config).await?;
+        let store = StateStore::new(state::state_dir());
+        Runtime::new(config, store, semaphore, me)
+            .run(shutdown_signal())
+            .await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("rebootd: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,1 +1,58 @@
-//! Triggers (being written)
+//! Triggers: the sources that tell rebootd its host needs a reboot. Each runs as its own task
+//! and sends a [`Need`] on a channel; the agent acts on the first one while idle.
+
+pub mod command;
+pub mod file;
+pub mod update_engine;
+
+use crate::config::Triggers;
+use std::path::Path;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// A trigger's word that a reboot is needed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Need {
+    /// Which trigger: `update_engine`, `sentinel_file`, `sentinel_command`, `rebootctl`.
+    pub source: &'static str,
+    /// What it saw, for logs and `rebootctl status`.
+    pub detail: String,
+}
+
+impl std::fmt::Display for Need {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.source, self.detail)
+    }
+}
+
+/// Start every configured trigger, plus the manual request file of `rebootctl reboot`.
+pub fn spawn_all(
+    triggers: &Triggers,
+    request_file: &Path,
+    tx: mpsc::Sender<Need>,
+) -> Vec<JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    if triggers.update_engine {
+        tasks.push(tokio::spawn(update_engine::run(tx.clone())));
+    }
+    if let Some(path) = &triggers.sentinel_file {
+        tasks.push(tokio::spawn(file::run(
+            "sentinel_file",
+            path.clone(),
+            tx.clone(),
+        )));
+    }
+    if let Some(cmd) = &triggers.sentinel_command {
+        tasks.push(tokio::spawn(command::run(
+            cmd.clone(),
+            triggers.sentinel_interval,
+            tx.clone(),
+        )));
+    }
+    tasks.push(tokio::spawn(file::run(
+        "rebootctl",
+        request_file.to_path_buf(),
+        tx,
+    )));
+    tasks
+}
