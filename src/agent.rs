@@ -270,7 +270,8 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
             s.last_error = Some(format!("drain failed: {error}"));
             if reboot_anyway {
                 enter(&mut s, Phase::Rebooting, now);
-                why = format!("drain failed ({error}); rebooting anyway (on_drain_failure = reboot)");
+                why =
+                    format!("drain failed ({error}); rebooting anyway (on_drain_failure = reboot)");
             } else {
                 back_out(&mut s, now);
                 s.retry_at = Some(add(now, policy.retry_interval));
@@ -510,14 +511,21 @@ mod tests {
                 Event::SlotAcquired,
             ],
         );
-        let s = run(&s, vec![Event::Started { boot_id: "b2".into() }]);
+        let s = run(
+            &s,
+            vec![Event::Started {
+                boot_id: "b2".into(),
+            }],
+        );
         assert_eq!(s.phase, Phase::WaitingForHealthy);
         // Without a slot, an unplanned reboot just clears the need.
         let s = run(
             &State::new("b1", t(0)),
             vec![
                 Event::RebootNeeded { reason: "x".into() },
-                Event::Started { boot_id: "b2".into() },
+                Event::Started {
+                    boot_id: "b2".into(),
+                },
             ],
         );
         assert_eq!(s.phase, Phase::Idle);

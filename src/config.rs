@@ -341,7 +341,10 @@ fn validate(
                     .as_ref()
                     .map(|z| z.name.clone())
                     .unwrap_or_else(|| "UTC".into()),
-                time_zone: w.time_zone.map(|z| z.zone).unwrap_or(jiff::tz::TimeZone::UTC),
+                time_zone: w
+                    .time_zone
+                    .map(|z| z.zone)
+                    .unwrap_or(jiff::tz::TimeZone::UTC),
             })
             .collect(),
     );
@@ -399,8 +402,7 @@ fn validate(
                         } else {
                             "lock.etcd.username".into()
                         },
-                        because: "etcd authentication needs both username and password_file"
-                            .into(),
+                        because: "etcd authentication needs both username and password_file".into(),
                     });
                 }
             }

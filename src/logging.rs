@@ -1,6 +1,7 @@
 //! Log output: to the journal (with structured fields) when stderr is connected to it, as
 //! `JOURNAL_STREAM` says; otherwise plain text or JSON lines on stderr.
 
+use std::io::IsTerminal;
 use std::os::unix::fs::MetadataExt;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -29,6 +30,15 @@ fn stderr_is_journal() -> bool {
     dev.parse::<u64>().ok() == Some(meta.dev()) && ino.parse::<u64>().ok() == Some(meta.ino())
 }
 
+fn text_layer<S>() -> impl tracing_subscriber::Layer<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+}
+
 /// Install the global subscriber. `RUST_LOG` overrides the level (default `info`).
 pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
@@ -40,14 +50,14 @@ pub fn init(format: LogFormat) {
     };
     match format {
         LogFormat::Journal => match tracing_journald::layer() {
-            Ok(layer) => registry.with(layer.with_syslog_identifier("rebootd".into())).init(),
-            Err(_) => registry.with(fmt::layer().with_writer(std::io::stderr)).init(),
+            Ok(layer) => registry
+                .with(layer.with_syslog_identifier("rebootd".into()))
+                .init(),
+            Err(_) => registry.with(text_layer()).init(),
         },
         LogFormat::Json => registry
             .with(fmt::layer().json().with_writer(std::io::stderr))
             .init(),
-        _ => registry
-            .with(fmt::layer().with_writer(std::io::stderr))
-            .init(),
+        _ => registry.with(text_layer()).init(),
     }
 }

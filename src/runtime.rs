@@ -18,6 +18,9 @@ use tracing::{debug, error, info, info_span, warn, Instrument};
 /// so a clock step (NTP, suspend) delays a window opening by at most this much.
 const WINDOW_RECHECK: Duration = Duration::from_secs(300);
 
+/// How long start-up waits for the triggers to listen before it reports ready anyway.
+const TRIGGERS_READY: Duration = Duration::from_secs(10);
+
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     #[error(transparent)]
@@ -88,6 +91,14 @@ pub struct Runtime {
     policy: Policy,
 }
 
+/// The one-line status systemd shows: the phase and what it waits for.
+fn status_line(s: &State) -> String {
+    match &s.waiting_for {
+        Some(w) => format!("{}: waiting for {w}", s.phase),
+        None => s.phase.to_string(),
+    }
+}
+
 fn sleep_until(t: Timestamp) -> tokio::time::Sleep {
     let d = t.duration_since(Timestamp::now());
     let d = Duration::try_from(d).unwrap_or(Duration::ZERO);
@@ -124,11 +135,23 @@ impl Runtime {
     ) -> Result<(), RuntimeError> {
         let (tx, mut needs) = mpsc::channel(16);
         let triggers = trigger::spawn_all(&self.config.triggers, &self.store.request_path(), tx);
+        let listening = futures_util::future::join_all(triggers.ready);
+        if tokio::time::timeout(TRIGGERS_READY, listening)
+            .await
+            .is_err()
+        {
+            warn!("not every trigger listens after {TRIGGERS_READY:?}; starting anyway");
+        }
         let now = Timestamp::now();
-        let mut state = self
-            .store
-            .load()?
-            .unwrap_or_else(|| State::new(&self.me.boot_id, now));
+        let mut state = match self.store.load()? {
+            Some(state) => state,
+            None => {
+                let state = State::new(&self.me.boot_id, now);
+                info!(path = %self.store.path().display(), "no state file yet; starting idle");
+                self.store.save(&state)?;
+                state
+            }
+        };
         state = self
             .apply(
                 state,
@@ -137,7 +160,7 @@ impl Runtime {
                 },
             )
             .await?;
-        notify::ready(&format!("phase: {}", state.phase));
+        notify::ready(&status_line(&state));
         let watchdog = notify::spawn_watchdog();
         tokio::pin!(shutdown);
         let result = loop {
@@ -163,7 +186,7 @@ impl Runtime {
         };
         notify::stopping();
         info!(phase = %state.phase, "stopping");
-        for t in triggers {
+        for t in triggers.tasks {
             t.abort();
         }
         if let Some(w) = watchdog {
@@ -194,11 +217,7 @@ impl Runtime {
                 }
             }
         }
-        let line = match &next.waiting_for {
-            Some(w) => format!("{}: waiting for {w}", next.phase),
-            None => next.phase.to_string(),
-        };
-        notify::status(&line);
+        notify::status(&status_line(&next));
         Ok(next)
     }
 

@@ -151,12 +151,7 @@ pub enum StateError {
 pub fn state_dir() -> PathBuf {
     std::env::var_os("STATE_DIRECTORY")
         // systemd may pass several colon-separated directories; the first is ours.
-        .and_then(|v| {
-            v.to_string_lossy()
-                .split(':')
-                .next()
-                .map(PathBuf::from)
-        })
+        .and_then(|v| v.to_string_lossy().split(':').next().map(PathBuf::from))
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or_else(|| PathBuf::from("/var/lib/rebootd"))
 }

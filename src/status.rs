@@ -85,7 +85,11 @@ pub fn render(s: &Status, now: Timestamp) -> String {
         .unwrap_or_default();
     let _ = writeln!(out, "phase:        {}{since}", s.phase);
     if !s.state_present {
-        let _ = writeln!(out, "              (no state file at {}: the daemon has not run here)", s.state_file);
+        let _ = writeln!(
+            out,
+            "              (no state file at {}: the daemon has not run here)",
+            s.state_file
+        );
     }
     if let Some(r) = &s.reason {
         let _ = writeln!(out, "reason:       {r}");
@@ -109,11 +113,19 @@ pub fn render(s: &Status, now: Timestamp) -> String {
             .map_or("never opens".into(), |t| format!("next opens {t}"))
     };
     let _ = writeln!(out, "windows:      {} ({window})", s.windows);
-    let _ = writeln!(out, "boot id:      {}", s.boot_id.as_deref().unwrap_or("(unreadable)"));
+    let _ = writeln!(
+        out,
+        "boot id:      {}",
+        s.boot_id.as_deref().unwrap_or("(unreadable)")
+    );
     if let Some(t) = s.last_reboot {
         let _ = writeln!(out, "last reboot:  {t} ({} ago)", age(t, now));
     }
-    let _ = writeln!(out, "slot held:    {}", if s.slot_held { "yes" } else { "no" });
+    let _ = writeln!(
+        out,
+        "slot held:    {}",
+        if s.slot_held { "yes" } else { "no" }
+    );
     if let Some(sem) = &s.semaphore {
         let _ = writeln!(
             out,
@@ -124,7 +136,11 @@ pub fn render(s: &Status, now: Timestamp) -> String {
             let node = h.node.as_deref().unwrap_or("?");
             let phase = h.phase.as_deref().unwrap_or("?");
             let held = h.since.map(|t| age(t, now)).unwrap_or_else(|| "?".into());
-            let _ = writeln!(out, "  holder {:<34} node {node:<16} {phase:<20} {held}", h.id);
+            let _ = writeln!(
+                out,
+                "  holder {:<34} node {node:<16} {phase:<20} {held}",
+                h.id
+            );
         }
     }
     if let Some(e) = &s.semaphore_error {

@@ -91,8 +91,7 @@ async fn run(args: Args) -> Result<(), Failure> {
     match args.command {
         Command::Status { json } => {
             let saved = store.load().map_err(op)?;
-            let boot_id =
-                runtime::read_id("the boot id", &config.identity.boot_id_file).ok();
+            let boot_id = runtime::read_id("the boot id", &config.identity.boot_id_file).ok();
             let now = jiff::Timestamp::now();
             let mut report = status::local(&config, &store, saved.as_ref(), boot_id, now);
             match runtime::open_semaphore(&config).await {

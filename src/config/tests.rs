@@ -122,5 +122,7 @@ fn fragments_are_read_in_name_order_and_only_toml() {
         .map(|p| p.file_name().unwrap().to_string_lossy().to_string())
         .collect();
     assert_eq!(names, ["10-a.toml", "20-b.toml"]);
-    assert!(fragments_in(&dir.path().join("missing")).unwrap().is_empty());
+    assert!(fragments_in(&dir.path().join("missing"))
+        .unwrap()
+        .is_empty());
 }

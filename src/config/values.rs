@@ -63,7 +63,9 @@ impl<'de> Deserialize<'de> for TimeOfDay {
         };
         let parts: Vec<&str> = s.split(':').collect();
         if !(2..=3).contains(&parts.len())
-            || parts.iter().any(|p| p.len() != 2 || !p.bytes().all(|b| b.is_ascii_digit()))
+            || parts
+                .iter()
+                .any(|p| p.len() != 2 || !p.bytes().all(|b| b.is_ascii_digit()))
         {
             return Err(bad());
         }

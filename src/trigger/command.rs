@@ -1,13 +1,15 @@
 //! Trigger: a command run at an interval; exit status 0 means a reboot is needed (as kured's
 //! sentinel command).
 
-use super::Need;
+use super::{Need, Ready};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 /// Run `cmd` every `interval`; send a [`Need`] each time it exits 0.
-pub async fn run(cmd: Vec<String>, interval: Duration, tx: mpsc::Sender<Need>) {
+pub async fn run(cmd: Vec<String>, interval: Duration, tx: mpsc::Sender<Need>, ready: Ready) {
+    // The command is run from the first tick on; nothing to subscribe to.
+    let _ = ready.send(());
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -31,7 +33,9 @@ pub async fn run(cmd: Vec<String>, interval: Duration, tx: mpsc::Sender<Need>) {
             }
             Ok(Ok(status)) => debug!(command = ?cmd, %status, "sentinel command: no reboot needed"),
             Ok(Err(e)) => warn!(command = ?cmd, error = %e, "cannot run the sentinel command"),
-            Err(_) => warn!(command = ?cmd, timeout = ?interval, "sentinel command timed out; killed"),
+            Err(_) => {
+                warn!(command = ?cmd, timeout = ?interval, "sentinel command timed out; killed")
+            }
         }
     }
 }

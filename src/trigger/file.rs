@@ -1,7 +1,7 @@
 //! Trigger: a file that appears (`/run/reboot-required`, or the request `rebootctl reboot`
 //! writes). Watched with inotify on its directory, not polled; checked once at start.
 
-use super::Need;
+use super::{Need, Ready};
 use inotify::{Inotify, WatchMask};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -13,13 +13,17 @@ const REWATCH_DELAY: Duration = Duration::from_secs(10);
 
 /// Watch for `path` to exist; send a [`Need`] each time it appears (and once at start if it is
 /// there already).
-pub async fn run(source: &'static str, path: PathBuf, tx: mpsc::Sender<Need>) {
+pub async fn run(source: &'static str, path: PathBuf, tx: mpsc::Sender<Need>, ready: Ready) {
+    let mut ready = Some(ready);
     loop {
-        match watch(source, &path, &tx).await {
+        match watch(source, &path, &tx, &mut ready).await {
             Ok(()) => return, // the agent is gone
             Err(e) => {
                 warn!(trigger = source, path = %path.display(), error = %e,
                     "cannot watch the sentinel file; trying again in {REWATCH_DELAY:?}");
+                if let Some(r) = ready.take() {
+                    let _ = r.send(());
+                }
                 tokio::time::sleep(REWATCH_DELAY).await;
             }
         }
@@ -33,7 +37,12 @@ fn need(source: &'static str, path: &Path) -> Need {
     }
 }
 
-async fn watch(source: &'static str, path: &Path, tx: &mpsc::Sender<Need>) -> std::io::Result<()> {
+async fn watch(
+    source: &'static str,
+    path: &Path,
+    tx: &mpsc::Sender<Need>,
+    ready: &mut Option<Ready>,
+) -> std::io::Result<()> {
     use futures_util::StreamExt;
     let dir = path.parent().unwrap_or(Path::new("/"));
     let name = path.file_name().map(|n| n.to_os_string());
@@ -47,6 +56,9 @@ async fn watch(source: &'static str, path: &Path, tx: &mpsc::Sender<Need>) -> st
     info!(trigger = source, path = %path.display(), "watching for the sentinel file");
     if path.exists() && tx.send(need(source, path)).await.is_err() {
         return Ok(());
+    }
+    if let Some(r) = ready.take() {
+        let _ = r.send(());
     }
     while let Some(event) = events.next().await {
         let event = event?;

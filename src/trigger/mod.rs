@@ -7,8 +7,12 @@ pub mod update_engine;
 
 use crate::config::Triggers;
 use std::path::Path;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
+
+/// Sent once by a trigger when it listens (or has given its first try), so start-up can
+/// report ready only when no trigger can be missed any more.
+pub type Ready = oneshot::Sender<()>;
 
 /// A trigger's word that a reboot is needed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,21 +29,34 @@ impl std::fmt::Display for Need {
     }
 }
 
+/// The running triggers.
+pub struct Running {
+    pub tasks: Vec<JoinHandle<()>>,
+    /// One receiver per trigger; each resolves when its trigger listens.
+    pub ready: Vec<oneshot::Receiver<()>>,
+}
+
 /// Start every configured trigger, plus the manual request file of `rebootctl reboot`.
-pub fn spawn_all(
-    triggers: &Triggers,
-    request_file: &Path,
-    tx: mpsc::Sender<Need>,
-) -> Vec<JoinHandle<()>> {
+pub fn spawn_all(triggers: &Triggers, request_file: &Path, tx: mpsc::Sender<Need>) -> Running {
+    let mut running = Running {
+        tasks: Vec::new(),
+        ready: Vec::new(),
+    };
+    let mut ready = || {
+        let (tx, rx) = oneshot::channel();
+        running.ready.push(rx);
+        tx
+    };
     let mut tasks = Vec::new();
     if triggers.update_engine {
-        tasks.push(tokio::spawn(update_engine::run(tx.clone())));
+        tasks.push(tokio::spawn(update_engine::run(tx.clone(), ready())));
     }
     if let Some(path) = &triggers.sentinel_file {
         tasks.push(tokio::spawn(file::run(
             "sentinel_file",
             path.clone(),
             tx.clone(),
+            ready(),
         )));
     }
     if let Some(cmd) = &triggers.sentinel_command {
@@ -47,12 +64,15 @@ pub fn spawn_all(
             cmd.clone(),
             triggers.sentinel_interval,
             tx.clone(),
+            ready(),
         )));
     }
     tasks.push(tokio::spawn(file::run(
         "rebootctl",
         request_file.to_path_buf(),
         tx,
+        ready(),
     )));
-    tasks
+    running.tasks = tasks;
+    running
 }

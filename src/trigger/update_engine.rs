@@ -3,7 +3,7 @@
 //! (called at start and whenever update_engine appears on the bus, since the signal may have
 //! fired before rebootd listened). Reconnects when the bus or update_engine restarts.
 
-use super::Need;
+use super::{Need, Ready};
 use futures_util::StreamExt;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -68,12 +68,17 @@ pub fn classify(operation: &str) -> Meaning {
 }
 
 /// Follow update_engine for as long as the agent listens.
-pub async fn run(tx: mpsc::Sender<Need>) {
+pub async fn run(tx: mpsc::Sender<Need>, ready: Ready) {
     let mut backoff = Duration::from_millis(500);
+    let mut ready = Some(ready);
     loop {
-        match follow(&tx).await {
+        match follow(&tx, &mut ready).await {
             Ok(()) => return,
             Err(e) => {
+                // Start-up does not wait for a bus that is not there.
+                if let Some(r) = ready.take() {
+                    let _ = r.send(());
+                }
                 warn!(error = %e, retry_in = ?backoff, "update_engine trigger: lost the system bus; reconnecting");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(MAX_BACKOFF);
@@ -86,7 +91,12 @@ pub async fn run(tx: mpsc::Sender<Need>) {
 async fn report(tx: &mpsc::Sender<Need>, how: &str, operation: &str, version: &str) -> bool {
     match classify(operation) {
         Meaning::NeedReboot => {
-            info!(status = operation, new_version = version, via = how, "update_engine: reboot needed");
+            info!(
+                status = operation,
+                new_version = version,
+                via = how,
+                "update_engine: reboot needed"
+            );
             let need = Need {
                 source: "update_engine",
                 detail: format!("{operation} (new version {version})"),
@@ -98,7 +108,11 @@ async fn report(tx: &mpsc::Sender<Need>, how: &str, operation: &str, version: &s
             true
         }
         Meaning::Unknown => {
-            warn!(status = operation, via = how, "update_engine reported an unknown status; ignored");
+            warn!(
+                status = operation,
+                via = how,
+                "update_engine reported an unknown status; ignored"
+            );
             true
         }
     }
@@ -115,7 +129,7 @@ async fn get_status(proxy: &ManagerProxy<'_>, tx: &mpsc::Sender<Need>) -> bool {
 }
 
 /// One connection's worth of following. Ok(()) = the agent is gone; Err = reconnect.
-async fn follow(tx: &mpsc::Sender<Need>) -> zbus::Result<()> {
+async fn follow(tx: &mpsc::Sender<Need>, ready: &mut Option<Ready>) -> zbus::Result<()> {
     let conn = zbus::Connection::system().await?;
     let proxy = ManagerProxy::new(&conn).await?;
     // Subscribe before asking, so a change in between is not missed.
@@ -124,6 +138,9 @@ async fn follow(tx: &mpsc::Sender<Need>) -> zbus::Result<()> {
     info!("update_engine trigger: listening on the system bus");
     if !get_status(&proxy, tx).await {
         return Ok(());
+    }
+    if let Some(r) = ready.take() {
+        let _ = r.send(());
     }
     loop {
         tokio::select! {
@@ -150,7 +167,9 @@ async fn follow(tx: &mpsc::Sender<Need>) -> zbus::Result<()> {
             _ = tx.closed() => return Ok(()),
         }
     }
-    Err(zbus::Error::Failure("the system bus connection closed".into()))
+    Err(zbus::Error::Failure(
+        "the system bus connection closed".into(),
+    ))
 }
 
 #[cfg(test)]
@@ -164,6 +183,9 @@ mod tests {
         assert_eq!(classify("UPDATE_STATUS_DOWNLOADING"), Meaning::Other);
         assert_eq!(classify("UPDATE_STATUS_WHATEVER"), Meaning::Unknown);
         assert_eq!(classify(""), Meaning::Unknown);
-        assert_eq!(classify("update_status_updated_need_reboot"), Meaning::Unknown);
+        assert_eq!(
+            classify("update_status_updated_need_reboot"),
+            Meaning::Unknown
+        );
     }
 }

@@ -1,0 +1,346 @@
+//! End-to-end tests of the core daemon: real rebootd processes on real private dbus-daemons,
+//! with the lab's fake update_engine and fake logind.
+
+mod common;
+
+use common::*;
+use rebootd::state::Phase;
+use rebootd_lab::node::{Node, NodeOptions};
+use std::path::Path;
+use std::time::Duration;
+
+const NEED: &str = "UPDATE_STATUS_UPDATED_NEED_REBOOT";
+
+/// Wait for the daemon to report ready (its triggers listen), and check it is idle.
+async fn idle(node: &Node) {
+    node.wait_ready(WAIT).await.unwrap();
+    assert_eq!(node.state().unwrap().phase, Phase::Idle);
+    assert_eq!(node.notify_status(), "idle");
+}
+
+#[tokio::test]
+async fn need_reboot_signal_leads_to_exactly_one_reboot_and_back_to_idle() {
+    let mut node = node("n1", "").await;
+    let mut reboots = node.logind.subscribe();
+    idle(&node).await;
+    let first_boot = node.boot_id();
+    node.update_engine.set_status(NEED, "1.2.3").await.unwrap();
+    let call = next_reboot(&node, &mut reboots, WAIT).await;
+    assert_eq!(call.method, "RebootWithFlags");
+    assert_eq!(call.flags, 1, "inhibitors are respected by default");
+    let s = node
+        .wait_state("the accepted reboot to be recorded", WAIT, |s| {
+            s.reboot.as_ref().is_some_and(|r| r.called)
+        })
+        .await
+        .unwrap();
+    assert_eq!(s.phase, Phase::Rebooting);
+    assert!(s.reason.as_deref().unwrap().contains("1.2.3"), "{s:?}");
+
+    node.reboot().await.unwrap();
+    let s = node
+        .wait_state("idle in the new boot", WAIT, |s| {
+            s.phase == Phase::Idle && s.boot_id != first_boot
+        })
+        .await
+        .unwrap();
+    assert!(s.last_reboot.is_some());
+    assert!(!s.slot_held);
+    assert_eq!(s.reason, None);
+    assert_eq!(
+        node.logind.reboot_calls().len(),
+        1,
+        "exactly one reboot call"
+    );
+    assert!(node.log().contains("rebooted: boot id"), "{}", node.log());
+}
+
+#[tokio::test]
+async fn status_already_set_before_start_is_seen_through_get_status() {
+    let mut node = Node::start(
+        Path::new(REBOOTD),
+        NodeOptions {
+            start_daemon: false,
+            ..NodeOptions::new("n2")
+        },
+    )
+    .await
+    .unwrap();
+    node.update_engine.set_status(NEED, "9.9.9").await.unwrap();
+    let mut reboots = node.logind.subscribe();
+    node.start_daemon().unwrap();
+    next_reboot(&node, &mut reboots, WAIT).await;
+    assert!(node.log().contains("GetStatus"), "{}", node.log());
+}
+
+#[tokio::test]
+async fn nothing_happens_outside_the_window_until_it_opens() {
+    // A window that opens a few seconds from now, in UTC, on the weekday of its start.
+    let start = jiff::Timestamp::now() + jiff::SignedDuration::from_secs(4);
+    let local = start.to_zoned(jiff::tz::TimeZone::UTC);
+    let day = local.weekday().to_monday_one_offset();
+    let days = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"];
+    let config = format!(
+        "[[window]]\ndays = [\"{}\"]\nstart = \"{}\"\nlength = \"1h\"\ntime_zone = \"UTC\"\n",
+        days[day as usize - 1],
+        local.strftime("%H:%M:%S"),
+    );
+    let node = node("n3", &config).await;
+    let mut reboots = node.logind.subscribe();
+    idle(&node).await;
+    node.update_engine.set_status(NEED, "2.0").await.unwrap();
+    let s = node
+        .wait_state("waiting for the window", WAIT, |s| {
+            s.phase == Phase::WaitingForWindow
+        })
+        .await
+        .unwrap();
+    assert!(
+        s.waiting_for.as_deref().unwrap().contains("window"),
+        "{s:?}"
+    );
+    assert!(node.logind.reboot_calls().is_empty());
+    next_reboot(&node, &mut reboots, WAIT).await;
+    let now = jiff::Timestamp::now();
+    assert!(
+        now >= start.round(jiff::Unit::Second).unwrap() - jiff::SignedDuration::from_secs(1),
+        "rebooted at {now}, before the window opened at {start}"
+    );
+}
+
+#[tokio::test]
+async fn block_inhibitor_delays_the_reboot_until_released() {
+    let node = node("n4", "").await;
+    let mut reboots = node.logind.subscribe();
+    let guard = node
+        .logind
+        .hold_block_inhibitor("backup-job", "nightly dump");
+    idle(&node).await;
+    node.update_engine.set_status(NEED, "3.0").await.unwrap();
+    let s = node
+        .wait_state("the refusal to be recorded", WAIT, |s| {
+            s.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("blocked"))
+        })
+        .await
+        .unwrap();
+    let err = s.last_error.unwrap();
+    assert!(err.contains("backup-job"), "names who blocks: {err}");
+    assert!(node.logind.reboot_calls().is_empty());
+    assert!(node.logind.refused_calls() >= 1);
+    guard.release();
+    let call = next_reboot(&node, &mut reboots, WAIT).await;
+    assert_eq!(call.flags, 1);
+}
+
+#[tokio::test]
+async fn restart_in_the_same_boot_is_not_a_reboot_and_a_lost_reboot_is_retried() {
+    let mut node = node("n5", "[reboot]\ntimeout = \"3s\"\n").await;
+    let mut reboots = node.logind.subscribe();
+    idle(&node).await;
+    node.update_engine.set_status(NEED, "4.0").await.unwrap();
+    next_reboot(&node, &mut reboots, WAIT).await;
+    // The reboot "does not happen": rebootd is restarted in the same boot instead.
+    node.restart_daemon().await.unwrap();
+    let call = next_reboot(&node, &mut reboots, WAIT).await;
+    assert_eq!(call.method, "RebootWithFlags");
+    let s = node.state().unwrap();
+    assert_eq!(s.phase, Phase::Rebooting, "{s:?}");
+    assert!(s.failed_attempts >= 1, "{s:?}");
+    assert!(node.log().contains("restarted in the same boot"));
+    assert!(
+        node.log().contains("did not happen within"),
+        "{}",
+        node.log()
+    );
+    assert_eq!(s.last_reboot, None, "not counted as a reboot");
+}
+
+#[tokio::test]
+async fn falls_back_to_reboot_when_logind_lacks_reboot_with_flags() {
+    let mut opts = NodeOptions::new("n6");
+    opts.logind.reboot_with_flags = false;
+    let node = Node::start(Path::new(REBOOTD), opts).await.unwrap();
+    let mut reboots = node.logind.subscribe();
+    idle(&node).await;
+    node.update_engine.set_status(NEED, "5.0").await.unwrap();
+    let call = next_reboot(&node, &mut reboots, WAIT).await;
+    assert_eq!(call.method, "Reboot");
+}
+
+#[tokio::test]
+async fn unknown_status_is_logged_and_ignored() {
+    let node = node("n7", "").await;
+    let mut reboots = node.logind.subscribe();
+    idle(&node).await;
+    node.update_engine
+        .set_status("UPDATE_STATUS_SOMETHING_NEW", "6.0")
+        .await
+        .unwrap();
+    node.update_engine.set_status(NEED, "6.0").await.unwrap();
+    next_reboot(&node, &mut reboots, WAIT).await;
+    // The signals arrive in order, so the unknown one was handled before the reboot.
+    let log = node.log();
+    assert!(log.contains("unknown status"), "{log}");
+    assert!(log.contains("UPDATE_STATUS_SOMETHING_NEW"), "{log}");
+}
+
+#[tokio::test]
+async fn update_engine_restart_is_followed() {
+    let mut node = node("n8", "").await;
+    let mut reboots = node.logind.subscribe();
+    idle(&node).await;
+    let old = std::mem::replace(
+        &mut node.update_engine,
+        rebootd_lab::fake_update_engine::FakeUpdateEngine::start(node.bus.address())
+            .await
+            .unwrap(),
+    );
+    old.stop().await;
+    node.update_engine.set_status(NEED, "7.0").await.unwrap();
+    next_reboot(&node, &mut reboots, WAIT).await;
+}
+
+#[tokio::test]
+async fn sentinel_file_triggers_a_reboot() {
+    let dir = tempfile::tempdir().unwrap();
+    let sentinel = dir.path().join("reboot-required");
+    let config = format!("[triggers]\nupdate_engine = false\nsentinel_file = {sentinel:?}\n");
+    let node = node("n9", &config).await;
+    let mut reboots = node.logind.subscribe();
+    idle(&node).await;
+    std::fs::write(&sentinel, b"*** System restart required ***\n").unwrap();
+    next_reboot(&node, &mut reboots, WAIT).await;
+    assert!(node
+        .state()
+        .unwrap()
+        .reason
+        .unwrap()
+        .contains("sentinel_file"));
+}
+
+#[tokio::test]
+async fn sentinel_command_triggers_a_reboot() {
+    let dir = tempfile::tempdir().unwrap();
+    let flag = dir.path().join("needed");
+    let config = format!(
+        "[triggers]\nupdate_engine = false\nsentinel_command = [\"/usr/bin/test\", \"-e\", {flag:?}]\nsentinel_interval = \"200ms\"\n"
+    );
+    let node = node("n10", &config).await;
+    let mut reboots = node.logind.subscribe();
+    idle(&node).await;
+    assert!(node.logind.reboot_calls().is_empty());
+    std::fs::write(&flag, b"").unwrap();
+    next_reboot(&node, &mut reboots, WAIT).await;
+}
+
+#[tokio::test]
+async fn rebootctl_reboot_and_status_work_with_the_daemon_stopped() {
+    let mut node = Node::start(
+        Path::new(REBOOTD),
+        NodeOptions {
+            start_daemon: false,
+            ..NodeOptions::new("n11")
+        },
+    )
+    .await
+    .unwrap();
+    let (code, out, _) = rebootctl(&node, &["status", "--json"]).await;
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["phase"], "idle");
+    assert_eq!(v["state_present"], false);
+    assert_eq!(v["boot_id"], node.boot_id());
+
+    let (code, out, err) = rebootctl(&node, &["reboot"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("reboot requested"), "{out}");
+    let (_, out, _) = rebootctl(&node, &["status"]).await;
+    assert!(out.contains("`rebootctl reboot` pending"), "{out}");
+
+    let mut reboots = node.logind.subscribe();
+    node.start_daemon().unwrap();
+    next_reboot(&node, &mut reboots, WAIT).await;
+    assert!(
+        !node.store().request_path().exists(),
+        "the request is consumed"
+    );
+    let (_, out, _) = rebootctl(&node, &["status", "--json"]).await;
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["phase"], "rebooting");
+    assert!(v["reason"].as_str().unwrap().contains("rebootctl"));
+    node.stop_daemon().await;
+    let (_, out, _) = rebootctl(&node, &["status"]).await;
+    assert!(out.contains("phase:        rebooting"), "{out}");
+}
+
+#[tokio::test]
+async fn bad_configuration_stops_rebootd_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("[triggers]\nsentinel_interval = \"5 parsecs\"\n", vec!["sentinel_interval", "\"5 parsecs\""]),
+        ("[reboot]\ninhibitors = \"sometimes\"\n", vec!["inhibitors", "sometimes"]),
+        ("[bogus]\nx = 1\n", vec!["bogus"]),
+        ("[[window]]\ndays = [\"Sat\"]\nstart = \"2am\"\nlength = \"1h\"\n", vec!["start", "\"2am\""]),
+        ("[[window]]\ndays = [\"Sat\"]\nstart = \"02:00\"\nlength = \"1h\"\ntime_zone = \"Europe/Nowhere\"\n", vec!["time_zone", "Europe/Nowhere"]),
+        ("[lock]\nbackend = \"etcd\"\n", vec!["lock.etcd.endpoints"]),
+        ("not toml at all [", vec!["TOML parse error"]),
+    ];
+    for (i, (text, needles)) in cases.iter().enumerate() {
+        let path = dir.path().join(format!("bad-{i}.toml"));
+        std::fs::write(&path, text).unwrap();
+        let state = dir.path().join(format!("state-{i}"));
+        let out = tokio::process::Command::new(REBOOTD)
+            .arg("--config")
+            .arg(&path)
+            .env("STATE_DIRECTORY", &state)
+            .env("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/nonexistent")
+            .output()
+            .await
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "case {i}: {err}");
+        assert!(
+            err.contains(&path.display().to_string()) || needles[0].starts_with("lock."),
+            "case {i} names the file: {err}"
+        );
+        for n in needles {
+            assert!(err.contains(n), "case {i}: expected {n:?} in: {err}");
+        }
+        assert!(
+            !state.exists(),
+            "case {i}: nothing is done before the config is valid"
+        );
+    }
+}
+
+#[tokio::test]
+async fn corrupt_state_file_is_refused_and_kept() {
+    let mut node = Node::start(
+        Path::new(REBOOTD),
+        NodeOptions {
+            start_daemon: false,
+            ..NodeOptions::new("n12")
+        },
+    )
+    .await
+    .unwrap();
+    let garbage = b"{\"version\": 1, \"phase\": \"rebooting\", trunc";
+    std::fs::write(node.store().path(), garbage).unwrap();
+    node.start_daemon().unwrap();
+    let code = tokio::time::timeout(WAIT, async {
+        loop {
+            if let Some(code) = node.daemon_exit() {
+                return code;
+            }
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("rebootd exits on a corrupt state file");
+    assert_eq!(code, Some(1));
+    assert_eq!(std::fs::read(node.store().path()).unwrap(), garbage);
+    assert!(node.log().contains("does not parse"), "{}", node.log());
+}
