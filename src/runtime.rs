@@ -2,7 +2,7 @@
 //! steps the pure state machine and writes the new state before the next action.
 
 use crate::agent::{self, Action, Event, Policy};
-use crate::config::{Backend, Config};
+use crate::config::Config;
 use crate::lock::{self, LockError, Semaphore};
 use crate::notify;
 use crate::reboot::{Logind, RebootError, Rebooter};
@@ -59,17 +59,9 @@ pub fn identity(config: &Config) -> Result<lock::Identity, RuntimeError> {
     })
 }
 
-/// Open the configured lock backend.
+/// Open the configured lock backend (remote ones connect on first use).
 pub async fn open_semaphore(config: &Config) -> Result<Box<dyn Semaphore>, LockError> {
-    match config.lock.backend {
-        Backend::None => Ok(Box::new(lock::none::NoLock {
-            group: config.identity.group.clone(),
-        })),
-        other => Err(LockError::Refused(format!(
-            "lock backend `{}` is not available in this build",
-            other.as_str()
-        ))),
-    }
+    lock::open::open(config)
 }
 
 /// The policy the state machine follows, from the configuration.

