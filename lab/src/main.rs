@@ -9,7 +9,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 #[derive(Debug, Parser)]
-#[command(name = "rebootd-lab", about = "rebootd's lab: a simulated fleet on one machine")]
+#[command(
+    name = "rebootd-lab",
+    about = "rebootd's lab: a simulated fleet on one machine"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -109,8 +112,14 @@ async fn demo(
             }
         }
     });
-    println!("{:>7.2}s  update_engine on every node: UPDATE_STATUS_UPDATED_NEED_REBOOT", fleet.elapsed().as_secs_f64());
-    fleet.trigger_all("9999.0.0").await.map_err(|e| e.to_string())?;
+    println!(
+        "{:>7.2}s  update_engine on every node: UPDATE_STATUS_UPDATED_NEED_REBOOT",
+        fleet.elapsed().as_secs_f64()
+    );
+    fleet
+        .trigger_all("9999.0.0")
+        .await
+        .map_err(|e| e.to_string())?;
     let budget = reboot_time * (nodes as u32) + Duration::from_secs(60);
     fleet.wait_rolled(budget).await.map_err(|e| e.to_string())?;
     // Let the last release reach the printer.

@@ -1,0 +1,308 @@
+//! Fleet tests: several real rebootd processes sharing a real etcd (3.4 and 3.5) semaphore in
+//! locksmith's format, with an outside watcher checking the invariants.
+
+mod common;
+
+use common::*;
+use rebootd::lock::document::semaphore_key;
+use rebootd::state::Phase;
+use rebootd_lab::etcd::EtcdVersion;
+use rebootd_lab::fleet::{Fleet, FleetEvent, FleetOptions};
+use std::path::Path;
+use std::time::Duration;
+
+const NEED: &str = "UPDATE_STATUS_UPDATED_NEED_REBOOT";
+const KEY: &str = "coreos.com/updateengine/rebootlock/semaphore";
+
+fn versions() -> Vec<EtcdVersion> {
+    let v = EtcdVersion::available();
+    if std::env::var_os("CI").is_some() {
+        assert_eq!(v.len(), 2, "CI must have etcd 3.4 and 3.5 installed");
+    }
+    v
+}
+
+async fn fleet(version: EtcdVersion, nodes: usize, max: u64, group: &str) -> Fleet {
+    let fleet = Fleet::start(
+        Path::new(REBOOTD),
+        FleetOptions {
+            nodes,
+            max,
+            etcd: version,
+            reboot_time: Duration::from_millis(300),
+            group: group.to_string(),
+            ..FleetOptions::default()
+        },
+    )
+    .await
+    .expect("start fleet");
+    fleet.wait_ready(WAIT).await.unwrap();
+    fleet
+}
+
+fn get(fleet: &Fleet, key: &str) -> String {
+    fleet
+        .etcd
+        .etcdctl_run(&["get", "--print-value-only", key])
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+fn put(fleet: &Fleet, key: &str, value: &str) {
+    fleet.etcd.etcdctl_run(&["put", key, value]).unwrap();
+}
+
+/// Parse a value strictly as locksmith's document: exactly semaphore, max, holders.
+fn locksmith_doc(text: &str) -> (i64, u64, Vec<String>) {
+    let v: serde_json::Value = serde_json::from_str(text).unwrap();
+    let obj = v.as_object().unwrap();
+    let mut keys: Vec<_> = obj.keys().cloned().collect();
+    keys.sort();
+    assert_eq!(keys, ["holders", "max", "semaphore"], "{text}");
+    let holders = match &obj["holders"] {
+        serde_json::Value::Null => vec![],
+        h => h
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_str().unwrap().to_string())
+            .collect(),
+    };
+    (
+        obj["semaphore"].as_i64().unwrap(),
+        obj["max"].as_u64().unwrap(),
+        holders,
+    )
+}
+
+#[tokio::test]
+async fn rolling_reboot_of_five_nodes_with_max_two_never_exceeds_two() {
+    for v in versions() {
+        let fleet = fleet(v, 5, 2, "default").await;
+        fleet.trigger_all("100.0").await.unwrap();
+        fleet.wait_rolled(Duration::from_secs(120)).await.unwrap();
+        assert!(fleet.max_holders_seen() <= 2, "{v}: {:?}", fleet.events());
+        assert_eq!(fleet.max_holders_seen(), 2, "{v}: the slots were used");
+        for (i, n) in fleet.nodes.iter().enumerate() {
+            let n = n.lock().await;
+            assert_eq!(n.logind.reboot_calls().len(), 1, "{v}: node {i}");
+            assert_eq!(
+                n.boots(),
+                2,
+                "{v}: node {i} booted twice (before and after)"
+            );
+        }
+        let requests = fleet
+            .events()
+            .iter()
+            .filter(|e| matches!(e, FleetEvent::RebootRequested { .. }))
+            .count();
+        assert_eq!(requests, 5, "{v}");
+        // What rebootd left in etcd is locksmith's document, all slots free.
+        let (free, max, holders) = locksmith_doc(&get(&fleet, KEY));
+        assert_eq!((free, max, holders.len()), (2, 2, 0), "{v}");
+    }
+}
+
+#[tokio::test]
+async fn a_holder_written_by_hand_in_locksmiths_format_is_respected() {
+    for v in versions() {
+        let fleet = fleet(v, 1, 1, "default").await;
+        put(
+            &fleet,
+            KEY,
+            r#"{"semaphore":0,"max":1,"holders":["0123456789abcdef0123456789abcdef"]}"#,
+        );
+        let node = fleet.nodes[0].lock().await;
+        node.update_engine.set_status(NEED, "1").await.unwrap();
+        node.wait_state("waiting for a slot", WAIT, |s| {
+            s.phase == Phase::AcquiringSlot
+        })
+        .await
+        .unwrap();
+        let mut reboots = node.logind.subscribe();
+        assert!(node.logind.reboot_calls().is_empty());
+        // locksmithctl unlock, as Go writes an empty list.
+        put(&fleet, KEY, r#"{"semaphore":1,"max":1,"holders":null}"#);
+        next_reboot(&node, &mut reboots, WAIT).await;
+        let (free, _, holders) = locksmith_doc(&get(&fleet, KEY));
+        assert_eq!(free, 0, "{v}");
+        assert_eq!(holders, [node.machine_id.clone()], "{v}");
+    }
+}
+
+#[tokio::test]
+async fn a_corrupt_document_is_refused_and_left_unchanged() {
+    let v = versions()[0];
+    let fleet = fleet(v, 1, 1, "default").await;
+    put(&fleet, KEY, r#"{"semaphore":"x"}"#);
+    let node = fleet.nodes[0].lock().await;
+    node.update_engine.set_status(NEED, "1").await.unwrap();
+    let s = node
+        .wait_state("the refusal to show in the state", WAIT, |s| {
+            s.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("does not parse"))
+        })
+        .await
+        .unwrap();
+    assert_eq!(s.phase, Phase::AcquiringSlot);
+    assert!(s.last_error.unwrap().contains(KEY));
+    assert_eq!(get(&fleet, KEY), r#"{"semaphore":"x"}"#);
+    assert!(node.logind.reboot_calls().is_empty());
+    let (code, out, _) = rebootctl(&node, &["status"]).await;
+    assert_eq!(code, 0);
+    assert!(out.contains("does not parse"), "{out}");
+}
+
+#[tokio::test]
+async fn killing_rebootd_while_it_holds_the_slot_keeps_the_slot() {
+    let v = versions()[0];
+    let fleet = fleet(v, 1, 1, "default").await;
+    let mut node = fleet.nodes[0].lock().await;
+    let guard = node.logind.hold_block_inhibitor("db-backup", "dumping");
+    node.update_engine.set_status(NEED, "1").await.unwrap();
+    node.wait_state("the slot, then the inhibitor's refusal", WAIT, |s| {
+        s.slot_held
+            && s.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("db-backup"))
+    })
+    .await
+    .unwrap();
+    node.kill_daemon().await;
+    let (_, _, holders) = locksmith_doc(&get(&fleet, KEY));
+    assert_eq!(holders, [node.machine_id.clone()]);
+    node.start_daemon().unwrap();
+    node.wait_ready(WAIT).await.unwrap();
+    let (_, _, holders) = locksmith_doc(&get(&fleet, KEY));
+    assert_eq!(
+        holders,
+        [node.machine_id.clone()],
+        "kept across the restart"
+    );
+    let mut reboots = node.logind.subscribe();
+    guard.release();
+    next_reboot(&node, &mut reboots, WAIT).await;
+    let first = node.boot_id();
+    node.reboot().await.unwrap();
+    node.wait_state("idle after the reboot", WAIT, |s| {
+        s.phase == Phase::Idle && s.boot_id != first
+    })
+    .await
+    .unwrap();
+    let (free, _, holders) = locksmith_doc(&get(&fleet, KEY));
+    assert_eq!((free, holders.len()), (1, 0), "released after boot");
+}
+
+#[tokio::test]
+async fn nodes_waiting_for_a_slot_proceed_after_an_etcd_restart() {
+    for v in versions() {
+        let mut fleet = fleet(v, 3, 1, "default").await;
+        let guard = fleet.nodes[0]
+            .lock()
+            .await
+            .logind
+            .hold_block_inhibitor("pinned", "keeps node-1 holding");
+        fleet.nodes[0]
+            .lock()
+            .await
+            .update_engine
+            .set_status(NEED, "1")
+            .await
+            .unwrap();
+        fleet.nodes[0]
+            .lock()
+            .await
+            .wait_state("node-1 holds", WAIT, |s| s.slot_held)
+            .await
+            .unwrap();
+        for n in &fleet.nodes[1..] {
+            let n = n.lock().await;
+            n.update_engine.set_status(NEED, "1").await.unwrap();
+            n.wait_state("waiting for a slot", WAIT, |s| {
+                s.phase == Phase::AcquiringSlot
+            })
+            .await
+            .unwrap();
+        }
+        fleet.etcd.stop().await.unwrap();
+        fleet.etcd.restart().await.unwrap();
+        drop(guard);
+        fleet.wait_rolled(Duration::from_secs(120)).await.unwrap();
+        assert!(fleet.max_holders_seen() <= 1, "{v}: {:?}", fleet.events());
+    }
+}
+
+#[tokio::test]
+async fn rebootctl_shows_and_steers_the_etcd_semaphore() {
+    let v = *versions().last().unwrap();
+    let fleet = fleet(v, 2, 2, "blue team").await;
+    let key = semaphore_key("blue team");
+    assert!(key.contains("groups/blue+team/"), "{key}");
+    // Both nodes take a slot and stay (an inhibitor blocks their reboot).
+    let mut guards = Vec::new();
+    for n in &fleet.nodes {
+        let n = n.lock().await;
+        guards.push(n.logind.hold_block_inhibitor("hold", "test"));
+        n.update_engine.set_status(NEED, "1").await.unwrap();
+        n.wait_state("holding", WAIT, |s| s.slot_held)
+            .await
+            .unwrap();
+    }
+    let node = fleet.nodes[0].lock().await;
+    let (code, out, err) = rebootctl(&node, &["status", "--json"]).await;
+    assert_eq!(code, 0, "{err}");
+    let st: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let sem = &st["semaphore"];
+    assert_eq!(sem["backend"], "etcd");
+    assert_eq!(sem["group"], "blue team");
+    assert_eq!(sem["max"], 2);
+    assert_eq!(sem["free"], 0);
+    let holders = sem["holders"].as_array().unwrap();
+    assert_eq!(holders.len(), 2);
+    assert!(holders
+        .iter()
+        .any(|h| h["id"] == node.machine_id.as_str() && h["node"] == "node-1"));
+    assert!(
+        holders.iter().all(|h| h["phase"] == "rebooting"),
+        "{holders:?}"
+    );
+    let (_, text, _) = rebootctl(&node, &["status"]).await;
+    assert!(text.contains("node-2"), "{text}");
+
+    let (code, _, err) = rebootctl(&node, &["set-max", "1"]).await;
+    assert_eq!(code, 1, "refused below the holders");
+    assert!(err.contains("--force"), "{err}");
+    assert_eq!(locksmith_doc(&get(&fleet, &key)).1, 2);
+    let (code, _, err) = rebootctl(&node, &["set-max", "3"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        locksmith_doc(&get(&fleet, &key)),
+        (1, 3, {
+            let mut h = vec![];
+            for n in &fleet.nodes[1..] {
+                h.push(n.lock().await.machine_id.clone());
+            }
+            h.push(node.machine_id.clone());
+            h.sort();
+            h
+        })
+    );
+    let other = fleet.nodes[1].lock().await.machine_id.clone();
+    let (code, _, err) = rebootctl(&node, &["unlock", &other]).await;
+    assert_eq!(code, 0, "{err}");
+    let (_, _, holders) = locksmith_doc(&get(&fleet, &key));
+    assert_eq!(holders, [node.machine_id.clone()]);
+    let (code, _, err) = rebootctl(&node, &["unlock"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(locksmith_doc(&get(&fleet, &key)).2.is_empty());
+    let (code, out, err) = rebootctl(&node, &["lock"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("holds a slot"));
+    assert_eq!(
+        locksmith_doc(&get(&fleet, &key)).2,
+        [node.machine_id.clone()]
+    );
+}
