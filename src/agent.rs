@@ -32,8 +32,10 @@ pub enum Event {
     WindowClosed { next_open: Option<Timestamp> },
     /// This node holds a slot.
     SlotAcquired,
-    /// Talking to the lock backend failed (it will be retried).
-    LockFailed { error: String },
+    /// Talking to the lock backend or the API server failed (retried after a back-off).
+    Transient { error: String },
+    /// Pods matching `blocking_pods` run on the node.
+    Blocked { pods: Vec<String> },
     /// The node is drained.
     Drained,
     /// The drain did not finish; `reboot_anyway` per `on_drain_failure`.
@@ -50,6 +52,8 @@ pub enum Event {
     RebootTimedOut,
     /// The node is back and healthy after the reboot.
     Healthy,
+    /// The node did not become healthy within `ready_timeout`.
+    NotHealthy { error: String },
     /// The node is schedulable again.
     Uncordoned,
     /// The slot is given back.
@@ -71,6 +75,8 @@ pub enum Action {
     WaitForWindow,
     /// Take a slot (waiting for one).
     AcquireSlot,
+    /// Read whether the node is unschedulable already, before cordoning it.
+    RecordCordon,
     /// Cordon and drain the node.
     Drain,
     /// Check once more that the reboot may happen now (window, blockers).
@@ -101,9 +107,13 @@ pub fn next_action(s: &State, policy: &Policy) -> Action {
     }
     match s.phase {
         Phase::Idle => Action::WaitForTrigger,
-        Phase::RebootNeeded => Action::CheckWindow,
+        Phase::RebootNeeded => match s.not_before {
+            Some(until) => Action::Sleep { until },
+            None => Action::CheckWindow,
+        },
         Phase::WaitingForWindow => Action::WaitForWindow,
         Phase::AcquiringSlot => Action::AcquireSlot,
+        Phase::Draining if !s.cordon_recorded => Action::RecordCordon,
         Phase::Draining => Action::Drain,
         Phase::Rebooting => match &s.reboot {
             None => Action::PrepareReboot,
@@ -245,13 +255,26 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
             enter(&mut s, after_slot(policy), now);
             why = "slot acquired".into();
         }
-        Event::LockFailed { error } => {
+        Event::Transient { error } => {
             s.retry_at = Some(add(now, policy.retry_interval));
-            why = format!("lock backend: {error}; retrying");
-            s.waiting_for = Some(format!("retry after lock backend error: {error}"));
+            why = format!("{error}; retrying");
+            s.waiting_for = Some(format!("retry after: {error}"));
             s.last_error = Some(error);
         }
+        Event::Blocked { pods } => {
+            let list = pods.join(", ");
+            s.not_before = Some(add(now, policy.retry_interval));
+            match s.phase {
+                Phase::AcquiringSlot | Phase::Draining | Phase::Rebooting => {
+                    back_out(&mut s, now);
+                    why = format!("blocking pods run ({list}); backing out");
+                }
+                _ => why = format!("blocking pods run ({list}); not taking a slot"),
+            }
+            s.waiting_for = Some(format!("blocking pods to finish: {list}"));
+        }
         Event::Cordoned { by_us } => {
+            s.cordon_recorded = true;
             s.cordoned_by_us = by_us;
             why = if by_us {
                 "node cordoned by rebootd".into()
@@ -274,7 +297,7 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
                     format!("drain failed ({error}); rebooting anyway (on_drain_failure = reboot)");
             } else {
                 back_out(&mut s, now);
-                s.retry_at = Some(add(now, policy.retry_interval));
+                s.not_before = Some(add(now, policy.retry_interval));
                 why = format!("drain failed ({error}); backing out (on_drain_failure = abort)");
             }
         }
@@ -318,6 +341,13 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
             );
             s.last_error = Some(why.clone());
         }
+        Event::NotHealthy { error } => {
+            why = format!(
+                "the node is not healthy after the reboot ({error}); keeping the slot so the rollout stops here"
+            );
+            s.waiting_for = Some("the node to become Ready (holding the slot)".into());
+            s.last_error = Some(why.clone());
+        }
         Event::Healthy => {
             let next = if s.cordoned_by_us {
                 Phase::Uncordoning
@@ -329,12 +359,16 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
         }
         Event::Uncordoned => {
             s.cordoned_by_us = false;
+            s.cordon_recorded = false;
             enter(&mut s, Phase::Releasing, now);
             why = "node uncordoned".into();
         }
         Event::Released => {
             s.slot_held = false;
-            s.last_error = None;
+            s.cordon_recorded = false;
+            if s.not_before.is_none() {
+                s.last_error = None;
+            }
             if s.reason.is_some() {
                 enter(&mut s, Phase::RebootNeeded, now);
                 why = "slot released; a reboot is still needed".into();
@@ -344,7 +378,9 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
             }
         }
         Event::RetryDue => {
+            // One sleep served whichever was set; blockers and windows are checked again anyway.
             s.retry_at = None;
+            s.not_before = None;
             why = "retrying".into();
         }
     }
@@ -546,7 +582,7 @@ mod tests {
         ] {
             s = step(&s, e, t(1), &p).state;
         }
-        assert_eq!(next_action(&s, &p), Action::Drain);
+        assert_eq!(next_action(&s, &p), Action::RecordCordon);
         let cordoned = step(&s, Event::Cordoned { by_us: true }, t(2), &p).state;
         let failed = step(
             &cordoned,
@@ -585,13 +621,68 @@ mod tests {
     }
 
     #[test]
+    fn blocking_pods_before_the_slot_wait_and_right_before_the_reboot_back_out() {
+        let s = run(
+            &State::new("b", t(0)),
+            vec![
+                Event::RebootNeeded { reason: "x".into() },
+                Event::Blocked {
+                    pods: vec!["db/primary-0".into()],
+                },
+            ],
+        );
+        assert_eq!(s.phase, Phase::RebootNeeded);
+        assert!(!s.slot_held);
+        assert!(matches!(next_action(&s, &policy()), Action::Sleep { .. }));
+        assert!(s.waiting_for.as_deref().unwrap().contains("db/primary-0"));
+        let mut s = run(
+            &State::new("b", t(0)),
+            vec![
+                Event::RebootNeeded { reason: "x".into() },
+                Event::WindowOpen,
+                Event::SlotAcquired,
+            ],
+        );
+        s.cordoned_by_us = true;
+        let s = run(
+            &s,
+            vec![Event::Blocked {
+                pods: vec!["db/primary-0".into()],
+            }],
+        );
+        assert_eq!(s.phase, Phase::Uncordoning);
+        // Backing out is not delayed by the back-off.
+        assert_eq!(next_action(&s, &policy()), Action::Uncordon);
+        let s = run(&s, vec![Event::Uncordoned, Event::Released]);
+        assert_eq!(s.phase, Phase::RebootNeeded);
+        assert!(matches!(next_action(&s, &policy()), Action::Sleep { .. }));
+    }
+
+    #[test]
+    fn not_healthy_after_boot_keeps_the_slot_and_keeps_waiting() {
+        let mut s = State::new("b", t(0));
+        s.phase = Phase::WaitingForHealthy;
+        s.slot_held = true;
+        let s = run(
+            &s,
+            vec![Event::NotHealthy {
+                error: "NotReady after 15m".into(),
+            }],
+        );
+        assert_eq!(s.phase, Phase::WaitingForHealthy);
+        assert!(s.slot_held);
+        assert_eq!(next_action(&s, &policy()), Action::WaitHealthy);
+        assert!(s.last_error.as_deref().unwrap().contains("rollout stops"));
+    }
+
+    #[test]
     fn lock_error_backs_off_in_place() {
         let s = run(
             &State::new("b", t(0)),
             vec![
                 Event::RebootNeeded { reason: "x".into() },
                 Event::WindowOpen,
-                Event::LockFailed {
+                Event::Transient {
                     error: "etcd unreachable".into(),
                 },
             ],

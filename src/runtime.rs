@@ -269,11 +269,12 @@ impl Runtime {
                 info!(backend = self.semaphore.backend(), group = %self.config.identity.group, "waiting for a reboot slot");
                 match self.semaphore.acquire(&self.me).await {
                     Ok(()) => Event::SlotAcquired,
-                    Err(e) => Event::LockFailed {
+                    Err(e) => Event::Transient {
                         error: e.to_string(),
                     },
                 }
             }
+            Action::RecordCordon => Event::Cordoned { by_us: false },
             Action::Drain => Event::Drained,
             Action::CallReboot => match self.rebooter.reboot().await {
                 Ok(()) => Event::RebootAccepted,
@@ -300,7 +301,7 @@ impl Runtime {
             Action::Uncordon => Event::Uncordoned,
             Action::ReleaseSlot => match self.semaphore.release(&self.me.id).await {
                 Ok(()) => Event::Released,
-                Err(e) => Event::LockFailed {
+                Err(e) => Event::Transient {
                     error: e.to_string(),
                 },
             },

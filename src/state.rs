@@ -92,12 +92,20 @@ pub struct State {
     /// Do nothing before this instant (a back-off after a refusal or an error).
     #[serde(default)]
     pub retry_at: Option<Timestamp>,
+    /// Do not start a new attempt (check the window) before this instant: set when an attempt
+    /// was backed out of (blocking pods, a failed drain).
+    #[serde(default)]
+    pub not_before: Option<Timestamp>,
     /// The last thing that went wrong, for `rebootctl status`.
     #[serde(default)]
     pub last_error: Option<String>,
     /// What the agent waits for now, in words.
     #[serde(default)]
     pub waiting_for: Option<String>,
+    /// Whether rebootd looked at the node before cordoning it in this cycle (written before the
+    /// cordon, so a crash in between cannot mistake our cordon for an operator's).
+    #[serde(default)]
+    pub cordon_recorded: bool,
     /// Whether rebootd cordoned the node (and so may uncordon it).
     #[serde(default)]
     pub cordoned_by_us: bool,
@@ -119,8 +127,10 @@ impl State {
             reboot: None,
             failed_attempts: 0,
             retry_at: None,
+            not_before: None,
             last_error: None,
             waiting_for: None,
+            cordon_recorded: false,
             cordoned_by_us: false,
             last_reboot: None,
         }

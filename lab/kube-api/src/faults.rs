@@ -1,0 +1,168 @@
+//! Fault injection for chaos tests: the next N requests whose path contains a string (and,
+//! optionally, with a given method) fail with a status or hang for a while; plus the request
+//! log tests read to count what the server answered.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+/// What a matching request gets.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FaultAction {
+    /// Answer with this HTTP code and a matching `Status` body (429 and 503 carry
+    /// `Retry-After: 1`).
+    Status(u16),
+    /// Wait this long, then handle the request normally.
+    Hang(Duration),
+}
+
+/// One fault rule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FaultRule {
+    /// Only requests with this method (`GET`, `POST`, ...); `None` = any.
+    pub method: Option<String>,
+    /// Requests whose path contains this string.
+    pub path_contains: String,
+    /// How many matching requests it applies to.
+    pub times: usize,
+    pub action: FaultAction,
+}
+
+impl FaultRule {
+    /// The next `times` requests whose path contains `path_contains` get `code`.
+    pub fn status(path_contains: &str, code: u16, times: usize) -> Self {
+        FaultRule {
+            method: None,
+            path_contains: path_contains.to_string(),
+            times,
+            action: FaultAction::Status(code),
+        }
+    }
+
+    /// The next `times` requests whose path contains `path_contains` wait `d` first.
+    pub fn hang(path_contains: &str, d: Duration, times: usize) -> Self {
+        FaultRule {
+            method: None,
+            path_contains: path_contains.to_string(),
+            times,
+            action: FaultAction::Hang(d),
+        }
+    }
+
+    /// Restrict to one method.
+    pub fn method(mut self, method: &str) -> Self {
+        self.method = Some(method.to_ascii_uppercase());
+        self
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The fault rules in force (cheap to clone, shared).
+#[derive(Debug, Clone, Default)]
+pub struct Faults {
+    rules: Arc<Mutex<Vec<FaultRule>>>,
+}
+
+impl Faults {
+    /// Add a rule; rules are tried in the order they were added.
+    pub fn inject(&self, rule: FaultRule) {
+        lock(&self.rules).push(rule);
+    }
+
+    /// Drop every rule.
+    pub fn clear(&self) {
+        lock(&self.rules).clear();
+    }
+
+    /// How many faulted requests are still to come, over all rules.
+    pub fn pending(&self) -> usize {
+        lock(&self.rules).iter().map(|r| r.times).sum()
+    }
+
+    /// The action for this request, using up one count of the first matching rule.
+    pub(crate) fn take(&self, method: &str, path: &str) -> Option<FaultAction> {
+        let mut rules = lock(&self.rules);
+        let i = rules.iter().position(|r| {
+            r.times > 0
+                && r.method.as_deref().is_none_or(|m| m == method)
+                && path.contains(&r.path_contains)
+        })?;
+        rules[i].times -= 1;
+        let action = rules[i].action.clone();
+        if rules[i].times == 0 {
+            rules.remove(i);
+        }
+        Some(action)
+    }
+}
+
+/// One answered request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestRecord {
+    pub at: SystemTime,
+    pub method: String,
+    pub path: String,
+    pub query: String,
+    /// The HTTP code answered (for a watch, 200 when the stream started).
+    pub status: u16,
+    /// The `reason` of a `Status` error body, if the answer was one.
+    pub reason: Option<String>,
+    /// The bearer token the client sent (the kubeconfig's user), if any.
+    pub user: Option<String>,
+}
+
+const LOG_CAP: usize = 100_000;
+
+/// The request log (bounded; the oldest records go first).
+#[derive(Debug, Clone, Default)]
+pub struct RequestLog {
+    records: Arc<Mutex<VecDeque<RequestRecord>>>,
+}
+
+impl RequestLog {
+    pub(crate) fn push(&self, r: RequestRecord) {
+        let mut v = lock(&self.records);
+        if v.len() >= LOG_CAP {
+            v.pop_front();
+        }
+        v.push_back(r);
+    }
+
+    /// A copy of every record kept.
+    pub fn all(&self) -> Vec<RequestRecord> {
+        lock(&self.records).iter().cloned().collect()
+    }
+
+    /// How many records satisfy `f`.
+    pub fn count(&self, f: impl Fn(&RequestRecord) -> bool) -> usize {
+        lock(&self.records).iter().filter(|r| f(r)).count()
+    }
+
+    /// Forget every record.
+    pub fn clear(&self) {
+        lock(&self.records).clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rules_count_down() {
+        let f = Faults::default();
+        f.inject(FaultRule::status("/leases/", 500, 2).method("put"));
+        assert_eq!(
+            f.take("GET", "/apis/coordination.k8s.io/v1/namespaces/a/leases/x"),
+            None
+        );
+        let p = "/apis/coordination.k8s.io/v1/namespaces/a/leases/x";
+        assert_eq!(f.take("PUT", p), Some(FaultAction::Status(500)));
+        assert_eq!(f.pending(), 1);
+        assert_eq!(f.take("PUT", p), Some(FaultAction::Status(500)));
+        assert_eq!(f.take("PUT", p), None);
+    }
+}
