@@ -200,6 +200,9 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
                         s.failed_attempts = 0;
                         s.last_error = None;
                         s.last_reboot = Some(now);
+                        if ours {
+                            s.reboots += 1;
+                        }
                         let post_boot = s.slot_held || s.cordoned_by_us || ours;
                         enter(
                             &mut s,
@@ -444,6 +447,7 @@ mod tests {
         );
         assert_eq!(s.phase, Phase::WaitingForHealthy);
         assert_eq!(s.reason, None);
+        assert_eq!(s.reboots, 1);
         let s = run(&s, vec![Event::Healthy]);
         assert_eq!(next_action(&s, &policy()), Action::ReleaseSlot);
         let s = run(&s, vec![Event::Released]);

@@ -61,6 +61,8 @@ pub struct Config {
     pub lock: Lock,
     pub kubernetes: Option<Kubernetes>,
     pub reboot: Reboot,
+    /// Where to serve Prometheus metrics; None = not served.
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// The fragments this came from, in merge order (empty = embedded default).
     pub sources: Vec<PathBuf>,
 }
@@ -123,6 +125,8 @@ pub struct Etcd {
 pub struct KubeLease {
     pub namespace: String,
     pub name: String,
+    /// Kubeconfig for the Lease objects; default `[kubernetes].kubeconfig`, else inferred.
+    pub kubeconfig: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -370,6 +374,9 @@ fn validate(
         kubernetes: lock_in.kubernetes.map(|k| KubeLease {
             namespace: k.namespace.unwrap_or_else(|| "kube-system".into()),
             name: k.name.unwrap_or_else(|| "rebootd".into()),
+            kubeconfig: k
+                .kubeconfig
+                .or_else(|| input.kubernetes.as_ref().and_then(|k| k.kubeconfig.clone())),
         }),
     };
     match lock.backend {
@@ -476,6 +483,7 @@ fn validate(
         lock,
         kubernetes,
         reboot,
+        metrics_listen: input.metrics.and_then(|m| m.listen),
         sources,
     })
 }

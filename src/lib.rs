@@ -6,8 +6,11 @@
 
 pub mod agent;
 pub mod config;
+pub mod drain;
+pub mod kube_client;
 pub mod lock;
 pub mod logging;
+pub mod metrics;
 pub mod notify;
 pub mod reboot;
 pub mod runtime;

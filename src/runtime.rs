@@ -2,8 +2,10 @@
 //! steps the pure state machine and writes the new state before the next action.
 
 use crate::agent::{self, Action, Event, Policy};
-use crate::config::Config;
+use crate::config::{Config, DrainFailure};
+use crate::drain::{Drainer, KubeDrainer};
 use crate::lock::{self, LockError, Semaphore};
+use crate::metrics::Metrics;
 use crate::notify;
 use crate::reboot::{Logind, RebootError, Rebooter};
 use crate::state::{State, StateError, StateStore};
@@ -33,6 +35,10 @@ pub enum RuntimeError {
     },
     #[error("lock backend: {0}")]
     Lock(#[from] LockError),
+    #[error("kubernetes: {0}")]
+    Kubernetes(String),
+    #[error("metrics: {0}")]
+    Metrics(String),
 }
 
 /// Read a one-line id file (machine id, boot id), trimmed and checked non-empty.
@@ -64,6 +70,19 @@ pub async fn open_semaphore(config: &Config) -> Result<Box<dyn Semaphore>, LockE
     lock::open::open(config)
 }
 
+/// The node drainer, when `[kubernetes]` is configured.
+pub async fn open_drainer(config: &Config) -> Result<Option<Box<dyn Drainer>>, RuntimeError> {
+    let Some(settings) = &config.kubernetes else {
+        return Ok(None);
+    };
+    let client = crate::kube_client::connect(settings.kubeconfig.as_deref())
+        .await
+        .map_err(|e| RuntimeError::Kubernetes(e.to_string()))?;
+    let drainer = KubeDrainer::new(client, &config.identity.node_name, settings)
+        .map_err(|e| RuntimeError::Kubernetes(e.to_string()))?;
+    Ok(Some(Box::new(drainer)))
+}
+
 /// The policy the state machine follows, from the configuration.
 pub fn policy(config: &Config) -> Policy {
     Policy {
@@ -79,8 +98,10 @@ pub struct Runtime {
     store: StateStore,
     semaphore: Box<dyn Semaphore>,
     rebooter: Box<dyn Rebooter>,
+    drainer: Option<Box<dyn Drainer>>,
     me: lock::Identity,
     policy: Policy,
+    metrics: Metrics,
 }
 
 /// The one-line status systemd shows: the phase and what it waits for.
@@ -103,6 +124,7 @@ impl Runtime {
         config: Config,
         store: StateStore,
         semaphore: Box<dyn Semaphore>,
+        drainer: Option<Box<dyn Drainer>>,
         me: lock::Identity,
     ) -> Runtime {
         let rebooter = Box::new(Logind::new(
@@ -114,8 +136,55 @@ impl Runtime {
             store,
             semaphore,
             rebooter,
+            drainer,
             me,
             policy,
+            metrics: Metrics::default(),
+        }
+    }
+
+    /// Publish metrics to this collector (served by the caller).
+    pub fn with_metrics(mut self, metrics: Metrics) -> Runtime {
+        self.metrics = metrics;
+        self
+    }
+
+    /// Record a Kubernetes Event on the node, if draining is configured; failures are logged.
+    async fn event(&self, reason: &str, message: &str, warning: bool) {
+        if let Some(d) = &self.drainer {
+            if let Err(e) = d.event(reason, message, warning).await {
+                warn!(reason, error = %e, "cannot record a Kubernetes event");
+            }
+        }
+    }
+
+    /// Running pods that block a reboot (none without a drainer).
+    async fn blockers(&self) -> Result<Vec<String>, String> {
+        match &self.drainer {
+            Some(d) => d.blocking_pods().await.map_err(|e| e.to_string()),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// What stands in the way of a reboot now, if anything: a closed window, blocking pods, or
+    /// an error reading them.
+    async fn obstacle(&self) -> Option<Event> {
+        let now = Timestamp::now();
+        let windows = &self.config.windows;
+        if !windows.is_open(now) {
+            return Some(Event::WindowClosed {
+                next_open: windows.next_open(now),
+            });
+        }
+        match self.blockers().await {
+            Ok(pods) if pods.is_empty() => None,
+            Ok(pods) => {
+                info!(pods = ?pods, "blocking pods run on this node");
+                Some(Event::Blocked { pods })
+            }
+            Err(error) => Some(Event::Transient {
+                error: format!("cannot list blocking pods: {error}"),
+            }),
         }
     }
 
@@ -199,6 +268,16 @@ impl Runtime {
         }
         if next != state {
             self.store.save(&next)?;
+            if next.phase != state.phase {
+                if let Some(d) = &self.drainer {
+                    if let Err(e) = d
+                        .annotate(next.phase.as_str(), next.since, next.reason.is_some())
+                        .await
+                    {
+                        warn!(error = %e, "cannot annotate the node");
+                    }
+                }
+            }
             if next.slot_held && next.phase != state.phase {
                 if let Err(e) = self
                     .semaphore
@@ -210,6 +289,7 @@ impl Runtime {
             }
         }
         notify::status(&status_line(&next));
+        self.metrics.observe(&next, Timestamp::now());
         Ok(next)
     }
 
@@ -230,25 +310,13 @@ impl Runtime {
                 sleep_until(*until).await;
                 Event::RetryDue
             }
-            Action::CheckWindow | Action::PrepareReboot => {
-                let now = Timestamp::now();
-                let windows = &self.config.windows;
-                if windows.is_open(now) {
-                    match action {
-                        Action::PrepareReboot => Event::ReadyToReboot,
-                        _ => Event::WindowOpen,
-                    }
-                } else {
-                    Event::WindowClosed {
-                        next_open: windows.next_open(now),
-                    }
-                }
-            }
+            Action::CheckWindow => self.obstacle().await.unwrap_or(Event::WindowOpen),
+            Action::PrepareReboot => self.obstacle().await.unwrap_or(Event::ReadyToReboot),
             Action::WaitForWindow => loop {
                 let now = Timestamp::now();
                 let windows = &self.config.windows;
                 if windows.is_open(now) {
-                    return Event::WindowOpen;
+                    return self.obstacle().await.unwrap_or(Event::WindowOpen);
                 }
                 match windows.next_open(now) {
                     Some(at) => {
@@ -266,30 +334,63 @@ impl Runtime {
                 }
             },
             Action::AcquireSlot => {
-                info!(backend = self.semaphore.backend(), group = %self.config.identity.group, "waiting for a reboot slot");
-                match self.semaphore.acquire(&self.me).await {
-                    Ok(()) => Event::SlotAcquired,
-                    Err(e) => Event::Transient {
-                        error: e.to_string(),
-                    },
+                let event = self.acquire().await;
+                if matches!(event, Event::Transient { .. }) {
+                    self.metrics.error("lock");
                 }
+                event
             }
-            Action::RecordCordon => Event::Cordoned { by_us: false },
-            Action::Drain => Event::Drained,
-            Action::CallReboot => match self.rebooter.reboot().await {
-                Ok(()) => Event::RebootAccepted,
-                Err(e @ RebootError::Blocked { .. }) => {
-                    warn!(error = %e, "the reboot is blocked; will ask again");
-                    Event::RebootRefused {
-                        error: e.to_string(),
-                    }
-                }
+            Action::ReleaseSlot => match self.semaphore.release(&self.me.id).await {
+                Ok(()) => Event::Released,
                 Err(e) => {
-                    error!(error = %e, "the reboot request failed; will ask again");
-                    Event::RebootRefused {
+                    self.metrics.error("lock");
+                    Event::Transient {
                         error: e.to_string(),
                     }
                 }
+            },
+            Action::CallReboot => self.call_reboot().await,
+            Action::RecordCordon => match &self.drainer {
+                // Time may have passed waiting for the slot: look at the blockers again before
+                // touching the node.
+                Some(d) => match self.obstacle().await {
+                    Some(obstacle) => obstacle,
+                    None => match d.is_unschedulable().await {
+                        Ok(already) => Event::Cordoned { by_us: !already },
+                        Err(e) => Event::Transient {
+                            error: format!("cannot read the node: {e}"),
+                        },
+                    },
+                },
+                None => Event::Cordoned { by_us: false },
+            },
+            Action::Drain => match &self.drainer {
+                Some(d) => {
+                    self.event(
+                        "DrainStarted",
+                        "rebootd is draining the node for a reboot",
+                        false,
+                    )
+                    .await;
+                    match d.drain().await {
+                        Ok(()) => Event::Drained,
+                        Err(e) => {
+                            let reboot_anyway = self
+                                .config
+                                .kubernetes
+                                .as_ref()
+                                .is_some_and(|k| k.on_drain_failure == DrainFailure::Reboot);
+                            let msg = format!("drain failed: {e}");
+                            error!(error = %e, reboot_anyway, "drain failed");
+                            self.event("DrainFailed", &msg, true).await;
+                            Event::DrainFailed {
+                                error: e.to_string(),
+                                reboot_anyway,
+                            }
+                        }
+                    }
+                }
+                None => Event::Drained,
             },
             Action::AwaitReboot { deadline } => {
                 info!(deadline = %deadline, "waiting for the host to go down");
@@ -297,14 +398,82 @@ impl Runtime {
                 error!(deadline = %deadline, "the reboot did not happen in time");
                 Event::RebootTimedOut
             }
-            Action::WaitHealthy => Event::Healthy,
-            Action::Uncordon => Event::Uncordoned,
-            Action::ReleaseSlot => match self.semaphore.release(&self.me.id).await {
-                Ok(()) => Event::Released,
-                Err(e) => Event::Transient {
-                    error: e.to_string(),
-                },
+            Action::WaitHealthy => match (&self.drainer, &self.config.kubernetes) {
+                (Some(d), Some(k)) => {
+                    info!(timeout = ?k.ready_timeout, "waiting for the node to be Ready");
+                    match d.wait_ready(k.ready_timeout).await {
+                        Ok(()) => Event::Healthy,
+                        Err(e) => {
+                            let msg = format!(
+                                "node not Ready after the reboot ({e}); rebootd keeps its slot, so the rollout stops here"
+                            );
+                            error!("{msg}");
+                            self.event("NotReadyAfterReboot", &msg, true).await;
+                            Event::NotHealthy {
+                                error: e.to_string(),
+                            }
+                        }
+                    }
+                }
+                _ => Event::Healthy,
             },
+            Action::Uncordon => match &self.drainer {
+                Some(d) => match d.uncordon().await {
+                    Ok(()) => {
+                        self.event(
+                            "Uncordoned",
+                            "rebootd made the node schedulable again",
+                            false,
+                        )
+                        .await;
+                        Event::Uncordoned
+                    }
+                    Err(e) => {
+                        self.metrics.error("kubernetes");
+                        Event::Transient {
+                            error: format!("cannot uncordon: {e}"),
+                        }
+                    }
+                },
+                None => Event::Uncordoned,
+            },
+        }
+    }
+
+    async fn acquire(&self) -> Event {
+        info!(backend = self.semaphore.backend(), group = %self.config.identity.group, "waiting for a reboot slot");
+        match self.semaphore.acquire(&self.me).await {
+            Ok(()) => Event::SlotAcquired,
+            Err(e) => Event::Transient {
+                error: e.to_string(),
+            },
+        }
+    }
+
+    async fn call_reboot(&self) -> Event {
+        match self.rebooter.reboot().await {
+            Ok(()) => {
+                self.event(
+                    "Rebooting",
+                    "rebootd asked logind to reboot the node",
+                    false,
+                )
+                .await;
+                Event::RebootAccepted
+            }
+            Err(e @ RebootError::Blocked { .. }) => {
+                warn!(error = %e, "the reboot is blocked; will ask again");
+                Event::RebootRefused {
+                    error: e.to_string(),
+                }
+            }
+            Err(e) => {
+                error!(error = %e, "the reboot request failed; will ask again");
+                self.metrics.error("logind");
+                Event::RebootRefused {
+                    error: e.to_string(),
+                }
+            }
         }
     }
 }

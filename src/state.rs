@@ -112,6 +112,9 @@ pub struct State {
     /// When the last coordinated reboot was seen to have happened.
     #[serde(default)]
     pub last_reboot: Option<Timestamp>,
+    /// Coordinated reboots seen to have happened on this host.
+    #[serde(default)]
+    pub reboots: u64,
 }
 
 impl State {
@@ -133,6 +136,7 @@ impl State {
             cordon_recorded: false,
             cordoned_by_us: false,
             last_reboot: None,
+            reboots: 0,
         }
     }
 }

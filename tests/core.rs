@@ -344,3 +344,53 @@ async fn corrupt_state_file_is_refused_and_kept() {
     assert_eq!(std::fs::read(node.store().path()).unwrap(), garbage);
     assert!(node.log().contains("does not parse"), "{}", node.log());
 }
+
+async fn scrape(addr: std::net::SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = String::new();
+    conn.read_to_string(&mut out).await.unwrap();
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    out
+}
+
+#[tokio::test]
+async fn metrics_move_through_a_reboot() {
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut node = node("n13", &format!("[metrics]\nlisten = \"{addr}\"\n")).await;
+    let mut reboots = node.logind.subscribe();
+    idle(&node).await;
+    let m = scrape(addr).await;
+    assert!(m.contains("rebootd_reboot_needed 0"), "{m}");
+    assert!(m.contains("rebootd_phase{phase=\"idle\"} 1"), "{m}");
+    assert!(m.contains("rebootd_reboots_total 0"), "{m}");
+    node.update_engine.set_status(NEED, "8.0").await.unwrap();
+    next_reboot(&node, &mut reboots, WAIT).await;
+    node.wait_state("the accepted reboot to be recorded", WAIT, |s| {
+        s.reboot.as_ref().is_some_and(|r| r.called)
+    })
+    .await
+    .unwrap();
+    let m = scrape(addr).await;
+    assert!(m.contains("rebootd_reboot_needed 1"), "{m}");
+    assert!(m.contains("rebootd_phase{phase=\"rebooting\"} 1"), "{m}");
+    assert!(m.contains("rebootd_slot_held 1"), "{m}");
+    node.reboot().await.unwrap();
+    node.wait_ready(WAIT).await.unwrap();
+    node.wait_state("idle after the reboot", WAIT, |s| s.phase == Phase::Idle)
+        .await
+        .unwrap();
+    let m = scrape(addr).await;
+    assert!(m.contains("rebootd_reboots_total 1"), "{m}");
+    assert!(m.contains("rebootd_phase{phase=\"idle\"} 1"), "{m}");
+    assert!(
+        !m.contains("rebootd_last_reboot_timestamp_seconds 0.000"),
+        "{m}"
+    );
+}

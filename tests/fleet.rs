@@ -7,7 +7,7 @@ use common::*;
 use rebootd::lock::document::semaphore_key;
 use rebootd::state::Phase;
 use rebootd_lab::etcd::EtcdVersion;
-use rebootd_lab::fleet::{Fleet, FleetEvent, FleetOptions};
+use rebootd_lab::fleet::{Fleet, FleetEvent, FleetLock, FleetOptions};
 use std::path::Path;
 use std::time::Duration;
 
@@ -28,7 +28,7 @@ async fn fleet(version: EtcdVersion, nodes: usize, max: u64, group: &str) -> Fle
         FleetOptions {
             nodes,
             max,
-            etcd: version,
+            lock: FleetLock::Etcd(version),
             reboot_time: Duration::from_millis(300),
             group: group.to_string(),
             ..FleetOptions::default()
@@ -43,6 +43,8 @@ async fn fleet(version: EtcdVersion, nodes: usize, max: u64, group: &str) -> Fle
 fn get(fleet: &Fleet, key: &str) -> String {
     fleet
         .etcd
+        .as_ref()
+        .unwrap()
         .etcdctl_run(&["get", "--print-value-only", key])
         .unwrap()
         .trim()
@@ -50,7 +52,12 @@ fn get(fleet: &Fleet, key: &str) -> String {
 }
 
 fn put(fleet: &Fleet, key: &str, value: &str) {
-    fleet.etcd.etcdctl_run(&["put", key, value]).unwrap();
+    fleet
+        .etcd
+        .as_ref()
+        .unwrap()
+        .etcdctl_run(&["put", key, value])
+        .unwrap();
 }
 
 /// Parse a value strictly as locksmith's document: exactly semaphore, max, holders.
@@ -227,8 +234,9 @@ async fn nodes_waiting_for_a_slot_proceed_after_an_etcd_restart() {
             .await
             .unwrap();
         }
-        fleet.etcd.stop().await.unwrap();
-        fleet.etcd.restart().await.unwrap();
+        let etcd = fleet.etcd.as_mut().unwrap();
+        etcd.stop().await.unwrap();
+        etcd.restart().await.unwrap();
         drop(guard);
         fleet.wait_rolled(Duration::from_secs(120)).await.unwrap();
         assert!(fleet.max_holders_seen() <= 1, "{v}: {:?}", fleet.events());

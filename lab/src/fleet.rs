@@ -4,6 +4,7 @@
 
 use crate::dbus::LabError;
 use crate::etcd::{EtcdServer, EtcdVersion};
+use crate::kube_api::{KubeApi, KubeApiHandle, NodeBuilder, Options as KubeOptions};
 use crate::node::{Node, NodeOptions};
 use futures_util::StreamExt;
 use rebootd::lock::document::{semaphore_key, SemaphoreDoc};
@@ -12,13 +13,27 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::broadcast;
 
+/// Where the fleet keeps its semaphore.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FleetLock {
+    Etcd(EtcdVersion),
+    /// Lease objects in the Kubernetes API stand-in.
+    Kubernetes,
+}
+
 /// How a fleet is set up.
 #[derive(Debug, Clone)]
 pub struct FleetOptions {
     pub nodes: usize,
     /// Slots of the semaphore (written before the nodes start).
     pub max: u64,
-    pub etcd: EtcdVersion,
+    pub lock: FleetLock,
+    /// Run the Kubernetes API stand-in with one Node per lab node and let rebootd drain.
+    pub drain: bool,
+    /// After a simulated reboot, how long until the kubelet reports the Node Ready again.
+    pub ready_delay: Duration,
+    /// Extra keys for the nodes' `[kubernetes]` table (when `drain`).
+    pub kubernetes_config: String,
     /// How long a simulated reboot keeps a node down.
     pub reboot_time: Duration,
     /// Extra TOML for every node.
@@ -31,7 +46,10 @@ impl Default for FleetOptions {
         FleetOptions {
             nodes: 5,
             max: 2,
-            etcd: EtcdVersion::V34,
+            lock: FleetLock::Etcd(EtcdVersion::V34),
+            drain: false,
+            ready_delay: Duration::from_millis(200),
+            kubernetes_config: "drain_timeout = \"60s\"\nready_timeout = \"30s\"\n".into(),
             reboot_time: Duration::from_millis(500),
             config: String::new(),
             group: "default".into(),
@@ -52,7 +70,13 @@ pub enum FleetEvent {
 
 /// A running fleet.
 pub struct Fleet {
-    pub etcd: EtcdServer,
+    pub etcd: Option<EtcdServer>,
+    pub kube: Option<KubeApiHandle>,
+    /// The kubeconfig the nodes use, when the stand-in runs.
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// Per node: whether it comes back Ready after a reboot (default true).
+    pub comes_back_ready: Vec<Arc<std::sync::atomic::AtomicBool>>,
+    _dir: tempfile::TempDir,
     pub nodes: Vec<Arc<tokio::sync::Mutex<Node>>>,
     pub names: Vec<String>,
     started: Instant,
@@ -83,44 +107,109 @@ fn record(
 impl Fleet {
     /// Start etcd, set the semaphore's max, start the nodes and the watchers.
     pub async fn start(rebootd: &Path, opts: FleetOptions) -> Result<Fleet, LabError> {
-        let etcd = EtcdServer::start(opts.etcd)
+        let dir = tempfile::tempdir().map_err(|e| LabError::io("fleet dir", e))?;
+        let names: Vec<String> = (1..=opts.nodes).map(|i| format!("node-{i}")).collect();
+        let uses_kube = opts.drain || opts.lock == FleetLock::Kubernetes;
+        let (kube, kubeconfig) = if uses_kube {
+            let handle = KubeApi::start(KubeOptions {
+                pod_ready_delay: Duration::from_millis(200),
+                ..KubeOptions::default()
+            })
             .await
-            .map_err(|e| LabError::DaemonStart(format!("etcd: {e}")))?;
-        let key = semaphore_key(&opts.group);
-        let doc = SemaphoreDoc {
-            semaphore: opts.max as i64,
-            max: opts.max,
-            holders: Vec::new(),
+            .map_err(|e| LabError::DaemonStart(format!("kube API stand-in: {e}")))?;
+            for name in &names {
+                handle
+                    .cluster()
+                    .add(&NodeBuilder::new(name))
+                    .map_err(|e| LabError::DaemonStart(format!("add node {name}: {e}")))?;
+            }
+            let path = dir.path().join("kubeconfig");
+            handle
+                .write_kubeconfig(&path)
+                .map_err(|e| LabError::DaemonStart(format!("kubeconfig: {e}")))?;
+            (Some(handle), Some(path))
+        } else {
+            (None, None)
         };
-        let mut client = etcd_client::Client::connect([etcd.endpoint()], None)
-            .await
-            .map_err(|e| LabError::DaemonStart(format!("etcd client: {e}")))?;
-        client
-            .put(key.clone(), doc.to_json(), None)
-            .await
-            .map_err(|e| LabError::DaemonStart(format!("etcd put: {e}")))?;
-
+        let (etcd, mut client, lock_config) = match opts.lock {
+            FleetLock::Etcd(version) => {
+                let etcd = EtcdServer::start(version)
+                    .await
+                    .map_err(|e| LabError::DaemonStart(format!("etcd: {e}")))?;
+                let doc = SemaphoreDoc {
+                    semaphore: opts.max as i64,
+                    max: opts.max,
+                    holders: Vec::new(),
+                };
+                let mut client = etcd_client::Client::connect([etcd.endpoint()], None)
+                    .await
+                    .map_err(|e| LabError::DaemonStart(format!("etcd client: {e}")))?;
+                client
+                    .put(semaphore_key(&opts.group), doc.to_json(), None)
+                    .await
+                    .map_err(|e| LabError::DaemonStart(format!("etcd put: {e}")))?;
+                let config = format!(
+                    "[lock]\nbackend = \"etcd\"\n\n[lock.etcd]\nendpoints = [{:?}]\n",
+                    etcd.endpoint()
+                );
+                (Some(etcd), Some(client), config)
+            }
+            FleetLock::Kubernetes => {
+                let config = format!(
+                    "[lock]\nbackend = \"kubernetes\"\n\n[lock.kubernetes]\nnamespace = \"kube-system\"\nname = \"rebootd\"\nkubeconfig = {:?}\n",
+                    kubeconfig.as_deref().unwrap_or(Path::new(""))
+                );
+                (None, None, config)
+            }
+        };
+        let drain_config = match (&kubeconfig, opts.drain) {
+            (Some(path), true) => format!(
+                "[kubernetes]\nkubeconfig = {path:?}\n{}\n",
+                opts.kubernetes_config
+            ),
+            _ => String::new(),
+        };
+        let set_max_for_leases = opts.lock == FleetLock::Kubernetes;
+        let comes_back_ready: Vec<_> = names
+            .iter()
+            .map(|_| Arc::new(std::sync::atomic::AtomicBool::new(true)))
+            .collect();
         let (notify, _) = broadcast::channel(1024);
         let events = Arc::new(Mutex::new(Vec::new()));
         let started = Instant::now();
         let mut nodes = Vec::new();
-        let mut names = Vec::new();
         let mut ids = Vec::new();
         let mut tasks = Vec::new();
-        for i in 1..=opts.nodes {
-            let name = format!("node-{i}");
+        for (i, name) in names.iter().enumerate() {
             let config = format!(
-                "[identity]\ngroup = {group:?}\n\n[lock]\nbackend = \"etcd\"\n\n[lock.etcd]\nendpoints = [{ep:?}]\n\n{extra}",
+                "[identity]\ngroup = {group:?}\n\n{lock_config}\n{drain_config}\n{extra}",
                 group = opts.group,
-                ep = etcd.endpoint(),
                 extra = opts.config
             );
-            let node = Node::start(rebootd, NodeOptions::new(&name).config(&config)).await?;
+            let mut node_opts = NodeOptions::new(name).config(&config);
+            node_opts.start_daemon = !(set_max_for_leases && i == 0);
+            let mut node = Node::start(rebootd, node_opts).await?;
+            if set_max_for_leases && i == 0 {
+                let rebootctl = rebootd.with_file_name("rebootctl");
+                let out = node
+                    .command(&rebootctl)
+                    .args(["set-max", &opts.max.to_string(), "--force"])
+                    .output()
+                    .await
+                    .map_err(|e| LabError::io("rebootctl set-max", e))?;
+                if !out.status.success() {
+                    return Err(LabError::DaemonStart(format!(
+                        "rebootctl set-max: {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    )));
+                }
+                node.start_daemon()?;
+            }
             ids.push((node.machine_id.clone(), name.clone()));
             let mut calls = node.logind.subscribe();
             let node = Arc::new(tokio::sync::Mutex::new(node));
             // The simulated reboot: on each accepted reboot call, go down for `reboot_time`,
-            // then come back with a new boot id.
+            // then come back with a new boot id; the kubelet reports Ready a little later.
             let (n, ev, tx, nm, delay) = (
                 node.clone(),
                 events.clone(),
@@ -128,6 +217,8 @@ impl Fleet {
                 name.clone(),
                 opts.reboot_time,
             );
+            let cluster = kube.as_ref().map(|k| k.cluster().clone());
+            let (ready_delay, ready) = (opts.ready_delay, comes_back_ready[i].clone());
             tasks.push(tokio::spawn(async move {
                 while calls.recv().await.is_ok() {
                     record(
@@ -140,6 +231,9 @@ impl Fleet {
                     );
                     let mut node = n.lock().await;
                     node.kill_daemon().await;
+                    if let Some(c) = &cluster {
+                        let _ = c.set_node_ready(&nm, false);
+                    }
                     tokio::time::sleep(delay).await;
                     if node.reboot().await.is_ok() {
                         record(
@@ -151,46 +245,60 @@ impl Fleet {
                             },
                         );
                     }
+                    if let Some(c) = cluster.clone() {
+                        let (nm, ready) = (nm.clone(), ready.clone());
+                        tokio::spawn(async move {
+                            tokio::time::sleep(ready_delay).await;
+                            if ready.load(std::sync::atomic::Ordering::SeqCst) {
+                                let _ = c.set_node_ready(&nm, true);
+                            }
+                        });
+                    }
                 }
             }));
             nodes.push(node);
-            names.push(name);
         }
         // The watcher outside rebootd: every revision of the document, from etcd's own history.
-        let (ev, tx) = (events.clone(), notify.clone());
-        let mut stream = client
-            .watch(key.clone(), None)
-            .await
-            .map_err(|e| LabError::DaemonStart(format!("etcd watch: {e}")))?;
-        tasks.push(tokio::spawn(async move {
-            while let Some(Ok(resp)) = stream.next().await {
-                for e in resp.events() {
-                    let Some(kv) = e.kv() else { continue };
-                    let holders = match SemaphoreDoc::parse(kv.value()) {
-                        Ok(doc) => doc
-                            .holders
-                            .iter()
-                            .map(|h| {
-                                ids.iter()
-                                    .find(|(id, _)| id == h)
-                                    .map_or(h.clone(), |(_, n)| n.clone())
-                            })
-                            .collect(),
-                        Err(e) => vec![format!("<unparsable: {e}>")],
-                    };
-                    record(
-                        &ev,
-                        &tx,
-                        FleetEvent::Holders {
-                            at: started.elapsed(),
-                            holders,
-                        },
-                    );
+        if let Some(client) = client.as_mut() {
+            let (ev, tx) = (events.clone(), notify.clone());
+            let mut stream = client
+                .watch(semaphore_key(&opts.group), None)
+                .await
+                .map_err(|e| LabError::DaemonStart(format!("etcd watch: {e}")))?;
+            tasks.push(tokio::spawn(async move {
+                while let Some(Ok(resp)) = stream.next().await {
+                    for e in resp.events() {
+                        let Some(kv) = e.kv() else { continue };
+                        let holders = match SemaphoreDoc::parse(kv.value()) {
+                            Ok(doc) => doc
+                                .holders
+                                .iter()
+                                .map(|h| {
+                                    ids.iter()
+                                        .find(|(id, _)| id == h)
+                                        .map_or(h.clone(), |(_, n)| n.clone())
+                                })
+                                .collect(),
+                            Err(e) => vec![format!("<unparsable: {e}>")],
+                        };
+                        record(
+                            &ev,
+                            &tx,
+                            FleetEvent::Holders {
+                                at: started.elapsed(),
+                                holders,
+                            },
+                        );
+                    }
                 }
-            }
-        }));
+            }));
+        }
         Ok(Fleet {
             etcd,
+            kube,
+            kubeconfig,
+            comes_back_ready,
+            _dir: dir,
             nodes,
             names,
             started,

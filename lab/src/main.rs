@@ -3,7 +3,7 @@
 
 use clap::{Parser, Subcommand};
 use rebootd_lab::etcd::EtcdVersion;
-use rebootd_lab::fleet::{Fleet, FleetEvent, FleetOptions};
+use rebootd_lab::fleet::{Fleet, FleetEvent, FleetLock, FleetOptions};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -82,7 +82,7 @@ async fn demo(
         FleetOptions {
             nodes,
             max,
-            etcd: version,
+            lock: FleetLock::Etcd(version),
             reboot_time,
             ..FleetOptions::default()
         },
@@ -93,7 +93,9 @@ async fn demo(
         .wait_ready(Duration::from_secs(30))
         .await
         .map_err(|e| e.to_string())?;
-    println!("etcd at {}; all nodes ready", fleet.etcd.endpoint());
+    if let Some(etcd) = &fleet.etcd {
+        println!("etcd at {}; all nodes ready", etcd.endpoint());
+    }
     let mut events = fleet.subscribe();
     let printer = tokio::spawn(async move {
         while let Ok(e) = events.recv().await {

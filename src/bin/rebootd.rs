@@ -80,8 +80,21 @@ fn main() -> ExitCode {
             sources = ?config.sources, "rebootd starting"
         );
         let semaphore = runtime::open_semaphore(&config).await?;
+        let drainer = runtime::open_drainer(&config).await?;
         let store = StateStore::new(state::state_dir());
-        Runtime::new(config, store, semaphore, me)
+        let metrics = rebootd::metrics::Metrics::default();
+        let _server = match config.metrics_listen {
+            Some(addr) => Some(
+                rebootd::metrics::serve(addr, metrics.clone())
+                    .await
+                    .map_err(|e| {
+                        runtime::RuntimeError::Metrics(format!("cannot listen on {addr}: {e}"))
+                    })?,
+            ),
+            None => None,
+        };
+        Runtime::new(config, store, semaphore, drainer, me)
+            .with_metrics(metrics)
             .run(shutdown_signal())
             .await
     });

@@ -14,6 +14,13 @@ pub(super) struct ConfigInput {
     pub lock: Option<LockInput>,
     pub kubernetes: Option<KubernetesInput>,
     pub reboot: Option<RebootInput>,
+    pub metrics: Option<MetricsInput>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct MetricsInput {
+    pub listen: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -77,6 +84,7 @@ pub(super) struct EtcdInput {
 pub(super) struct KubeLeaseInput {
     pub namespace: Option<String>,
     pub name: Option<String>,
+    pub kubeconfig: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
