@@ -414,7 +414,7 @@ fn validate(
                 }
             }
         }
-        Backend::Kubernetes | Backend::FleetLock => {
+        Backend::FleetLock => {
             return Err(ConfigError::Invalid {
                 path: file_of(origin, "lock.backend"),
                 key: "lock.backend".into(),
@@ -422,7 +422,7 @@ fn validate(
                 reason: "this backend is not available in this build yet".into(),
             });
         }
-        Backend::None => {}
+        Backend::None | Backend::Kubernetes => {}
     }
 
     let kubernetes = input.kubernetes.map(|k| Kubernetes {

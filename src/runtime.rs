@@ -67,7 +67,7 @@ pub fn identity(config: &Config) -> Result<lock::Identity, RuntimeError> {
 
 /// Open the configured lock backend (remote ones connect on first use).
 pub async fn open_semaphore(config: &Config) -> Result<Box<dyn Semaphore>, LockError> {
-    lock::open::open(config)
+    lock::open::open(config).await
 }
 
 /// The node drainer, when `[kubernetes]` is configured.

@@ -356,8 +356,18 @@ impl Fleet {
 
     /// Wait until every node has rebooted once and is idle again with its slot released.
     pub async fn wait_rolled(&self, timeout: Duration) -> Result<(), LabError> {
+        let all: Vec<usize> = (0..self.nodes.len()).collect();
+        self.wait_rolled_nodes(&all, timeout).await
+    }
+
+    /// [`Fleet::wait_rolled`] for some nodes only (indexes into `nodes`).
+    pub async fn wait_rolled_nodes(
+        &self,
+        which: &[usize],
+        timeout: Duration,
+    ) -> Result<(), LabError> {
         let deadline = tokio::time::Instant::now() + timeout;
-        for n in &self.nodes {
+        for n in which.iter().filter_map(|&i| self.nodes.get(i)) {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             // The node's lock is held by its reboot task while it is down; take it only to
             // look at the state file, which outlives the process.
@@ -365,22 +375,46 @@ impl Fleet {
                 let node = n.lock().await;
                 (node.store(), node.name.clone())
             };
-            wait_store(&store, &name, left).await?;
+            wait_store(&store, &name, "complete its reboot", left, done).await?;
         }
         Ok(())
     }
+
+    /// Wait until node `i`'s state file satisfies `pred`, without holding the node (its
+    /// simulated reboot can go on meanwhile).
+    pub async fn wait_state(
+        &self,
+        i: usize,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&rebootd::state::State) -> bool,
+    ) -> Result<rebootd::state::State, LabError> {
+        let node = self
+            .nodes
+            .get(i)
+            .ok_or_else(|| LabError::DaemonStart(format!("no node {i}")))?;
+        let (store, name) = {
+            let node = node.lock().await;
+            (node.store(), node.name.clone())
+        };
+        wait_store(&store, &name, what, timeout, pred).await
+    }
 }
 
-/// Wait (inotify on the state directory) until a node's state shows a completed reboot.
+/// A completed reboot: idle again, after a reboot, with the slot given back.
+fn done(s: &rebootd::state::State) -> bool {
+    s.phase == rebootd::state::Phase::Idle && s.last_reboot.is_some() && !s.slot_held
+}
+
+/// Wait (inotify on the state directory) until a node's state satisfies `pred`.
 async fn wait_store(
     store: &rebootd::state::StateStore,
     name: &str,
+    what: &str,
     timeout: Duration,
-) -> Result<(), LabError> {
+    pred: impl Fn(&rebootd::state::State) -> bool,
+) -> Result<rebootd::state::State, LabError> {
     use inotify::{Inotify, WatchMask};
-    let done = |s: &rebootd::state::State| {
-        s.phase == rebootd::state::Phase::Idle && s.last_reboot.is_some() && !s.slot_held
-    };
     let inotify = Inotify::init().map_err(|e| LabError::io("inotify", e))?;
     inotify
         .watches()
@@ -391,8 +425,8 @@ async fn wait_store(
         .map_err(|e| LabError::io("inotify stream", e))?;
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        if store.load().ok().flatten().as_ref().is_some_and(done) {
-            return Ok(());
+        if let Some(s) = store.load().ok().flatten().filter(|s| pred(s)) {
+            return Ok(s);
         }
         match tokio::time::timeout_at(deadline, events.next()).await {
             Ok(Some(_)) => continue,
@@ -400,7 +434,7 @@ async fn wait_store(
                 return Err(LabError::Timeout {
                     after: timeout,
                     what: format!(
-                        "{name} to complete its reboot; last state {:?}",
+                        "{name} to {what}; last state {:?}",
                         store.load().ok().flatten()
                     ),
                 })

@@ -6,6 +6,8 @@
 
 pub mod document;
 pub mod etcd;
+pub mod kube_lease;
+pub mod fleetlock;
 pub mod none;
 pub mod open;
 

@@ -3,14 +3,15 @@
 //! not a daemon that exits and restarts in a loop.
 
 use super::etcd::EtcdSemaphore;
+use super::kube_lease::KubeLeaseSemaphore;
 use super::none::NoLock;
 use super::{Identity, LockError, Semaphore, SemaphoreStatus};
-use crate::config::{Backend, Config};
+use crate::config::{Backend, Config, KubeLease};
 use async_trait::async_trait;
 use tokio::sync::OnceCell;
 
 /// The configured backend.
-pub fn open(config: &Config) -> Result<Box<dyn Semaphore>, LockError> {
+pub async fn open(config: &Config) -> Result<Box<dyn Semaphore>, LockError> {
     match config.lock.backend {
         Backend::None => Ok(Box::new(NoLock {
             group: config.identity.group.clone(),
@@ -19,6 +20,25 @@ pub fn open(config: &Config) -> Result<Box<dyn Semaphore>, LockError> {
             config: config.clone(),
             inner: OnceCell::new(),
         })),
+        Backend::Kubernetes => {
+            let settings = config.lock.kubernetes.clone().unwrap_or_else(|| KubeLease {
+                namespace: "kube-system".into(),
+                name: "rebootd".into(),
+                kubeconfig: config
+                    .kubernetes
+                    .as_ref()
+                    .and_then(|k| k.kubeconfig.clone()),
+            });
+            // Reads the kubeconfig only; nothing is contacted before the first call.
+            let client = crate::kube_client::connect(settings.kubeconfig.as_deref())
+                .await
+                .map_err(|e| LockError::Refused(format!("lock backend kubernetes: {e}")))?;
+            Ok(Box::new(KubeLeaseSemaphore::new(
+                client,
+                &settings,
+                config.lock.max_hold,
+            )))
+        }
         other => Err(LockError::Refused(format!(
             "lock backend `{}` is not available in this build",
             other.as_str()

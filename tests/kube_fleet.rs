@@ -1,0 +1,382 @@
+//! Kubernetes end to end: several real rebootd processes drain their own Nodes through the lab's
+//! API stand-in (real HTTP, kube-rs), take slots in etcd or in Lease objects, reboot, wait for
+//! Ready and uncordon. Outside watchers (kube-rs watches) check the fleet-wide invariants.
+
+mod common;
+
+use common::*;
+use futures_util::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node as KubeNode;
+use kube::api::{Api, WatchEvent, WatchParams};
+use rebootd::state::Phase;
+use rebootd_lab::etcd::EtcdVersion;
+use rebootd_lab::fleet::{Fleet, FleetLock, FleetOptions};
+use rebootd_lab::kube_api::{Kind, PdbBuilder, ReplicaSetBuilder};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const NEED: &str = "UPDATE_STATUS_UPDATED_NEED_REBOOT";
+
+async fn fleet(opts: FleetOptions) -> Fleet {
+    let fleet = Fleet::start(Path::new(REBOOTD), opts)
+        .await
+        .expect("start fleet");
+    fleet.wait_ready(WAIT).await.unwrap();
+    fleet
+}
+
+fn drain_opts(nodes: usize, max: u64, lock: FleetLock) -> FleetOptions {
+    FleetOptions {
+        nodes,
+        max,
+        lock,
+        drain: true,
+        reboot_time: Duration::from_millis(300),
+        ..FleetOptions::default()
+    }
+}
+
+async fn client(fleet: &Fleet) -> kube::Client {
+    rebootd::kube_client::connect(fleet.kubeconfig.as_deref())
+        .await
+        .unwrap()
+}
+
+/// Watch every change of the Nodes and record the most that were unschedulable at once,
+/// not counting `ignore` (nodes an operator cordoned).
+fn watch_cordons(client: kube::Client, ignore: BTreeSet<String>) -> Arc<AtomicUsize> {
+    let max = Arc::new(AtomicUsize::new(0));
+    let seen = max.clone();
+    tokio::spawn(async move {
+        let api: Api<KubeNode> = Api::all(client);
+        let mut cordoned = BTreeSet::new();
+        let mut stream = api
+            .watch(&WatchParams::default(), "0")
+            .await
+            .unwrap()
+            .boxed();
+        while let Some(Ok(e)) = stream.next().await {
+            let (node, gone) = match e {
+                WatchEvent::Added(n) | WatchEvent::Modified(n) => (n, false),
+                WatchEvent::Deleted(n) => (n, true),
+                _ => continue,
+            };
+            let name = node.metadata.name.clone().unwrap_or_default();
+            let unschedulable = node
+                .spec
+                .as_ref()
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false);
+            if unschedulable && !gone && !ignore.contains(&name) {
+                cordoned.insert(name);
+            } else {
+                cordoned.remove(&name);
+            }
+            seen.fetch_max(cordoned.len(), Ordering::SeqCst);
+        }
+    });
+    max
+}
+
+/// Watch the semaphore's Leases and record the most holders at once.
+fn watch_lease_holders(client: kube::Client) -> Arc<AtomicUsize> {
+    let max = Arc::new(AtomicUsize::new(0));
+    let seen = max.clone();
+    tokio::spawn(async move {
+        let api: Api<Lease> = Api::namespaced(client, "kube-system");
+        let mut holders: BTreeMap<String, String> = BTreeMap::new();
+        let mut stream = api
+            .watch(&WatchParams::default(), "0")
+            .await
+            .unwrap()
+            .boxed();
+        while let Some(Ok(e)) = stream.next().await {
+            let (lease, gone) = match e {
+                WatchEvent::Added(l) | WatchEvent::Modified(l) => (l, false),
+                WatchEvent::Deleted(l) => (l, true),
+                _ => continue,
+            };
+            let name = lease.metadata.name.clone().unwrap_or_default();
+            match lease
+                .spec
+                .and_then(|s| s.holder_identity)
+                .filter(|h| !h.is_empty() && !gone)
+            {
+                Some(h) => holders.insert(name, h),
+                None => holders.remove(&name),
+            };
+            seen.fetch_max(holders.len(), Ordering::SeqCst);
+        }
+    });
+    max
+}
+
+fn unschedulable(fleet: &Fleet, node: &str) -> bool {
+    fleet
+        .kube
+        .as_ref()
+        .unwrap()
+        .cluster()
+        .node(node)
+        .and_then(|n| n["spec"]["unschedulable"].as_bool())
+        .unwrap_or(false)
+}
+
+fn event_reasons(fleet: &Fleet, node: &str) -> Vec<String> {
+    fleet
+        .kube
+        .as_ref()
+        .unwrap()
+        .cluster()
+        .list(Kind::Event, None)
+        .iter()
+        .filter(|e| e["involvedObject"]["name"] == node)
+        .filter_map(|e| e["reason"].as_str().map(String::from))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_node_with_replicaset_pods_under_a_pdb_drains_reboots_and_comes_back() {
+    let fleet = fleet(drain_opts(3, 1, FleetLock::Etcd(EtcdVersion::V34))).await;
+    let cluster = fleet.kube.as_ref().unwrap().cluster().clone();
+    cluster
+        .add_replicaset(
+            &ReplicaSetBuilder::new("shop", "web")
+                .replicas(3)
+                .labels(&[("app", "web")])
+                .grace_period(1),
+            &["node-1", "node-1", "node-2"],
+        )
+        .unwrap();
+    cluster
+        .add(
+            &PdbBuilder::new("shop", "web")
+                .selector("app", "web")
+                .min_available(2),
+        )
+        .unwrap();
+    let node = fleet.nodes[0].lock().await;
+    let mut reboots = node.logind.subscribe();
+    node.update_engine.set_status(NEED, "1").await.unwrap();
+    next_reboot(&node, &mut reboots, Duration::from_secs(60)).await;
+    // At the reboot: node-1 is cordoned and empty of the ReplicaSet's pods, and the
+    // replacements run elsewhere.
+    assert!(unschedulable(&fleet, "node-1"));
+    let left: Vec<_> = cluster
+        .pods_on_node("node-1")
+        .into_iter()
+        .filter(|p| p["metadata"]["labels"]["app"] == "web")
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    let web = cluster
+        .list(Kind::Pod, Some("shop"))
+        .into_iter()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .count();
+    assert_eq!(web, 3, "replacements exist");
+    let blocked = cluster
+        .requests()
+        .count(|r| r.path.ends_with("/eviction") && r.status == 429);
+    assert!(blocked >= 1, "the PDB blocked at least one eviction");
+    drop(node);
+    fleet
+        .wait_rolled_nodes(&[0], Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(!unschedulable(&fleet, "node-1"), "uncordoned after boot");
+    cluster
+        .wait_for(WAIT, |snap| {
+            snap.get(Kind::Node, "", "node-1")
+                .filter(|n| n["metadata"]["annotations"]["rebootd.io/phase"] == "idle")
+        })
+        .await
+        .expect("the node's phase annotation returns to idle");
+    let reasons = event_reasons(&fleet, "node-1");
+    for r in ["DrainStarted", "Rebooting", "Uncordoned"] {
+        assert!(reasons.iter().any(|x| x == r), "{r} in {reasons:?}");
+    }
+}
+
+#[tokio::test]
+async fn with_max_one_never_two_nodes_are_cordoned_and_an_operators_cordon_stays() {
+    let fleet = fleet(drain_opts(3, 1, FleetLock::Kubernetes)).await;
+    let cluster = fleet.kube.as_ref().unwrap().cluster().clone();
+    cluster
+        .update(Kind::Node, "", "node-3", |n| {
+            n["spec"]["unschedulable"] = true.into();
+        })
+        .unwrap();
+    let c = client(&fleet).await;
+    let cordons = watch_cordons(c.clone(), BTreeSet::from(["node-3".to_string()]));
+    let holders = watch_lease_holders(c);
+    fleet.trigger_all("2").await.unwrap();
+    fleet.wait_rolled(Duration::from_secs(90)).await.unwrap();
+    assert_eq!(
+        cordons.load(Ordering::SeqCst),
+        1,
+        "one node cordoned at a time"
+    );
+    assert_eq!(holders.load(Ordering::SeqCst), 1);
+    assert!(
+        unschedulable(&fleet, "node-3"),
+        "the operator's cordon stays"
+    );
+    assert!(!unschedulable(&fleet, "node-1"));
+    assert!(!unschedulable(&fleet, "node-2"));
+}
+
+#[tokio::test]
+async fn a_drain_blocked_past_its_timeout_aborts_uncordons_and_frees_the_slot() {
+    let mut opts = drain_opts(2, 1, FleetLock::Kubernetes);
+    opts.kubernetes_config = "drain_timeout = \"3s\"\non_drain_failure = \"abort\"\n".into();
+    opts.config = "[reboot]\nretry_interval = \"1h\"\n".into();
+    let fleet = fleet(opts).await;
+    let cluster = fleet.kube.as_ref().unwrap().cluster().clone();
+    cluster
+        .add_replicaset(
+            &ReplicaSetBuilder::new("db", "pg")
+                .replicas(2)
+                .labels(&[("app", "pg")]),
+            &["node-1", "node-2"],
+        )
+        .unwrap();
+    cluster
+        .add(
+            &PdbBuilder::new("db", "pg")
+                .selector("app", "pg")
+                .min_available(2),
+        )
+        .unwrap();
+    let node = fleet.nodes[0].lock().await;
+    node.update_engine.set_status(NEED, "1").await.unwrap();
+    let s = node
+        .wait_state("the drain to fail and be backed out of", WAIT, |s| {
+            s.phase == Phase::RebootNeeded
+                && !s.slot_held
+                && s.last_error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("drain failed"))
+        })
+        .await
+        .unwrap();
+    assert!(!s.cordoned_by_us);
+    assert!(!unschedulable(&fleet, "node-1"), "uncordoned");
+    assert!(node.logind.reboot_calls().is_empty());
+    let (_, out, _) = rebootctl(&node, &["status", "--json"]).await;
+    let st: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        st["semaphore"]["holders"].as_array().unwrap().len(),
+        0,
+        "{st}"
+    );
+    assert!(event_reasons(&fleet, "node-1")
+        .iter()
+        .any(|r| r == "DrainFailed"));
+}
+
+#[tokio::test]
+async fn a_node_that_does_not_come_back_ready_keeps_the_slot_and_the_next_waits() {
+    let mut opts = drain_opts(2, 1, FleetLock::Etcd(EtcdVersion::V34));
+    opts.kubernetes_config = "ready_timeout = \"2s\"\n".into();
+    let fleet = fleet(opts).await;
+    fleet.comes_back_ready[0].store(false, Ordering::SeqCst);
+    fleet.nodes[0]
+        .lock()
+        .await
+        .update_engine
+        .set_status(NEED, "1")
+        .await
+        .unwrap();
+    fleet
+        .wait_state(0, "hold a slot", WAIT, |s| s.slot_held)
+        .await
+        .unwrap();
+    fleet.nodes[1]
+        .lock()
+        .await
+        .update_engine
+        .set_status(NEED, "1")
+        .await
+        .unwrap();
+    // node-1 reboots and stays NotReady: it keeps the slot, loudly.
+    let s = fleet
+        .wait_state(0, "be not Ready after boot", Duration::from_secs(60), |s| {
+            s.phase == Phase::WaitingForHealthy
+                && s.last_error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("rollout stops"))
+        })
+        .await
+        .unwrap();
+    assert!(s.slot_held);
+    assert!(event_reasons(&fleet, "node-1")
+        .iter()
+        .any(|r| r == "NotReadyAfterReboot"));
+    {
+        let n2 = fleet.nodes[1].lock().await;
+        assert_eq!(n2.state().unwrap().phase, Phase::AcquiringSlot);
+        assert!(n2.logind.reboot_calls().is_empty(), "the next node waits");
+    }
+    // The operator fixes node-1: it goes Ready, releases, and node-2 goes next.
+    fleet
+        .kube
+        .as_ref()
+        .unwrap()
+        .cluster()
+        .set_node_ready("node-1", true)
+        .unwrap();
+    fleet.wait_rolled(Duration::from_secs(60)).await.unwrap();
+}
+
+#[tokio::test]
+async fn the_slot_of_a_holder_whose_node_was_deleted_is_reclaimed() {
+    let mut opts = drain_opts(2, 1, FleetLock::Kubernetes);
+    opts.drain = false;
+    let fleet = fleet(opts).await;
+    let mut n1 = fleet.nodes[0].lock().await;
+    let _guard = n1.logind.hold_block_inhibitor("stuck", "never lets go");
+    n1.update_engine.set_status(NEED, "1").await.unwrap();
+    n1.wait_state("node-1 holds", WAIT, |s| s.slot_held)
+        .await
+        .unwrap();
+    n1.kill_daemon().await;
+    drop(n1);
+    let n2 = fleet.nodes[1].lock().await;
+    let mut reboots = n2.logind.subscribe();
+    n2.update_engine.set_status(NEED, "1").await.unwrap();
+    n2.wait_state("node-2 waits", WAIT, |s| s.phase == Phase::AcquiringSlot)
+        .await
+        .unwrap();
+    assert!(n2.logind.reboot_calls().is_empty());
+    // node-1 is removed from the cluster for good.
+    fleet
+        .kube
+        .as_ref()
+        .unwrap()
+        .cluster()
+        .delete(Kind::Node, "", "node-1")
+        .unwrap();
+    next_reboot(&n2, &mut reboots, WAIT).await;
+}
+
+#[tokio::test]
+async fn lease_backend_with_max_two_over_five_nodes_never_exceeds_two() {
+    let mut opts = drain_opts(5, 2, FleetLock::Kubernetes);
+    opts.drain = false;
+    let fleet = fleet(opts).await;
+    let holders = watch_lease_holders(client(&fleet).await);
+    fleet.trigger_all("3").await.unwrap();
+    fleet.wait_rolled(Duration::from_secs(90)).await.unwrap();
+    assert_eq!(
+        holders.load(Ordering::SeqCst),
+        2,
+        "never more, and the slots were used"
+    );
+    for n in &fleet.nodes {
+        assert_eq!(n.lock().await.logind.reboot_calls().len(), 1);
+    }
+}
