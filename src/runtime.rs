@@ -71,7 +71,12 @@ pub async fn open_semaphore(config: &Config) -> Result<Box<dyn Semaphore>, LockE
 }
 
 /// The node drainer, when `[kubernetes]` is configured.
-pub async fn open_drainer(config: &Config) -> Result<Option<Box<dyn Drainer>>, RuntimeError> {
+/// Its health gate also requires the Node to report `boot_id`: right after a fast reboot the
+/// Node may still show the Ready posted before it.
+pub async fn open_drainer(
+    config: &Config,
+    boot_id: &str,
+) -> Result<Option<Box<dyn Drainer>>, RuntimeError> {
     let Some(settings) = &config.kubernetes else {
         return Ok(None);
     };
@@ -79,7 +84,8 @@ pub async fn open_drainer(config: &Config) -> Result<Option<Box<dyn Drainer>>, R
         .await
         .map_err(|e| RuntimeError::Kubernetes(e.to_string()))?;
     let drainer = KubeDrainer::new(client, &config.identity.node_name, settings)
-        .map_err(|e| RuntimeError::Kubernetes(e.to_string()))?;
+        .map_err(|e| RuntimeError::Kubernetes(e.to_string()))?
+        .with_boot_id(boot_id);
     Ok(Some(Box::new(drainer)))
 }
 
@@ -141,6 +147,12 @@ impl Runtime {
             policy,
             metrics: Metrics::default(),
         }
+    }
+
+    /// Reboot through this instead of logind (the lab's in-process nodes).
+    pub fn with_rebooter(mut self, rebooter: Box<dyn Rebooter>) -> Runtime {
+        self.rebooter = rebooter;
+        self
     }
 
     /// Publish metrics to this collector (served by the caller).
@@ -451,16 +463,15 @@ impl Runtime {
     }
 
     async fn call_reboot(&self) -> Event {
+        // Before the call: once logind accepts, the host may go down at any moment.
+        self.event(
+            "Rebooting",
+            "rebootd is asking logind to reboot the node",
+            false,
+        )
+        .await;
         match self.rebooter.reboot().await {
-            Ok(()) => {
-                self.event(
-                    "Rebooting",
-                    "rebootd asked logind to reboot the node",
-                    false,
-                )
-                .await;
-                Event::RebootAccepted
-            }
+            Ok(()) => Event::RebootAccepted,
             Err(e @ RebootError::Blocked { .. }) => {
                 warn!(error = %e, "the reboot is blocked; will ask again");
                 Event::RebootRefused {

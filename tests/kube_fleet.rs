@@ -321,14 +321,16 @@ async fn a_node_that_does_not_come_back_ready_keeps_the_slot_and_the_next_waits(
         assert_eq!(n2.state().unwrap().phase, Phase::AcquiringSlot);
         assert!(n2.logind.reboot_calls().is_empty(), "the next node waits");
     }
-    // The operator fixes node-1: it goes Ready, releases, and node-2 goes next.
-    fleet
-        .kube
-        .as_ref()
-        .unwrap()
-        .cluster()
-        .set_node_ready("node-1", true)
+    // The operator fixes node-1: its kubelet reports the new boot and Ready, node-1
+    // releases, and node-2 goes next.
+    let boot = fleet.nodes[0].lock().await.boot_id();
+    let cluster = fleet.kube.as_ref().unwrap().cluster();
+    cluster
+        .update(Kind::Node, "", "node-1", |n| {
+            n["status"]["nodeInfo"]["bootID"] = boot.clone().into();
+        })
         .unwrap();
+    cluster.set_node_ready("node-1", true).unwrap();
     fleet.wait_rolled(Duration::from_secs(60)).await.unwrap();
 }
 

@@ -206,6 +206,10 @@ impl Fleet {
                 node.start_daemon()?;
             }
             ids.push((node.machine_id.clone(), name.clone()));
+            if let Some(k) = &kube {
+                // The kubelet reports the boot id of the running boot.
+                post_boot_id(k.cluster(), name, &node.boot_id());
+            }
             let mut calls = node.logind.subscribe();
             let node = Arc::new(tokio::sync::Mutex::new(node));
             // The simulated reboot: on each accepted reboot call, go down for `reboot_time`,
@@ -246,10 +250,11 @@ impl Fleet {
                         );
                     }
                     if let Some(c) = cluster.clone() {
-                        let (nm, ready) = (nm.clone(), ready.clone());
+                        let (nm, ready, boot) = (nm.clone(), ready.clone(), node.boot_id());
                         tokio::spawn(async move {
                             tokio::time::sleep(ready_delay).await;
                             if ready.load(std::sync::atomic::Ordering::SeqCst) {
+                                post_boot_id(&c, &nm, &boot);
                                 let _ = c.set_node_ready(&nm, true);
                             }
                         });
@@ -399,6 +404,13 @@ impl Fleet {
         };
         wait_store(&store, &name, what, timeout, pred).await
     }
+}
+
+/// What the kubelet posts after boot: the boot id in `status.nodeInfo.bootID`.
+fn post_boot_id(cluster: &crate::kube_api::Cluster, node: &str, boot_id: &str) {
+    let _ = cluster.update(crate::kube_api::Kind::Node, "", node, |n| {
+        n["status"]["nodeInfo"]["bootID"] = boot_id.into();
+    });
 }
 
 /// A completed reboot: idle again, after a reboot, with the slot given back.

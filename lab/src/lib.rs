@@ -1,8 +1,11 @@
 //! rebootd-lab: the stand-ins (update_engine, logind, Kubernetes API), the etcd launcher and the
 //! fleet harness shared by the integration tests, the demo and the benchmarks.
 
+pub mod bench;
+pub mod chaos;
 pub mod dbus;
 pub mod etcd;
+pub mod fleetlock;
 pub mod fake_logind;
 pub mod fake_update_engine;
 pub mod fleet;

@@ -37,6 +37,18 @@ enum Command {
         #[arg(long)]
         rebootd: Option<PathBuf>,
     },
+    /// Benchmarks (see `rebootd-lab bench --help`).
+    #[command(disable_help_flag = true)]
+    Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Chaos trials (see `rebootd-lab chaos --help`).
+    #[command(disable_help_flag = true)]
+    Chaos {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Serve the Kubernetes API stand-in (see `rebootd-lab kube-api --help`).
     #[command(disable_help_flag = true)]
     KubeApi {
@@ -156,6 +168,8 @@ fn main() -> ExitCode {
                 reboot_time,
                 rebootd,
             } => demo(nodes, max, &etcd, reboot_time, rebootd_binary(rebootd)).await,
+            Command::Bench { args } => rebootd_lab::bench::cli(args).await,
+            Command::Chaos { args } => rebootd_lab::chaos::cli(args).await,
             Command::KubeApi { args } => rebootd_lab::kube_api::serve_cli(args)
                 .await
                 .map_err(|e| e.to_string()),

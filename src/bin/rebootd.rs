@@ -80,7 +80,7 @@ fn main() -> ExitCode {
             sources = ?config.sources, "rebootd starting"
         );
         let semaphore = runtime::open_semaphore(&config).await?;
-        let drainer = runtime::open_drainer(&config).await?;
+        let drainer = runtime::open_drainer(&config, &me.boot_id).await?;
         let store = StateStore::new(state::state_dir());
         let metrics = rebootd::metrics::Metrics::default();
         let _server = match config.metrics_listen {

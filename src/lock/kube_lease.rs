@@ -29,6 +29,10 @@
 //!   already held (a create is atomic, so two creators cannot both win), `set-max` creates the
 //!   missing free ones so `kubectl get leases` shows every slot.
 //!
+//! `set-max` accepts at most [`MAX_SLOTS`] slots. `status()` reports the semaphore name as its
+//! group, reads only, and creates nothing (without a control Lease it shows the `max` the first
+//! `acquire` would create).
+//!
 //! A semaphore name must be a lowercase DNS label of at most 63 characters (it is a label value
 //! and a Lease name prefix). Do not name one semaphore `<other>-<digits>`: its control Lease
 //! would be a slot of `<other>`; such a collision is detected and refused, not resolved.

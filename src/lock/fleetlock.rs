@@ -1,0 +1,676 @@
+//! Lock backend `fleetlock`: a client of Zincati's FleetLock protocol, as served by airlock and
+//! poseidon/fleetlock, so rebootd nodes can share a reboot semaphore with Fedora CoreOS nodes.
+//!
+//! The protocol has two calls, each a `POST` with the header `fleet-lock-protocol: true` and the
+//! body `{"client_params": {"id": "<id>", "group": "<group>"}}`:
+//! - `{base}/v1/pre-reboot` takes a slot (recursively: a holder asking again is granted);
+//! - `{base}/v1/steady-state` gives it back (not holding one is success).
+//!
+//! 200 means done; any other status carries (usually) a JSON error `{"kind": ..., "value": ...}`.
+//! "All slots are taken" is not a distinct status: airlock answers 500 with kind `failed_lock`,
+//! poseidon/fleetlock answers 423 with kind `locked`; this client also takes 409 as "taken".
+//!
+//! What follows from the protocol:
+//! - There is no wait or watch: [`Semaphore::acquire`] asks again with capped exponential
+//!   backoff ([`Options::backoff_min`] doubling up to [`Options::backoff_max`], ±10 % jitter),
+//!   logging the server's answer each time it changes. Transient trouble (connection refused,
+//!   time-outs, 5xx, 408, 429) is retried the same way; any other answer (4xx, 3xx) is a
+//!   permanent [`LockError::Refused`] naming the URL, the status, the kind and the value.
+//! - The server owns the semaphore's view: there is no call to read holders or the number of
+//!   slots, nor to change them. [`Semaphore::status`] therefore reports backend, group and URL
+//!   only (`max` 0 and `free` 0 mean "unknown", `holders` is empty); [`Semaphore::holds`] and
+//!   [`Semaphore::set_max`] are [`LockError::Refused`] with a message saying so (set the slots in
+//!   the server's configuration); [`Semaphore::report_phase`] does nothing.
+//! - The holder id sent is [`Identity::id`] (the machine id); the group is `identity.group`,
+//!   which the protocol restricts to `^[a-zA-Z0-9.-]+$`.
+
+use std::hash::{BuildHasher, Hasher};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::header::{HeaderValue, ACCEPT, CONTENT_TYPE, USER_AGENT};
+use hyper::{Method, Request, StatusCode, Uri};
+use hyper_rustls::{ConfigBuilderExt, HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
+
+use super::{Identity, LockError, Semaphore, SemaphoreStatus};
+
+const BACKEND: &str = "fleetlock";
+/// The header every FleetLock request carries (with value `true`).
+pub const PROTOCOL_HEADER: &str = "fleet-lock-protocol";
+/// Path of the lock call, relative to the base URL.
+pub const PRE_REBOOT: &str = "v1/pre-reboot";
+/// Path of the unlock call, relative to the base URL.
+pub const STEADY_STATE: &str = "v1/steady-state";
+/// Largest answer body read.
+const BODY_MAX: usize = 64 * 1024;
+/// Longest answer text quoted in errors and logs.
+const QUOTE_MAX: usize = 500;
+
+/// Settings of the FleetLock client beyond the URL and the group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// PEM file of the CA(s) to trust for an `https://` URL instead of the system roots.
+    pub ca_file: Option<PathBuf>,
+    /// Opening a TCP connection.
+    pub connect_timeout: Duration,
+    /// One request, from sending it to the end of the answer.
+    pub request_timeout: Duration,
+    /// First pause between two `pre-reboot` requests (and after a failed `steady-state`);
+    /// doubled each time up to `backoff_max`.
+    pub backoff_min: Duration,
+    pub backoff_max: Duration,
+    /// `steady-state` requests [`Semaphore::release`] makes before giving up on transient
+    /// errors (at least 1).
+    pub release_attempts: u32,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            ca_file: None,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(10),
+            backoff_min: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(30),
+            release_attempts: 4,
+        }
+    }
+}
+
+/// The two calls of the protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Call {
+    PreReboot,
+    SteadyState,
+}
+
+/// A FleetLock server's answer other than a transport failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Answer {
+    status: StatusCode,
+    /// `kind` of the JSON error body, if it has one.
+    kind: Option<String>,
+    /// `value` of the JSON error body, or the body text when it is not such a document.
+    value: String,
+}
+
+impl Answer {
+    fn from_body(status: StatusCode, body: &[u8]) -> Self {
+        #[derive(serde::Deserialize)]
+        struct ErrorBody {
+            kind: Option<String>,
+            value: Option<String>,
+        }
+        // airlock writes its JSON with Go's http.Error: text/plain and a trailing newline.
+        let text = String::from_utf8_lossy(body);
+        let text = text.trim();
+        match serde_json::from_str::<ErrorBody>(text) {
+            Ok(e) => Answer {
+                status,
+                kind: e.kind,
+                value: e.value.unwrap_or_default(),
+            },
+            Err(_) => Answer {
+                status,
+                kind: None,
+                value: quote(text),
+            },
+        }
+    }
+
+    /// "all slots taken" (airlock: 500 `failed_lock`; poseidon/fleetlock: 423 `locked`).
+    fn is_taken(&self) -> bool {
+        matches!(self.status, StatusCode::CONFLICT | StatusCode::LOCKED)
+            || matches!(self.kind.as_deref(), Some("failed_lock" | "locked"))
+    }
+
+    /// Worth asking again: the server is in trouble or asks to slow down.
+    fn is_transient(&self) -> bool {
+        self.status.is_server_error()
+            || matches!(
+                self.status,
+                StatusCode::REQUEST_TIMEOUT | StatusCode::TOO_MANY_REQUESTS
+            )
+    }
+
+    fn kind(&self) -> &str {
+        self.kind.as_deref().unwrap_or("-")
+    }
+}
+
+impl std::fmt::Display for Answer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HTTP {}", self.status.as_u16())?;
+        if let Some(kind) = &self.kind {
+            write!(f, ", kind {kind}")?;
+        }
+        if !self.value.is_empty() {
+            write!(f, ": {}", self.value)?;
+        }
+        Ok(())
+    }
+}
+
+/// What one round of `acquire` saw, to log only changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Seen {
+    Taken(Option<String>, String),
+    Trouble(String),
+}
+
+/// A FleetLock client for one server and one group.
+#[derive(Clone)]
+pub struct FleetLock {
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    base: String,
+    group: String,
+    pre_reboot: (Uri, String),
+    steady_state: (Uri, String),
+    options: Options,
+}
+
+impl std::fmt::Debug for FleetLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FleetLock")
+            .field("url", &self.base)
+            .field("group", &self.group)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FleetLock {
+    /// A client of the FleetLock server at `url` (the base URL: `http://host:port` or
+    /// `https://host/some/prefix`; the calls are `{url}/v1/pre-reboot` and
+    /// `{url}/v1/steady-state`) for the semaphore of `group`. Makes no request: a server that
+    /// is down shows at the first call. Errors ([`LockError::Refused`]) are for settings only:
+    /// a URL that is not absolute `http(s)://`, a group the protocol does not allow, an
+    /// unreadable `ca_file`, or no system roots for an `https://` URL.
+    pub fn new(url: &str, group: &str, options: Options) -> Result<Self, LockError> {
+        let refused = |what: String| LockError::Refused(format!("lock.fleetlock: {what}"));
+        let parsed =
+            url::Url::parse(url).map_err(|e| refused(format!("url {url:?} is not a URL: {e}")))?;
+        let https = match parsed.scheme() {
+            "http" => false,
+            "https" => true,
+            other => {
+                return Err(refused(format!(
+                    "url {url:?}: scheme {other}:// is not http:// or https://"
+                )))
+            }
+        };
+        if parsed.host_str().is_none_or(str::is_empty) {
+            return Err(refused(format!("url {url:?} has no host")));
+        }
+        if !parsed.username().is_empty() || parsed.password().is_some() {
+            return Err(refused(format!(
+                "url {url:?}: user names and passwords in the URL are not supported"
+            )));
+        }
+        if parsed.query().is_some() || parsed.fragment().is_some() {
+            return Err(refused(format!(
+                "url {url:?}: a base URL cannot have a query or a fragment"
+            )));
+        }
+        if !valid_group(group) {
+            return Err(LockError::Refused(format!(
+                "identity.group {group:?}: the FleetLock protocol allows only letters, digits, \
+                 '.' and '-' in a group name"
+            )));
+        }
+        if !https {
+            if let Some(ca) = &options.ca_file {
+                return Err(refused(format!(
+                    "ca_file {} is set but url {url:?} is plain http://; use https://",
+                    ca.display()
+                )));
+            }
+        }
+
+        let base = parsed.as_str().trim_end_matches('/').to_owned();
+        let endpoint = |path: &str| -> Result<(Uri, String), LockError> {
+            let full = format!("{base}/{path}");
+            let uri = full
+                .parse::<Uri>()
+                .map_err(|e| refused(format!("url {url:?}: {e}")))?;
+            Ok((uri, full))
+        };
+        let pre_reboot = endpoint(PRE_REBOOT)?;
+        let steady_state = endpoint(STEADY_STATE)?;
+
+        let tls = tls_config(https, options.ca_file.as_ref())?;
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(options.connect_timeout));
+        http.set_nodelay(true);
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        Ok(FleetLock {
+            client,
+            base,
+            group: group.to_owned(),
+            pre_reboot,
+            steady_state,
+            options,
+        })
+    }
+
+    /// The base URL (without a trailing `/`).
+    pub fn url(&self) -> &str {
+        &self.base
+    }
+
+    pub fn group(&self) -> &str {
+        &self.group
+    }
+
+    fn endpoint(&self, call: Call) -> &(Uri, String) {
+        match call {
+            Call::PreReboot => &self.pre_reboot,
+            Call::SteadyState => &self.steady_state,
+        }
+    }
+
+    /// One request. `Err` is a transport failure (no answer), as a reason.
+    async fn post(&self, call: Call, id: &str) -> Result<Answer, String> {
+        let (uri, _) = self.endpoint(call);
+        let body = serde_json::json!({
+            "client_params": { "id": id, "group": self.group }
+        })
+        .to_string();
+        let request = Request::builder()
+            .method(Method::POST)
+            .uri(uri.clone())
+            .header(PROTOCOL_HEADER, HeaderValue::from_static("true"))
+            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+            .header(ACCEPT, HeaderValue::from_static("application/json"))
+            .header(
+                USER_AGENT,
+                HeaderValue::from_static(concat!("rebootd/", env!("CARGO_PKG_VERSION"))),
+            )
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| format!("cannot build the request: {e}"))?;
+        let exchange = async {
+            let response = self
+                .client
+                .request(request)
+                .await
+                .map_err(|e| error_chain(&e))?;
+            let status = response.status();
+            let body = Limited::new(response.into_body(), BODY_MAX)
+                .collect()
+                .await
+                .map_err(|e| format!("reading the answer to HTTP {status}: {e}"))?
+                .to_bytes();
+            Ok::<_, String>(Answer::from_body(status, &body))
+        };
+        match tokio::time::timeout(self.options.request_timeout, exchange).await {
+            Err(_) => Err(format!(
+                "no answer within {:?}",
+                self.options.request_timeout
+            )),
+            Ok(r) => r,
+        }
+    }
+
+    fn unreachable(&self, call: Call, reason: String) -> LockError {
+        LockError::Unreachable {
+            backend: BACKEND,
+            target: self.endpoint(call).1.clone(),
+            reason,
+        }
+    }
+
+    fn refused(&self, call: Call, id: &str, answer: &Answer) -> LockError {
+        LockError::Refused(format!(
+            "FleetLock server refused {} for id {id} in group {}: POST {} answered HTTP {} \
+             (kind {}, value {:?})",
+            match call {
+                Call::PreReboot => "a slot",
+                Call::SteadyState => "the release",
+            },
+            self.group,
+            self.endpoint(call).1,
+            answer.status.as_u16(),
+            answer.kind(),
+            answer.value,
+        ))
+    }
+
+    fn server_error(&self, call: Call, answer: &Answer) -> LockError {
+        LockError::Backend {
+            backend: BACKEND,
+            reason: format!(
+                "POST {} answered HTTP {} (kind {}, value {:?})",
+                self.endpoint(call).1,
+                answer.status.as_u16(),
+                answer.kind(),
+                answer.value
+            ),
+        }
+    }
+
+    /// The pause after `delay`, with ±10 % jitter so a fleet does not ask in lockstep.
+    fn jittered(&self, delay: Duration) -> Duration {
+        let r = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        let factor = 0.9 + (r % 2001) as f64 / 10_000.0;
+        delay.mul_f64(factor)
+    }
+
+    fn next_delay(&self, delay: Duration) -> Duration {
+        delay
+            .saturating_mul(2)
+            .min(self.options.backoff_max)
+            .max(self.options.backoff_min)
+    }
+}
+
+#[async_trait]
+impl Semaphore for FleetLock {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    /// `pre-reboot` until granted. "Slots taken" and transient trouble are retried with
+    /// backoff for ever (the caller may drop the future); other refusals are errors.
+    #[tracing::instrument(skip(self, me), fields(url = %self.pre_reboot.1, group = %self.group, id = %me.id))]
+    async fn acquire(&self, me: &Identity) -> Result<(), LockError> {
+        let mut delay = self.options.backoff_min;
+        let mut last: Option<Seen> = None;
+        let mut attempts: u64 = 0;
+        loop {
+            attempts += 1;
+            let seen = match self.post(Call::PreReboot, &me.id).await {
+                Ok(a) if a.status.is_success() => {
+                    tracing::info!(
+                        url = %self.pre_reboot.1,
+                        group = %self.group,
+                        id = %me.id,
+                        attempts,
+                        "took a slot from the FleetLock server"
+                    );
+                    return Ok(());
+                }
+                Ok(a) if a.is_taken() => Seen::Taken(a.kind.clone(), a.value.clone()),
+                Ok(a) if a.is_transient() => Seen::Trouble(a.to_string()),
+                Ok(a) => {
+                    let e = self.refused(Call::PreReboot, &me.id, &a);
+                    tracing::error!(error = %e, "the FleetLock server refused the request");
+                    return Err(e);
+                }
+                Err(reason) => Seen::Trouble(format!("unreachable: {reason}")),
+            };
+            if last.as_ref() != Some(&seen) {
+                match &seen {
+                    Seen::Taken(kind, value) => tracing::info!(
+                        url = %self.pre_reboot.1,
+                        group = %self.group,
+                        id = %me.id,
+                        kind = kind.as_deref().unwrap_or("-"),
+                        value = %value,
+                        retry_in = ?delay,
+                        "waiting for a free slot: the FleetLock server has none; asking again with backoff"
+                    ),
+                    Seen::Trouble(what) => tracing::warn!(
+                        url = %self.pre_reboot.1,
+                        group = %self.group,
+                        id = %me.id,
+                        error = %what,
+                        retry_in = ?delay,
+                        "waiting for the FleetLock server: no usable answer; asking again with backoff"
+                    ),
+                }
+                last = Some(seen);
+            } else {
+                tracing::debug!(attempts, retry_in = ?delay, answer = ?last, "no slot yet");
+            }
+            tokio::time::sleep(self.jittered(delay)).await;
+            delay = self.next_delay(delay);
+        }
+    }
+
+    /// `steady-state`; transient errors are retried [`Options::release_attempts`] times.
+    #[tracing::instrument(skip(self), fields(url = %self.steady_state.1, group = %self.group))]
+    async fn release(&self, id: &str) -> Result<(), LockError> {
+        let attempts = self.options.release_attempts.max(1);
+        let mut delay = self.options.backoff_min;
+        let mut attempt = 1;
+        loop {
+            let err = match self.post(Call::SteadyState, id).await {
+                Ok(a) if a.status.is_success() => {
+                    tracing::info!(
+                        url = %self.steady_state.1,
+                        group = %self.group,
+                        %id,
+                        "released the slot (if held) at the FleetLock server"
+                    );
+                    return Ok(());
+                }
+                // A "taken" answer to an unlock is a server in trouble (airlock: 500
+                // failed_lock when its etcd fails).
+                Ok(a) if a.is_transient() || a.is_taken() => {
+                    self.server_error(Call::SteadyState, &a)
+                }
+                Ok(a) => return Err(self.refused(Call::SteadyState, id, &a)),
+                Err(reason) => self.unreachable(Call::SteadyState, reason),
+            };
+            if attempt >= attempts {
+                tracing::warn!(error = %err, attempts, "giving up releasing the slot for now");
+                return Err(err);
+            }
+            tracing::warn!(error = %err, attempt, retry_in = ?delay, "releasing the slot failed; retrying");
+            tokio::time::sleep(self.jittered(delay)).await;
+            delay = self.next_delay(delay);
+            attempt += 1;
+        }
+    }
+
+    async fn holds(&self, id: &str) -> Result<bool, LockError> {
+        Err(LockError::Refused(format!(
+            "lock backend fleetlock cannot tell whether {id} holds a slot: the FleetLock \
+             protocol has no query; the server at {} owns that view",
+            self.base
+        )))
+    }
+
+    async fn report_phase(&self, me: &Identity, phase: &str) -> Result<(), LockError> {
+        tracing::debug!(id = %me.id, phase, "fleetlock keeps no phases; not recorded");
+        Ok(())
+    }
+
+    /// Backend and group only: the protocol cannot read the semaphore (`max` and `free` 0 mean
+    /// unknown).
+    async fn status(&self) -> Result<SemaphoreStatus, LockError> {
+        Ok(SemaphoreStatus {
+            backend: BACKEND.into(),
+            group: self.group.clone(),
+            max: 0,
+            free: 0,
+            holders: Vec::new(),
+        })
+    }
+
+    async fn set_max(&self, max: u64, _force: bool) -> Result<(), LockError> {
+        Err(LockError::Refused(format!(
+            "set-max {max} refused: the FleetLock protocol cannot change the number of slots; \
+             set it in the configuration of the server at {} (group {})",
+            self.base, self.group
+        )))
+    }
+}
+
+/// The protocol's group names: `^[a-zA-Z0-9.-]+$`.
+fn valid_group(group: &str) -> bool {
+    !group.is_empty()
+        && group
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+}
+
+/// rustls configuration: the system roots or `ca_file` for `https://`; for `http://` an empty
+/// one (never used, the connector needs one).
+fn tls_config(https: bool, ca_file: Option<&PathBuf>) -> Result<rustls::ClientConfig, LockError> {
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| LockError::Refused(format!("lock.fleetlock: TLS setup: {e}")))?;
+    let config = match ca_file {
+        Some(path) => {
+            let pem = std::fs::read(path).map_err(|e| {
+                LockError::Refused(format!(
+                    "cannot read lock.fleetlock.ca_file {}: {e}",
+                    path.display()
+                ))
+            })?;
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in CertificateDer::pem_slice_iter(&pem) {
+                let cert = cert.map_err(|e| {
+                    LockError::Refused(format!("lock.fleetlock.ca_file {}: {e}", path.display()))
+                })?;
+                roots.add(cert).map_err(|e| {
+                    LockError::Refused(format!("lock.fleetlock.ca_file {}: {e}", path.display()))
+                })?;
+            }
+            if roots.is_empty() {
+                return Err(LockError::Refused(format!(
+                    "lock.fleetlock.ca_file {} holds no certificate",
+                    path.display()
+                )));
+            }
+            builder.with_root_certificates(roots).with_no_client_auth()
+        }
+        None if https => builder
+            .with_native_roots()
+            .map_err(|e| {
+                LockError::Refused(format!(
+                    "lock.fleetlock: no system CA certificates for https:// ({e}); set \
+                     lock.fleetlock.ca_file"
+                ))
+            })?
+            .with_no_client_auth(),
+        None => builder
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth(),
+    };
+    Ok(config)
+}
+
+/// An error and its causes, e.g. "client error (Connect): tcp connect error: Connection refused
+/// (os error 111)".
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let part = s.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = s.source();
+    }
+    text
+}
+
+fn quote(text: &str) -> String {
+    if text.len() <= QUOTE_MAX {
+        return text.to_owned();
+    }
+    let mut cut = QUOTE_MAX;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}…", &text[..cut])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_are_sorted() {
+        let airlock = Answer::from_body(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            b"{\"kind\":\"failed_lock\",\"value\":\"all 1 semaphore slots currently locked\"}\n",
+        );
+        assert!(airlock.is_taken());
+        assert_eq!(airlock.value, "all 1 semaphore slots currently locked");
+        let poseidon =
+            Answer::from_body(StatusCode::LOCKED, b"{\"kind\":\"locked\",\"value\":\"x\"}");
+        assert!(poseidon.is_taken());
+        let bad = Answer::from_body(
+            StatusCode::BAD_REQUEST,
+            b"{\"kind\":\"unknown_group\",\"value\":\"unknown group \\\"x\\\"\"}",
+        );
+        assert!(!bad.is_taken() && !bad.is_transient());
+        let plain = Answer::from_body(StatusCode::BAD_GATEWAY, b"<html>bad gateway</html>");
+        assert!(plain.is_transient() && plain.kind.is_none());
+        assert_eq!(plain.value, "<html>bad gateway</html>");
+    }
+
+    #[test]
+    fn settings_are_checked() {
+        let o = Options::default;
+        assert!(FleetLock::new("http://127.0.0.1:1", "default", o()).is_ok());
+        let f = FleetLock::new("http://h:1/base/", "default", o()).unwrap();
+        assert_eq!(f.url(), "http://h:1/base");
+        assert_eq!(f.pre_reboot.1, "http://h:1/base/v1/pre-reboot");
+        for (url, group) in [
+            ("ftp://h", "default"),
+            ("not a url", "default"),
+            ("http://u:p@h", "default"),
+            ("http://h/?q=1", "default"),
+            ("http://h", "bad_group"),
+            ("http://h", ""),
+        ] {
+            let e = FleetLock::new(url, group, o()).unwrap_err();
+            assert!(matches!(e, LockError::Refused(_)), "{url} {group}: {e}");
+        }
+    }
+
+    #[test]
+    fn tls_settings_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let with_ca = |path: PathBuf| Options {
+            ca_file: Some(path),
+            ..Options::default()
+        };
+        let missing = dir.path().join("missing.pem");
+        let e = FleetLock::new("https://h", "default", with_ca(missing.clone())).unwrap_err();
+        assert!(
+            e.to_string().contains(&missing.display().to_string()),
+            "{e}"
+        );
+
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "not a certificate\n").unwrap();
+        let e = FleetLock::new("https://h", "default", with_ca(empty)).unwrap_err();
+        assert!(e.to_string().contains("holds no certificate"), "{e}");
+
+        let e = FleetLock::new("http://h", "default", with_ca(missing)).unwrap_err();
+        assert!(e.to_string().contains("plain http://"), "{e}");
+
+        // System roots: present on most hosts; without them the error says what to set.
+        match FleetLock::new("https://h", "default", Options::default()) {
+            Ok(f) => assert_eq!(f.url(), "https://h"),
+            Err(e) => assert!(e.to_string().contains("ca_file"), "{e}"),
+        }
+    }
+}

@@ -1,0 +1,815 @@
+//! The etcd semaphore against real etcd 3.4 and 3.5 servers: locksmith's document format and
+//! keys, waiting by watch, corrupt documents left alone, concurrency, restarts, stale-holder
+//! reclaim and set-max. Every scenario runs once per etcd version; a missing version skips
+//! (fails when `CI=true`). Synchronisation is by events (watches, log events, task completion)
+//! with timeouts, never by sleeping.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rebootd::config;
+use rebootd::lock::document::{self, HolderRecord, SemaphoreDoc};
+use rebootd::lock::etcd::{EtcdSemaphore, Timeouts};
+use rebootd::lock::{Identity, LockError, Semaphore};
+use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::Layer;
+
+const DEFAULT_KEY: &str = "coreos.com/updateengine/rebootlock/semaphore";
+const WAIT: Duration = Duration::from_secs(20);
+
+// ---------------------------------------------------------------------------------------------
+// harness
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+#[test]
+fn both_etcd_versions_are_installed() {
+    let found = EtcdVersion::available();
+    eprintln!("etcd versions found: {found:?}");
+    if in_ci() {
+        assert_eq!(
+            found.len(),
+            2,
+            "CI must have etcd 3.4 and 3.5, found {found:?}"
+        );
+    }
+}
+
+/// Log events of rebootd, as `message=... field=value ...` lines.
+struct Capture(UnboundedSender<String>);
+
+impl<S: tracing::Subscriber> Layer<S> for Capture {
+    fn on_event(
+        &self,
+        event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        if !event.metadata().target().starts_with("rebootd") {
+            return;
+        }
+        struct V(String);
+        impl tracing::field::Visit for V {
+            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                self.0.push_str(&format!("{}={:?} ", f.name(), v));
+            }
+        }
+        let mut v = V(format!("{} ", event.metadata().level()));
+        event.record(&mut v);
+        let _ = self.0.send(v.0);
+    }
+}
+
+struct Logs(UnboundedReceiver<String>);
+
+impl Logs {
+    /// Wait for a log line containing all of `needles`.
+    async fn expect(&mut self, needles: &[&str]) -> String {
+        let found = tokio::time::timeout(WAIT, async {
+            while let Some(line) = self.0.recv().await {
+                if needles.iter().all(|n| line.contains(n)) {
+                    return line;
+                }
+            }
+            panic!("log channel closed")
+        })
+        .await;
+        found.unwrap_or_else(|_| panic!("no log line with {needles:?} within {WAIT:?}"))
+    }
+}
+
+/// Everything a scenario gets: a fresh etcd of one version and the log events of this test.
+struct Env {
+    etcd: EtcdServer,
+    logs: Logs,
+}
+
+async fn run<F, Fut>(v: EtcdVersion, scenario: F)
+where
+    F: FnOnce(Env) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    run_with(v, EtcdOptions::default(), scenario).await
+}
+
+async fn run_with<F, Fut>(v: EtcdVersion, options: EtcdOptions, scenario: F)
+where
+    F: FnOnce(Env) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    if !EtcdVersion::available().contains(&v) {
+        assert!(!in_ci(), "{v} is not installed");
+        eprintln!("skipping: {v} is not installed");
+        return;
+    }
+    let (tx, rx) = unbounded_channel();
+    let subscriber = tracing_subscriber::registry().with(Capture(tx)).with(
+        tracing_subscriber::fmt::layer()
+            .with_test_writer()
+            .with_filter(tracing_subscriber::filter::LevelFilter::INFO),
+    );
+    // The runtime is current-thread, so every task of the test sees this subscriber.
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let etcd = EtcdServer::start_with(v, options)
+        .await
+        .expect("start etcd");
+    scenario(Env {
+        etcd,
+        logs: Logs(rx),
+    })
+    .await;
+}
+
+macro_rules! per_version {
+    ($($name:ident),* $(,)?) => {
+        mod etcd_3_4 {
+            $(
+                #[tokio::test(flavor = "current_thread")]
+                async fn $name() {
+                    super::run(super::EtcdVersion::V34, super::$name).await
+                }
+            )*
+        }
+        mod etcd_3_5 {
+            $(
+                #[tokio::test(flavor = "current_thread")]
+                async fn $name() {
+                    super::run(super::EtcdVersion::V35, super::$name).await
+                }
+            )*
+        }
+    };
+}
+
+per_version!(
+    create_if_absent_writes_locksmiths_document,
+    hand_written_holder_makes_acquire_wait_until_released_by_hand,
+    corrupt_documents_are_refused_and_left_untouched,
+    five_acquirers_never_exceed_max_two,
+    acquire_twice_and_release_twice_are_no_ops,
+    named_group_uses_the_escaped_key,
+    waiter_survives_an_etcd_restart,
+    stale_holders_are_reclaimed_only_with_max_hold,
+    stale_locksmith_holder_is_reclaimed_after_max_hold_of_waiting,
+    set_max_below_holders_needs_force,
+    paused_etcd_is_unreachable_then_recovers,
+);
+
+mod tls {
+    #[tokio::test(flavor = "current_thread")]
+    async fn etcd_3_4_client_certificate_and_password() {
+        let tls = super::EtcdOptions { tls: true };
+        super::run_with(super::EtcdVersion::V34, tls, super::tls_and_password_auth).await
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn etcd_3_5_client_certificate_and_password() {
+        let tls = super::EtcdOptions { tls: true };
+        super::run_with(super::EtcdVersion::V35, tls, super::tls_and_password_auth).await
+    }
+}
+
+fn settings(etcd: &EtcdServer) -> config::Etcd {
+    config::Etcd {
+        endpoints: vec![etcd.endpoint()],
+        ca_file: None,
+        cert_file: None,
+        key_file: None,
+        username: None,
+        password_file: None,
+    }
+}
+
+fn timeouts() -> Timeouts {
+    Timeouts {
+        connect: Duration::from_secs(2),
+        request: Duration::from_secs(3),
+        backoff_min: Duration::from_millis(50),
+        backoff_max: Duration::from_millis(500),
+    }
+}
+
+async fn sem(etcd: &EtcdServer, group: &str, max_hold: Option<Duration>) -> EtcdSemaphore {
+    EtcdSemaphore::connect_with(&settings(etcd), group, max_hold, timeouts())
+        .await
+        .expect("connect")
+}
+
+fn me(id: &str) -> Identity {
+    Identity {
+        id: id.into(),
+        node: format!("node-{id}"),
+        boot_id: format!("boot-{id}"),
+    }
+}
+
+/// `etcdctl put KEY VALUE`, by hand, as an operator or locksmith would.
+fn ctl_put(etcd: &EtcdServer, key: &str, value: &str) {
+    let out = etcd
+        .etcdctl()
+        .args(["put", key, value])
+        .output()
+        .expect("run etcdctl");
+    assert!(
+        out.status.success(),
+        "etcdctl put: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `etcdctl get --print-value-only KEY`; `None` when absent.
+fn ctl_get(etcd: &EtcdServer, key: &str) -> Option<String> {
+    let out = etcd
+        .etcdctl()
+        .args(["get", "--print-value-only", key])
+        .output()
+        .expect("run etcdctl");
+    assert!(
+        out.status.success(),
+        "etcdctl get: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    let value = text.strip_suffix('\n').unwrap_or(&text);
+    (!text.is_empty()).then(|| value.to_owned())
+}
+
+async fn client(etcd: &EtcdServer) -> etcd_client::Client {
+    etcd_client::Client::connect([etcd.endpoint()], None)
+        .await
+        .expect("test client")
+}
+
+/// Raw value, version and mod revision of `key`.
+async fn raw(etcd: &EtcdServer, key: &str) -> Option<(Vec<u8>, i64, i64)> {
+    let resp = client(etcd).await.get(key, None).await.expect("get");
+    resp.kvs()
+        .first()
+        .map(|kv| (kv.value().to_vec(), kv.version(), kv.mod_revision()))
+}
+
+async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(WAIT, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not done within {WAIT:?}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// scenarios
+
+async fn create_if_absent_writes_locksmiths_document(env: Env) {
+    let etcd = &env.etcd;
+    assert_eq!(ctl_get(etcd, DEFAULT_KEY), None);
+    let s = sem(etcd, "default", None).await;
+    assert_eq!(s.key(), DEFAULT_KEY);
+
+    // Reading an absent key does not create it.
+    let st = s.status().await.unwrap();
+    assert_eq!((st.max, st.free, st.holders.len()), (1, 1, 0));
+    assert_eq!(ctl_get(etcd, DEFAULT_KEY), None);
+
+    s.acquire(&me("a")).await.unwrap();
+    let value = ctl_get(etcd, DEFAULT_KEY).expect("document created");
+    assert_eq!(value, r#"{"semaphore":0,"max":1,"holders":["a"]}"#);
+    let doc = SemaphoreDoc::parse(value.as_bytes()).unwrap();
+    assert_eq!(doc.holders, vec!["a"]);
+    let (_, version, _) = raw(etcd, DEFAULT_KEY).await.unwrap();
+    assert_eq!(version, 1, "created in one write");
+
+    // rebootd's data sits beside the document, never inside it.
+    s.report_phase(&me("a"), "Draining").await.unwrap();
+    assert_eq!(
+        ctl_get(etcd, DEFAULT_KEY).unwrap(),
+        r#"{"semaphore":0,"max":1,"holders":["a"]}"#
+    );
+    let record_key = document::holder_record_key("default", "a");
+    assert_eq!(
+        record_key,
+        "coreos.com/updateengine/rebootlock/rebootd/holders/a"
+    );
+    let record = HolderRecord::parse(ctl_get(etcd, &record_key).unwrap().as_bytes()).unwrap();
+    assert_eq!(record.node, "node-a");
+    assert_eq!(record.phase.as_deref(), Some("Draining"));
+
+    let st = s.status().await.unwrap();
+    assert_eq!(st.backend, "etcd");
+    assert_eq!(st.group, "default");
+    assert_eq!((st.max, st.free), (1, 0));
+    assert_eq!(st.holders.len(), 1);
+    let h = &st.holders[0];
+    assert_eq!(h.id, "a");
+    assert_eq!(h.node.as_deref(), Some("node-a"));
+    assert_eq!(h.phase.as_deref(), Some("Draining"));
+    assert_eq!(h.boot_id.as_deref(), Some("boot-a"));
+    assert_eq!(h.since, Some(record.since));
+
+    s.release("a").await.unwrap();
+    assert_eq!(
+        ctl_get(etcd, DEFAULT_KEY).unwrap(),
+        r#"{"semaphore":1,"max":1,"holders":[]}"#
+    );
+    assert_eq!(
+        ctl_get(etcd, &record_key),
+        None,
+        "record deleted on release"
+    );
+}
+
+async fn hand_written_holder_makes_acquire_wait_until_released_by_hand(mut env: Env) {
+    let etcd = &env.etcd;
+    ctl_put(
+        etcd,
+        DEFAULT_KEY,
+        r#"{"semaphore":0,"max":1,"holders":["locksmith-node"]}"#,
+    );
+    let s = sem(etcd, "default", None).await;
+    let waiter = tokio::spawn(async move { s.acquire(&me("w")).await });
+
+    let line = env
+        .logs
+        .expect(&[
+            "waiting for a free slot",
+            "id=w",
+            "free=0",
+            "locksmith-node",
+        ])
+        .await;
+    eprintln!("waiter logged: {line}");
+    assert!(!waiter.is_finished());
+
+    // Release by hand the way locksmith writes an empty list: null.
+    let released = Instant::now();
+    ctl_put(
+        etcd,
+        DEFAULT_KEY,
+        r#"{"semaphore":1,"max":1,"holders":null}"#,
+    );
+    within("waiter", waiter).await.unwrap().unwrap();
+    let took = released.elapsed();
+    eprintln!("slot taken {took:?} after the hand release");
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    assert_eq!(
+        ctl_get(etcd, DEFAULT_KEY).unwrap(),
+        r#"{"semaphore":0,"max":1,"holders":["w"]}"#
+    );
+
+    // A release through the API lets the next waiter in within milliseconds.
+    let s = sem(etcd, "default", None).await;
+    let s2 = sem(etcd, "default", None).await;
+    let next = tokio::spawn(async move { s2.acquire(&me("w2")).await });
+    env.logs
+        .expect(&["waiting for a free slot", "id=w2", "\"w\""])
+        .await;
+    let released = Instant::now();
+    s.release("w").await.unwrap();
+    within("next waiter", next).await.unwrap().unwrap();
+    let took = released.elapsed();
+    eprintln!("next waiter took the slot {took:?} after release() was called");
+    assert!(took < Duration::from_millis(500), "took {took:?}");
+}
+
+async fn corrupt_documents_are_refused_and_left_untouched(env: Env) {
+    let etcd = &env.etcd;
+    let s = sem(etcd, "default", Some(Duration::from_millis(1))).await;
+    for bad in ["not json", r#"{"semaphore":"x"}"#] {
+        ctl_put(etcd, DEFAULT_KEY, bad);
+        let before = raw(etcd, DEFAULT_KEY).await.unwrap();
+
+        let check = |what: &str, r: Result<(), LockError>| match r {
+            Err(LockError::Corrupt { key, value, reason }) => {
+                assert_eq!(key, DEFAULT_KEY, "{what}");
+                assert_eq!(value, bad, "{what}");
+                assert!(!reason.is_empty(), "{what}");
+            }
+            other => panic!("{what} on {bad:?}: expected Corrupt, got {other:?}"),
+        };
+        let acquired = within("acquire", s.acquire(&me("a"))).await;
+        if let Err(e) = &acquired {
+            eprintln!("acquire on {bad:?}: {e}");
+        }
+        check("acquire", acquired);
+        check("release", s.release("a").await);
+        check("set_max", s.set_max(3, true).await);
+        check("report_phase", s.report_phase(&me("a"), "Rebooting").await);
+        check("holds", s.holds("a").await.map(|_| ()));
+        check("status", s.status().await.map(|_| ()));
+
+        let after = raw(etcd, DEFAULT_KEY).await.unwrap();
+        assert_eq!(after, before, "the corrupt value was written over");
+        assert_eq!(after.0, bad.as_bytes());
+        assert_eq!(ctl_get(etcd, DEFAULT_KEY).unwrap(), bad);
+    }
+}
+
+async fn five_acquirers_never_exceed_max_two(env: Env) {
+    let etcd = &env.etcd;
+    let admin = sem(etcd, "default", None).await;
+    admin.set_max(2, false).await.unwrap();
+    let start_rev = {
+        let resp = client(etcd).await.get(DEFAULT_KEY, None).await.unwrap();
+        resp.header().unwrap().revision()
+    };
+
+    // The outside watcher: every version of the document, straight from etcd.
+    let (seen_tx, seen_rx) = tokio::sync::watch::channel(Vec::<String>::new());
+    let most = Arc::new(Mutex::new(0usize));
+    let mut c = client(etcd).await;
+    let mut stream = c
+        .watch(
+            DEFAULT_KEY,
+            Some(etcd_client::WatchOptions::new().with_start_revision(start_rev + 1)),
+        )
+        .await
+        .unwrap();
+    let most_w = most.clone();
+    let watcher = tokio::spawn(async move {
+        let mut versions = 0;
+        while let Ok(Some(resp)) = stream.message().await {
+            for ev in resp.events() {
+                let kv = ev.kv().unwrap();
+                let doc = SemaphoreDoc::parse(kv.value()).expect("a consistent document");
+                versions += 1;
+                let mut most = most_w.lock().unwrap();
+                *most = (*most).max(doc.holders.len());
+                drop(most);
+                let _ = seen_tx.send(doc.holders.clone());
+            }
+        }
+        versions
+    });
+
+    let mut tasks = Vec::new();
+    for i in 0..5 {
+        let s = sem(etcd, "default", None).await;
+        let mut seen = seen_rx.clone();
+        tasks.push(tokio::spawn(async move {
+            let id = format!("node{i}");
+            s.acquire(&me(&id)).await.unwrap();
+            // Hold until the outside watcher has seen us holding.
+            seen.wait_for(|h| h.contains(&id)).await.unwrap();
+            s.release(&id).await.unwrap();
+        }));
+    }
+    for t in tasks {
+        within("acquirer", t).await.unwrap();
+    }
+    let mut seen = seen_rx.clone();
+    within("final document", seen.wait_for(|h| h.is_empty()))
+        .await
+        .unwrap();
+    let most = *most.lock().unwrap();
+    eprintln!("most holders seen at once: {most}");
+    assert!(most <= 2, "{most} holders at once with max 2");
+    assert!(most >= 1);
+    watcher.abort();
+    assert_eq!(
+        ctl_get(etcd, DEFAULT_KEY).unwrap(),
+        r#"{"semaphore":2,"max":2,"holders":[]}"#
+    );
+}
+
+async fn acquire_twice_and_release_twice_are_no_ops(env: Env) {
+    let etcd = &env.etcd;
+    let s = sem(etcd, "default", None).await;
+    s.acquire(&me("a")).await.unwrap();
+    let before = raw(etcd, DEFAULT_KEY).await.unwrap();
+    within("second acquire", s.acquire(&me("a"))).await.unwrap();
+    assert_eq!(raw(etcd, DEFAULT_KEY).await.unwrap(), before, "no write");
+    assert!(s.holds("a").await.unwrap());
+    assert!(!s.holds("b").await.unwrap());
+
+    s.release("a").await.unwrap();
+    let before = raw(etcd, DEFAULT_KEY).await.unwrap();
+    s.release("a").await.unwrap();
+    s.release("never-held").await.unwrap();
+    assert_eq!(raw(etcd, DEFAULT_KEY).await.unwrap(), before, "no write");
+    assert!(!s.holds("a").await.unwrap());
+
+    // Reporting a phase without a slot records nothing.
+    s.report_phase(&me("a"), "Idle").await.unwrap();
+    assert_eq!(
+        ctl_get(etcd, &document::holder_record_key("default", "a")),
+        None
+    );
+}
+
+async fn named_group_uses_the_escaped_key(env: Env) {
+    let etcd = &env.etcd;
+    let s = sem(etcd, "db workers/eu", None).await;
+    let key = "coreos.com/updateengine/rebootlock/groups/db+workers%2Feu/semaphore";
+    assert_eq!(s.key(), key);
+    s.acquire(&me("a")).await.unwrap();
+    assert_eq!(
+        ctl_get(etcd, key).unwrap(),
+        r#"{"semaphore":0,"max":1,"holders":["a"]}"#
+    );
+    assert_eq!(ctl_get(etcd, DEFAULT_KEY), None, "default group untouched");
+    assert!(ctl_get(
+        etcd,
+        "coreos.com/updateengine/rebootlock/groups/db+workers%2Feu/rebootd/holders/a"
+    )
+    .is_some());
+    // The default group is independent.
+    let d = sem(etcd, "default", None).await;
+    within("default group", d.acquire(&me("b"))).await.unwrap();
+    assert_eq!(s.status().await.unwrap().group, "db workers/eu");
+}
+
+async fn waiter_survives_an_etcd_restart(mut env: Env) {
+    ctl_put(
+        &env.etcd,
+        DEFAULT_KEY,
+        r#"{"semaphore":0,"max":1,"holders":["x"]}"#,
+    );
+    let s = sem(&env.etcd, "default", None).await;
+    let waiter = tokio::spawn(async move { s.acquire(&me("w")).await });
+    env.logs
+        .expect(&["waiting for a free slot", "id=w", "\"x\""])
+        .await;
+
+    env.etcd.stop().await.unwrap();
+    // The waiter notices (its watch breaks) and keeps retrying.
+    env.logs.expect(&["etcd trouble while waiting"]).await;
+    env.etcd.restart().await.unwrap();
+    // Back up: the waiter reads the same document again and waits by watch again.
+    env.logs
+        .expect(&["waiting for a free slot", "id=w", "\"x\""])
+        .await;
+    assert!(!waiter.is_finished());
+
+    let released = Instant::now();
+    ctl_put(
+        &env.etcd,
+        DEFAULT_KEY,
+        r#"{"semaphore":1,"max":1,"holders":[]}"#,
+    );
+    within("waiter", waiter).await.unwrap().unwrap();
+    eprintln!("slot taken {:?} after release", released.elapsed());
+    assert_eq!(
+        ctl_get(&env.etcd, DEFAULT_KEY).unwrap(),
+        r#"{"semaphore":0,"max":1,"holders":["w"]}"#
+    );
+}
+
+async fn stale_holders_are_reclaimed_only_with_max_hold(mut env: Env) {
+    let etcd = &env.etcd;
+    // A holder that reported its last phase two hours ago.
+    ctl_put(
+        etcd,
+        DEFAULT_KEY,
+        r#"{"semaphore":0,"max":1,"holders":["dead"]}"#,
+    );
+    let two_hours_ago = jiff::Timestamp::now() - jiff::SignedDuration::from_hours(2);
+    let record = HolderRecord {
+        node: "node-dead".into(),
+        boot_id: "boot-dead".into(),
+        phase: Some("Rebooting".into()),
+        since: two_hours_ago,
+        acquired: two_hours_ago,
+    };
+    let dead_key = document::holder_record_key("default", "dead");
+    ctl_put(etcd, &dead_key, &record.to_json());
+
+    // Off by default: this waiter sees a two-hour-old holder and waits.
+    let patient = sem(etcd, "default", None).await;
+    let patient = tokio::spawn(async move { patient.acquire(&me("patient")).await });
+    env.logs
+        .expect(&["waiting for a free slot", "id=patient", "dead"])
+        .await;
+
+    // With max_hold = 1h, a waiter reclaims it at once, loudly.
+    let eager = sem(etcd, "default", Some(Duration::from_secs(3600))).await;
+    within("reclaim", eager.acquire(&me("eager")))
+        .await
+        .unwrap();
+    let warn = env.logs.expect(&["RECLAIMING", "holder=dead"]).await;
+    assert!(warn.starts_with("WARN"), "{warn}");
+    assert_eq!(
+        ctl_get(etcd, DEFAULT_KEY).unwrap(),
+        r#"{"semaphore":0,"max":1,"holders":["eager"]}"#
+    );
+    assert_eq!(ctl_get(etcd, &dead_key), None, "the stale record is gone");
+    assert!(!eager.holds("dead").await.unwrap());
+
+    // The patient waiter saw the change and waits on, for the new (fresh) holder.
+    env.logs
+        .expect(&["waiting for a free slot", "id=patient", "eager"])
+        .await;
+    assert!(!patient.is_finished());
+    eager.release("eager").await.unwrap();
+    within("patient", patient).await.unwrap().unwrap();
+}
+
+async fn stale_locksmith_holder_is_reclaimed_after_max_hold_of_waiting(mut env: Env) {
+    let etcd = &env.etcd;
+    // A locksmith holder: no rebootd record, so its age counts from when the waiter saw it.
+    ctl_put(
+        etcd,
+        DEFAULT_KEY,
+        r#"{"semaphore":0,"max":1,"holders":["lsnode"]}"#,
+    );
+    let max_hold = Duration::from_millis(400);
+    let s = sem(etcd, "default", Some(max_hold)).await;
+    let started = Instant::now();
+    within("reclaim", s.acquire(&me("w"))).await.unwrap();
+    let took = started.elapsed();
+    eprintln!("reclaimed after {took:?}");
+    assert!(took >= max_hold, "reclaimed after only {took:?}");
+    env.logs.expect(&["waiting for a free slot", "id=w"]).await;
+    env.logs.expect(&["RECLAIMING", "holder=lsnode"]).await;
+    assert_eq!(
+        ctl_get(etcd, DEFAULT_KEY).unwrap(),
+        r#"{"semaphore":0,"max":1,"holders":["w"]}"#
+    );
+}
+
+async fn set_max_below_holders_needs_force(env: Env) {
+    let etcd = &env.etcd;
+    let s = sem(etcd, "default", None).await;
+    s.set_max(2, false).await.unwrap();
+    assert_eq!(
+        ctl_get(etcd, DEFAULT_KEY).unwrap(),
+        r#"{"semaphore":2,"max":2,"holders":[]}"#
+    );
+    s.acquire(&me("b")).await.unwrap();
+    s.acquire(&me("a")).await.unwrap();
+    let before = raw(etcd, DEFAULT_KEY).await.unwrap();
+    match s.set_max(1, false).await {
+        Err(LockError::MaxBelowHolders {
+            requested: 1,
+            holders: 2,
+        }) => {}
+        other => panic!("expected MaxBelowHolders, got {other:?}"),
+    }
+    assert_eq!(
+        raw(etcd, DEFAULT_KEY).await.unwrap(),
+        before,
+        "refusal wrote"
+    );
+
+    s.set_max(1, true).await.unwrap();
+    assert_eq!(
+        ctl_get(etcd, DEFAULT_KEY).unwrap(),
+        r#"{"semaphore":-1,"max":1,"holders":["a","b"]}"#
+    );
+    assert_eq!(s.status().await.unwrap().free, -1);
+    s.release("a").await.unwrap();
+    assert_eq!(
+        ctl_get(etcd, DEFAULT_KEY).unwrap(),
+        r#"{"semaphore":0,"max":1,"holders":["b"]}"#
+    );
+    s.set_max(3, false).await.unwrap();
+    assert_eq!(
+        ctl_get(etcd, DEFAULT_KEY).unwrap(),
+        r#"{"semaphore":2,"max":3,"holders":["b"]}"#
+    );
+}
+
+async fn paused_etcd_is_unreachable_then_recovers(mut env: Env) {
+    env.etcd.pause().unwrap();
+    let short = Timeouts {
+        connect: Duration::from_millis(500),
+        request: Duration::from_millis(500),
+        ..timeouts()
+    };
+    let r = EtcdSemaphore::connect_with(&settings(&env.etcd), "default", None, short).await;
+    match r {
+        Err(e @ LockError::Unreachable { .. }) => {
+            let m = e.to_string();
+            assert!(m.contains(&env.etcd.endpoint()), "{m}");
+        }
+        other => {
+            let state = env
+                .etcd
+                .pid()
+                .and_then(|p| std::fs::read_to_string(format!("/proc/{p}/status")).ok())
+                .and_then(|st| {
+                    st.lines()
+                        .find(|l| l.starts_with("State:"))
+                        .map(str::to_owned)
+                });
+            panic!("expected Unreachable, got {other:?} (etcd process {state:?})")
+        }
+    }
+    env.etcd.resume().unwrap();
+    let s = sem(&env.etcd, "default", None).await;
+    s.acquire(&me("a")).await.unwrap();
+}
+
+async fn tls_and_password_auth(mut env: Env) {
+    let prefix = "coreos.com/updateengine/rebootlock/";
+    env.etcd.enable_auth("rootpw").unwrap();
+    env.etcd.add_user("rebootd", "s3cret", prefix).unwrap();
+    env.etcd
+        .add_user("outsider", "0ther", "elsewhere/")
+        .unwrap();
+    let etcd = &env.etcd;
+    let files = etcd.tls_files().unwrap().clone();
+    assert!(etcd.endpoint().starts_with("https://"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let password_file = dir.path().join("etcd-password");
+    std::fs::write(&password_file, "s3cret\n").unwrap();
+    let good = config::Etcd {
+        endpoints: vec![etcd.endpoint()],
+        ca_file: Some(files.ca.clone()),
+        cert_file: Some(files.client_cert.clone()),
+        key_file: Some(files.client_key.clone()),
+        username: Some("rebootd".into()),
+        password_file: Some(password_file.clone()),
+    };
+    let connect = |s: config::Etcd| async move {
+        EtcdSemaphore::connect_with(&s, "default", None, timeouts()).await
+    };
+
+    let s = connect(good.clone()).await.expect("TLS + password");
+    s.acquire(&me("a")).await.unwrap();
+    assert_eq!(
+        ctl_get(etcd, DEFAULT_KEY).unwrap(),
+        r#"{"semaphore":0,"max":1,"holders":["a"]}"#
+    );
+    s.report_phase(&me("a"), "Rebooting").await.unwrap();
+    assert_eq!(
+        s.status().await.unwrap().holders[0].phase.as_deref(),
+        Some("Rebooting")
+    );
+    s.release("a").await.unwrap();
+
+    // A wrong password is refused by etcd, and said so.
+    let wrong = dir.path().join("wrong-password");
+    std::fs::write(&wrong, "nope").unwrap();
+    let err = connect(config::Etcd {
+        password_file: Some(wrong),
+        ..good.clone()
+    })
+    .await
+    .expect_err("wrong password");
+    eprintln!("wrong password: {err}");
+    assert!(err.to_string().contains("authentication failed"), "{err}");
+
+    // A user without rights on the semaphore is told so at connect, naming the key.
+    let other = dir.path().join("other-password");
+    std::fs::write(&other, "0ther").unwrap();
+    let err = connect(config::Etcd {
+        username: Some("outsider".into()),
+        password_file: Some(other),
+        ..good.clone()
+    })
+    .await
+    .expect_err("permission denied");
+    eprintln!("outsider: {err}");
+    assert!(matches!(err, LockError::Backend { .. }), "{err}");
+    assert!(err.to_string().contains("permission denied"), "{err}");
+    assert!(err.to_string().contains(DEFAULT_KEY), "{err}");
+
+    // Without a client certificate the server does not let us in.
+    let err = connect(config::Etcd {
+        cert_file: None,
+        key_file: None,
+        ..good.clone()
+    })
+    .await
+    .expect_err("no client certificate");
+    eprintln!("no client certificate: {err}");
+
+    // A missing password file is named.
+    let err = connect(config::Etcd {
+        password_file: Some(dir.path().join("missing")),
+        ..good
+    })
+    .await
+    .expect_err("missing password file");
+    assert!(err.to_string().contains("missing"), "{err}");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn closed_port_is_unreachable_naming_the_endpoint() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let s = config::Etcd {
+        endpoints: vec![endpoint.clone()],
+        ca_file: None,
+        cert_file: None,
+        key_file: None,
+        username: None,
+        password_file: None,
+    };
+    let short = Timeouts {
+        connect: Duration::from_millis(300),
+        request: Duration::from_millis(700),
+        ..timeouts()
+    };
+    match EtcdSemaphore::connect_with(&s, "default", None, short).await {
+        Err(e @ LockError::Unreachable { .. }) => {
+            assert!(e.to_string().contains(&endpoint), "{e}");
+            assert!(e.is_transient());
+        }
+        other => panic!("expected Unreachable, got {other:?}"),
+    }
+}

@@ -1,0 +1,1010 @@
+//! The Kubernetes Lease semaphore against the lab's Kubernetes API stand-in, over real HTTP:
+//! the objects it creates, max 2 over 5 acquirers, idempotence, waiting by watch (not polling),
+//! 409 and 500 answers, reclaim of holders whose Node is gone or who passed max_hold, set-max,
+//! and what kubectl sees. Every acquirer has its own client and kubeconfig user, so the
+//! stand-in's request log tells who asked what. Synchronisation is by events (log events,
+//! watches, task completion) with timeouts, never by sleeping; the few timeouts expected to
+//! expire assert that something does NOT happen.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, ListParams, WatchEvent, WatchParams};
+use rebootd::config;
+use rebootd::lock::kube_lease::{self, KubeLeaseSemaphore, Timeouts};
+use rebootd::lock::{Identity, LockError, Semaphore};
+use rebootd_lab::kube_api::{FaultRule, Kind, KubeApi, KubeApiHandle, NodeBuilder, Options};
+use serde_json::{json, Value};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio::time::Instant;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::Layer;
+
+const NS: &str = "rebootd";
+const NAME: &str = "reboot";
+const WAIT: Duration = Duration::from_secs(20);
+
+// ---------------------------------------------------------------------------------------------
+// harness
+
+/// Log events of rebootd, as `LEVEL message=... field=value ...` lines.
+struct Capture(UnboundedSender<String>);
+
+impl<S: tracing::Subscriber> Layer<S> for Capture {
+    fn on_event(
+        &self,
+        event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        if !event.metadata().target().starts_with("rebootd") {
+            return;
+        }
+        struct V(String);
+        impl tracing::field::Visit for V {
+            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                self.0.push_str(&format!("{}={:?} ", f.name(), v));
+            }
+        }
+        let mut v = V(format!("{} ", event.metadata().level()));
+        event.record(&mut v);
+        let _ = self.0.send(v.0);
+    }
+}
+
+struct Logs(UnboundedReceiver<String>);
+
+impl Logs {
+    /// Wait for a log line containing all of `needles`.
+    async fn expect(&mut self, needles: &[&str]) -> String {
+        let found = tokio::time::timeout(WAIT, async {
+            while let Some(line) = self.0.recv().await {
+                if needles.iter().all(|n| line.contains(n)) {
+                    return line;
+                }
+            }
+            panic!("log channel closed")
+        })
+        .await;
+        found.unwrap_or_else(|_| panic!("no log line with {needles:?} within {WAIT:?}"))
+    }
+}
+
+struct Env {
+    api: KubeApiHandle,
+    dir: tempfile::TempDir,
+    logs: Logs,
+}
+
+async fn run<F, Fut>(scenario: F)
+where
+    F: FnOnce(Env) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let (tx, rx) = unbounded_channel();
+    let subscriber = tracing_subscriber::registry().with(Capture(tx)).with(
+        tracing_subscriber::fmt::layer()
+            .with_test_writer()
+            .with_filter(tracing_subscriber::filter::LevelFilter::INFO),
+    );
+    // The runtime is current-thread, so every task of the test sees this subscriber.
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let api = KubeApi::start(Options::default())
+        .await
+        .expect("start the API stand-in");
+    let dir = tempfile::tempdir().expect("tempdir");
+    scenario(Env {
+        api,
+        dir,
+        logs: Logs(rx),
+    })
+    .await;
+}
+
+macro_rules! scenarios {
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "current_thread")]
+            async fn $name() {
+                run(scenarios::$name).await
+            }
+        )*
+    };
+}
+
+scenarios!(
+    first_use_creates_the_objects,
+    five_acquirers_with_max_two_never_exceed_two,
+    two_racers_for_the_last_slot_exactly_one_wins,
+    acquire_twice_and_release_twice_are_no_ops,
+    waiter_is_woken_by_the_watch_and_never_polls,
+    conflict_on_replace_is_retried,
+    server_errors_are_retried_with_backoff,
+    holder_whose_node_is_deleted_is_reclaimed,
+    holder_without_a_node_is_never_reclaimed_for_it,
+    holder_past_max_hold_is_reclaimed,
+    set_max_below_holders_needs_force,
+    corrupt_control_lease_is_refused_and_left_alone,
+    kubectl_sees_the_holder,
+);
+
+fn settings() -> config::KubeLease {
+    config::KubeLease {
+        namespace: NS.into(),
+        name: NAME.into(),
+        kubeconfig: None,
+    }
+}
+
+fn timeouts() -> Timeouts {
+    Timeouts {
+        request: Duration::from_secs(3),
+        watch: Duration::from_secs(290),
+        backoff_min: Duration::from_millis(50),
+        backoff_max: Duration::from_millis(500),
+    }
+}
+
+fn me(x: &str) -> Identity {
+    Identity {
+        id: format!("m-{x}"),
+        node: format!("node-{x}"),
+        boot_id: format!("boot-{x}"),
+    }
+}
+
+/// A kubeconfig for `user` (the stand-in logs the user of every request).
+fn kubeconfig(env: &Env, user: &str) -> PathBuf {
+    let path = env.dir.path().join(format!("kubeconfig-{user}"));
+    env.api
+        .write_kubeconfig_for(&path, user)
+        .expect("write kubeconfig");
+    path
+}
+
+/// A client as rebootd builds it: from a kubeconfig, without kube-rs's own 429/503 retry.
+async fn client(env: &Env, user: &str) -> kube::Client {
+    let path = kubeconfig(env, user);
+    let kc = kube::config::Kubeconfig::read_from(&path).expect("read kubeconfig");
+    let mut cfg =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .expect("kube config");
+    cfg.default_retry = false;
+    kube::Client::try_from(cfg).expect("kube client")
+}
+
+/// The semaphore as seen by machine `x` (its own client, user `node-x`).
+async fn sem_with(
+    env: &Env,
+    x: &str,
+    max_hold: Option<Duration>,
+    t: Timeouts,
+) -> KubeLeaseSemaphore {
+    KubeLeaseSemaphore::new(
+        client(env, &format!("node-{x}")).await,
+        &settings(),
+        max_hold,
+    )
+    .with_timeouts(t)
+    .with_target(env.api.base_url())
+}
+
+async fn sem(env: &Env, x: &str) -> KubeLeaseSemaphore {
+    sem_with(env, x, None, timeouts()).await
+}
+
+fn add_node(env: &Env, x: &str) {
+    env.api
+        .cluster()
+        .add(&NodeBuilder::new(&format!("node-{x}")))
+        .expect("add node");
+}
+
+fn lease(env: &Env, name: &str) -> Option<Value> {
+    env.api.cluster().lease(NS, name)
+}
+
+fn slot(i: u64) -> String {
+    format!("{NAME}-{i}")
+}
+
+fn holder_of(l: &Value) -> Option<&str> {
+    l.pointer("/spec/holderIdentity")
+        .and_then(Value::as_str)
+        .filter(|h| !h.is_empty())
+}
+
+fn ann<'a>(l: &'a Value, k: &str) -> Option<&'a str> {
+    l.pointer("/metadata/annotations")
+        .and_then(|a| a.get(k))
+        .and_then(Value::as_str)
+}
+
+/// Holders (node names) of the semaphore's slot Leases, by Lease name, in the store.
+fn holders(env: &Env) -> BTreeMap<String, String> {
+    env.api
+        .cluster()
+        .list(Kind::Lease, Some(NS))
+        .iter()
+        .filter(|l| {
+            l.pointer("/metadata/labels/rebootd.io~1role")
+                .and_then(Value::as_str)
+                == Some("slot")
+        })
+        .filter_map(|l| {
+            let name = l.pointer("/metadata/name")?.as_str()?.to_owned();
+            Some((name, holder_of(l)?.to_owned()))
+        })
+        .collect()
+}
+
+/// Requests by `user` matching `f`.
+fn requests_by(
+    env: &Env,
+    user: &str,
+    f: impl Fn(&rebootd_lab::kube_api::RequestRecord) -> bool,
+) -> usize {
+    env.api
+        .cluster()
+        .requests()
+        .count(|r| r.user.as_deref() == Some(user) && f(r))
+}
+
+fn is_lease_list(r: &rebootd_lab::kube_api::RequestRecord) -> bool {
+    r.method == "GET" && r.path.ends_with("/leases") && !r.query.contains("watch=true")
+}
+
+fn is_lease_watch(r: &rebootd_lab::kube_api::RequestRecord) -> bool {
+    r.method == "GET" && r.path.ends_with("/leases") && r.query.contains("watch=true")
+}
+
+fn is_write(r: &rebootd_lab::kube_api::RequestRecord) -> bool {
+    matches!(r.method.as_str(), "POST" | "PUT" | "PATCH" | "DELETE")
+}
+
+async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(WAIT, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not done within {WAIT:?}"))
+}
+
+/// Assert `fut` does NOT finish within `d` (a negative check, not synchronisation).
+async fn not_within<F: std::future::Future + Unpin>(what: &str, d: Duration, fut: &mut F) {
+    if tokio::time::timeout(d, fut).await.is_ok() {
+        panic!("{what}: finished, but should still be waiting");
+    }
+}
+
+/// An outside observer: watches the semaphore's slot Leases over HTTP (every event, in order)
+/// and records the largest number of simultaneous holders and every take.
+struct Observer {
+    task: tokio::task::JoinHandle<(usize, Vec<String>)>,
+    stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Observer {
+    async fn start(env: &Env) -> Observer {
+        let leases: Api<Lease> = Api::namespaced(client(env, "observer").await, NS);
+        let sel = format!("{}={NAME}", kube_lease::LABEL_SEMAPHORE);
+        let list = leases
+            .list(&ListParams::default().labels(&sel))
+            .await
+            .expect("observer list");
+        let mut state: BTreeMap<String, Option<String>> = list
+            .items
+            .iter()
+            .map(|l| {
+                (
+                    l.metadata.name.clone().unwrap_or_default(),
+                    l.spec.as_ref().and_then(|s| s.holder_identity.clone()),
+                )
+            })
+            .collect();
+        let rv = list.metadata.resource_version.unwrap_or_default();
+        let mut stream = leases
+            .watch(&WatchParams::default().labels(&sel), &rv)
+            .await
+            .expect("observer watch")
+            .boxed();
+        let (stop, mut stopped) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            let count = |s: &BTreeMap<String, Option<String>>| {
+                s.values()
+                    .filter(|h| h.as_deref().is_some_and(|h| !h.is_empty()))
+                    .count()
+            };
+            let mut max_seen = count(&state);
+            let mut takes = Vec::new();
+            loop {
+                tokio::select! {
+                    _ = &mut stopped => return (max_seen, takes),
+                    ev = stream.next() => {
+                        let (name, holder) = match ev {
+                            Some(Ok(WatchEvent::Added(l) | WatchEvent::Modified(l))) => (
+                                l.metadata.name.clone().unwrap_or_default(),
+                                l.spec.as_ref().and_then(|s| s.holder_identity.clone()).filter(|h| !h.is_empty()),
+                            ),
+                            Some(Ok(WatchEvent::Deleted(l))) => (l.metadata.name.clone().unwrap_or_default(), None),
+                            Some(Ok(WatchEvent::Bookmark(_))) => continue,
+                            other => panic!("observer watch: {other:?}"),
+                        };
+                        let before = state.insert(name, holder.clone()).flatten();
+                        if let Some(h) = holder {
+                            if before.as_deref() != Some(h.as_str()) {
+                                takes.push(h);
+                            }
+                        }
+                        max_seen = max_seen.max(count(&state));
+                    }
+                }
+            }
+        });
+        Observer { task, stop }
+    }
+
+    /// Stop; the largest number of simultaneous holders seen and the takes (node names).
+    async fn finish(self) -> (usize, Vec<String>) {
+        let _ = self.stop.send(());
+        self.task.await.expect("observer task")
+    }
+}
+
+mod scenarios {
+    use super::*;
+
+    pub async fn first_use_creates_the_objects(mut env: Env) {
+        add_node(&env, "a");
+        let a = sem(&env, "a").await;
+        assert_eq!(a.backend(), "kubernetes");
+        assert!(lease(&env, NAME).is_none() && lease(&env, &slot(0)).is_none());
+
+        // status reads only: it creates nothing.
+        let st = a.status().await.expect("status");
+        assert_eq!((st.max, st.free, st.holders.len()), (1, 1, 0));
+        assert!(lease(&env, NAME).is_none());
+
+        within("acquire", a.acquire(&me("a")))
+            .await
+            .expect("acquire");
+        env.logs
+            .expect(&["created the semaphore's control Lease"])
+            .await;
+        env.logs.expect(&["took a slot", "reboot-0"]).await;
+
+        let control = lease(&env, NAME).expect("control Lease");
+        assert_eq!(ann(&control, kube_lease::ANNOTATION_MAX), Some("1"));
+        assert_eq!(
+            control.pointer("/metadata/labels/rebootd.io~1semaphore"),
+            Some(&json!(NAME))
+        );
+        assert_eq!(holder_of(&control), None, "the control Lease holds no slot");
+
+        let s0 = lease(&env, &slot(0)).expect("slot Lease");
+        assert_eq!(holder_of(&s0), Some("node-a"));
+        assert_eq!(ann(&s0, kube_lease::ANNOTATION_MACHINE_ID), Some("m-a"));
+        assert_eq!(ann(&s0, kube_lease::ANNOTATION_BOOT_ID), Some("boot-a"));
+        assert!(ann(&s0, kube_lease::ANNOTATION_SINCE)
+            .unwrap()
+            .parse::<jiff::Timestamp>()
+            .is_ok());
+        let node_uid = env
+            .api
+            .cluster()
+            .node("node-a")
+            .unwrap()
+            .pointer("/metadata/uid")
+            .cloned()
+            .unwrap();
+        assert_eq!(ann(&s0, kube_lease::ANNOTATION_NODE_UID), node_uid.as_str());
+        assert_eq!(s0.pointer("/spec/leaseDurationSeconds"), None, "no TTL");
+        assert_eq!(s0.pointer("/spec/leaseTransitions"), Some(&json!(1)));
+        assert!(s0.pointer("/spec/acquireTime").is_some());
+        let renew0 = s0.pointer("/spec/renewTime").cloned().unwrap();
+
+        let st = a.status().await.expect("status");
+        assert_eq!(st.backend, "kubernetes");
+        assert_eq!(st.group, NAME);
+        assert_eq!((st.max, st.free), (1, 0));
+        assert_eq!(st.holders.len(), 1);
+        assert_eq!(st.holders[0].id, "m-a");
+        assert_eq!(st.holders[0].node.as_deref(), Some("node-a"));
+        assert_eq!(st.holders[0].boot_id.as_deref(), Some("boot-a"));
+        assert!(st.holders[0].since.is_some());
+        assert!(a.holds("m-a").await.unwrap());
+        assert!(a.holds("node-a").await.unwrap());
+
+        // A phase report (after a "reboot": new boot id) lands on the Lease.
+        let mut rebooted = me("a");
+        rebooted.boot_id = "boot-a2".into();
+        a.report_phase(&rebooted, "rebooting").await.expect("phase");
+        let s0 = lease(&env, &slot(0)).unwrap();
+        assert_eq!(ann(&s0, kube_lease::ANNOTATION_PHASE), Some("rebooting"));
+        assert_eq!(ann(&s0, kube_lease::ANNOTATION_BOOT_ID), Some("boot-a2"));
+        assert_ne!(s0.pointer("/spec/renewTime"), Some(&renew0));
+        let st = a.status().await.unwrap();
+        assert_eq!(st.holders[0].phase.as_deref(), Some("rebooting"));
+
+        // Not holding: a phase report is a no-op.
+        let b = sem(&env, "b").await;
+        b.report_phase(&me("b"), "draining").await.expect("no-op");
+        assert_eq!(holders(&env).len(), 1);
+
+        a.release("m-a").await.expect("release");
+        let s0 = lease(&env, &slot(0)).expect("the slot Lease stays, free");
+        assert_eq!(holder_of(&s0), None);
+        assert_eq!(ann(&s0, kube_lease::ANNOTATION_MACHINE_ID), None);
+        assert_eq!(ann(&s0, kube_lease::ANNOTATION_PHASE), None);
+        assert!(!a.holds("m-a").await.unwrap());
+    }
+
+    pub async fn five_acquirers_with_max_two_never_exceed_two(mut env: Env) {
+        let names = ["a", "b", "c", "d", "e"];
+        for x in names {
+            add_node(&env, x);
+        }
+        let admin = sem(&env, "admin").await;
+        admin.set_max(2, false).await.expect("set-max 2");
+        assert!(lease(&env, &slot(0)).is_some() && lease(&env, &slot(1)).is_some());
+        let observer = Observer::start(&env).await;
+
+        let (acquired_tx, mut acquired) = unbounded_channel::<usize>();
+        let mut releases = Vec::new();
+        let mut tasks = Vec::new();
+        for (i, x) in names.iter().enumerate() {
+            let s = sem(&env, x).await;
+            let id = me(x);
+            let tx = acquired_tx.clone();
+            let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+            releases.push(Some(release_tx));
+            tasks.push(tokio::spawn(async move {
+                s.acquire(&id).await.expect("acquire");
+                tx.send(i).unwrap();
+                release_rx.await.unwrap();
+                s.release(&id.id).await.expect("release");
+            }));
+        }
+
+        let mut holding = Vec::new();
+        for _ in 0..2 {
+            holding.push(within("two first holders", acquired.recv()).await.unwrap());
+        }
+        env.logs.expect(&["waiting for a free slot"]).await;
+        assert_eq!(holders(&env).len(), 2);
+        let st = admin.status().await.unwrap();
+        assert_eq!((st.max, st.free, st.holders.len()), (2, 0, 2));
+
+        let mut done = 2;
+        while done < names.len() {
+            let i = holding.remove(0);
+            releases[i].take().unwrap().send(()).unwrap();
+            let next = within("next holder", acquired.recv()).await.unwrap();
+            holding.push(next);
+            done += 1;
+            assert!(holders(&env).len() <= 2);
+        }
+        for i in holding {
+            releases[i].take().unwrap().send(()).unwrap();
+        }
+        for t in tasks {
+            within("acquirer task", t).await.unwrap();
+        }
+        let (max_seen, takes) = observer.finish().await;
+        assert_eq!(
+            max_seen, 2,
+            "never more than 2 holders (the observer saw {max_seen})"
+        );
+        assert_eq!(takes.len(), 5, "each of the 5 took a slot once: {takes:?}");
+        assert!(holders(&env).is_empty());
+        let st = admin.status().await.unwrap();
+        assert_eq!((st.max, st.free, st.holders.len()), (2, 2, 0));
+    }
+
+    pub async fn two_racers_for_the_last_slot_exactly_one_wins(env: Env) {
+        add_node(&env, "a");
+        add_node(&env, "b");
+        let admin = sem(&env, "admin").await;
+        admin.set_max(1, false).await.unwrap();
+        let observer = Observer::start(&env).await;
+        let (acquired_tx, mut acquired) = unbounded_channel::<&'static str>();
+        let mut releases = BTreeMap::new();
+        let mut tasks = Vec::new();
+        // Both start on the same free slot Lease with the same resourceVersion.
+        for x in ["a", "b"] {
+            let s = sem(&env, x).await;
+            let tx = acquired_tx.clone();
+            let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+            releases.insert(x, release_tx);
+            tasks.push(tokio::spawn(async move {
+                s.acquire(&me(x)).await.expect("acquire");
+                tx.send(x).unwrap();
+                release_rx.await.unwrap();
+                s.release(&me(x).id).await.expect("release");
+            }));
+        }
+        let winner = within("a winner", acquired.recv()).await.unwrap();
+        let mut next = Box::pin(acquired.recv());
+        not_within("the loser", Duration::from_millis(1500), &mut next).await;
+        assert_eq!(
+            holders(&env),
+            BTreeMap::from([(slot(0), format!("node-{winner}"))])
+        );
+        releases.remove(winner).unwrap().send(()).unwrap();
+        let loser = within("the loser after the release", &mut next)
+            .await
+            .unwrap();
+        assert_ne!(loser, winner);
+        drop(next);
+        releases.remove(loser).unwrap().send(()).unwrap();
+        for t in tasks {
+            within("racer task", t).await.unwrap();
+        }
+        let (max_seen, takes) = observer.finish().await;
+        assert_eq!(max_seen, 1);
+        assert_eq!(takes.len(), 2, "{takes:?}");
+    }
+
+    pub async fn acquire_twice_and_release_twice_are_no_ops(env: Env) {
+        add_node(&env, "a");
+        let a = sem(&env, "a").await;
+        within("acquire", a.acquire(&me("a"))).await.unwrap();
+        let before = env.api.cluster().resource_version();
+        let writes = requests_by(&env, "node-a", is_write);
+        within("acquire again", a.acquire(&me("a"))).await.unwrap();
+        assert_eq!(requests_by(&env, "node-a", is_write), writes, "no write");
+        assert_eq!(env.api.cluster().resource_version(), before);
+        assert_eq!(holders(&env).len(), 1);
+
+        // A process with the same machine id (a restarted daemon) holds it too.
+        let a2 = sem(&env, "a").await;
+        within("acquire from a new process", a2.acquire(&me("a")))
+            .await
+            .unwrap();
+        assert_eq!(requests_by(&env, "node-a", is_write), writes);
+
+        a.release("m-a").await.unwrap();
+        let after_release = env.api.cluster().resource_version();
+        a.release("m-a").await.unwrap();
+        assert_eq!(
+            env.api.cluster().resource_version(),
+            after_release,
+            "second release writes nothing"
+        );
+        assert!(!a.holds("m-a").await.unwrap());
+
+        // Release by node name (rebootctl unlock node-a) works too.
+        within("acquire", a.acquire(&me("a"))).await.unwrap();
+        let operator = sem(&env, "operator").await;
+        operator.release("node-a").await.unwrap();
+        assert!(!a.holds("m-a").await.unwrap());
+        operator.release("node-a").await.unwrap();
+        operator.release("nobody").await.unwrap();
+    }
+
+    pub async fn waiter_is_woken_by_the_watch_and_never_polls(mut env: Env) {
+        add_node(&env, "a");
+        add_node(&env, "b");
+        // Short server-side watch limit: the waiter must resume its watches, not list again.
+        let t = Timeouts {
+            watch: Duration::from_secs(1),
+            ..timeouts()
+        };
+        let a = sem_with(&env, "a", None, t).await;
+        let b = sem_with(&env, "b", None, t).await;
+        within("acquire a", a.acquire(&me("a"))).await.unwrap();
+
+        let idb = me("b");
+        let mut waiter = Box::pin(b.acquire(&idb));
+        let line = within("b waits", async {
+            tokio::select! {
+                l = env.logs.expect(&["waiting for a free slot", "id=m-b"]) => l,
+                r = &mut waiter => panic!("b did not wait: {r:?}"),
+            }
+        })
+        .await;
+        assert!(line.contains("node-a"), "{line}");
+        let lists_before = requests_by(&env, "node-b", is_lease_list);
+        let watches_before = requests_by(&env, "node-b", is_lease_watch);
+
+        // Over 2.5 s (2 server-side watch ends) the waiter makes no list, only resumed watches.
+        not_within("b while a holds", Duration::from_millis(2500), &mut waiter).await;
+        assert_eq!(
+            requests_by(&env, "node-b", is_lease_list),
+            lists_before,
+            "the waiter listed while nothing changed (polling)"
+        );
+        let watches = env
+            .api
+            .cluster()
+            .requests()
+            .all()
+            .into_iter()
+            .filter(|r| r.user.as_deref() == Some("node-b") && is_lease_watch(r))
+            .collect::<Vec<_>>();
+        assert!(
+            watches.len() >= watches_before + 2,
+            "the watch was not resumed: {watches:?}"
+        );
+        for w in &watches {
+            assert!(
+                w.query.contains("resourceVersion=")
+                    && !w.query.contains("resourceVersion=&")
+                    && !w.query.ends_with("resourceVersion="),
+                "every Lease watch resumes from a resourceVersion: {}",
+                w.query
+            );
+        }
+
+        let released = Instant::now();
+        a.release("m-a").await.unwrap();
+        within("b after the release", &mut waiter).await.unwrap();
+        let latency = released.elapsed();
+        assert!(
+            latency < Duration::from_secs(1),
+            "woken {latency:?} after the release"
+        );
+        assert_eq!(holders(&env)[&slot(0)], "node-b");
+    }
+
+    pub async fn conflict_on_replace_is_retried(env: Env) {
+        add_node(&env, "a");
+        let a = sem(&env, "a").await;
+        a.set_max(1, false).await.unwrap();
+        env.api
+            .cluster()
+            .faults()
+            .inject(FaultRule::status("/leases/", 409, 1).method("PUT"));
+        within("acquire", a.acquire(&me("a"))).await.unwrap();
+        let puts = env
+            .api
+            .cluster()
+            .requests()
+            .all()
+            .into_iter()
+            .filter(|r| r.user.as_deref() == Some("node-a") && r.method == "PUT")
+            .map(|r| r.status)
+            .collect::<Vec<_>>();
+        assert_eq!(puts, vec![409, 200], "one conflict, then a successful take");
+        assert_eq!(
+            requests_by(&env, "node-a", is_lease_list),
+            3,
+            "set-max read once, acquire read again after the conflict"
+        );
+        assert_eq!(holders(&env)[&slot(0)], "node-a");
+        let l = lease(&env, &slot(0)).unwrap();
+        assert_eq!(l.pointer("/spec/leaseTransitions"), Some(&json!(1)));
+    }
+
+    pub async fn server_errors_are_retried_with_backoff(mut env: Env) {
+        add_node(&env, "a");
+        let a = sem(&env, "a").await;
+        env.api
+            .cluster()
+            .faults()
+            .inject(FaultRule::status(&format!("/namespaces/{NS}/leases"), 500, 2).method("GET"));
+        env.api
+            .cluster()
+            .faults()
+            .inject(FaultRule::status(&format!("/namespaces/{NS}/leases"), 429, 1).method("POST"));
+        within("acquire", a.acquire(&me("a"))).await.unwrap();
+        env.logs
+            .expect(&[
+                "WARN",
+                "Kubernetes API trouble while waiting for a slot; retrying",
+            ])
+            .await;
+        assert_eq!(env.api.cluster().faults().pending(), 0);
+        assert_eq!(holders(&env)[&slot(0)], "node-a");
+
+        // A permanent refusal (here: 403 on the list) is returned, not retried forever.
+        env.api
+            .cluster()
+            .faults()
+            .inject(FaultRule::status(&format!("/namespaces/{NS}/leases"), 403, 1).method("GET"));
+        let e = within("status", a.status()).await.unwrap_err();
+        assert!(matches!(e, LockError::Backend { .. }), "{e}");
+        assert!(e.to_string().contains("403"), "{e}");
+    }
+
+    pub async fn holder_whose_node_is_deleted_is_reclaimed(mut env: Env) {
+        add_node(&env, "a");
+        add_node(&env, "b");
+        let a = sem(&env, "a").await;
+        let b = sem(&env, "b").await;
+        within("acquire a", a.acquire(&me("a"))).await.unwrap();
+
+        let idb = me("b");
+        let mut waiter = Box::pin(b.acquire(&idb));
+        within("b waits", async {
+            tokio::select! {
+                l = env.logs.expect(&["waiting for a free slot", "id=m-b"]) => l,
+                r = &mut waiter => panic!("b did not wait: {r:?}"),
+            }
+        })
+        .await;
+        // While node-a exists, b waits.
+        not_within(
+            "b while node-a exists",
+            Duration::from_millis(500),
+            &mut waiter,
+        )
+        .await;
+
+        env.api
+            .cluster()
+            .delete(Kind::Node, "", "node-a")
+            .expect("delete node-a");
+        within("b after node-a is deleted", &mut waiter)
+            .await
+            .expect("reclaimed");
+        env.logs
+            .expect(&["WARN", "RECLAIMING", "node-a no longer exists"])
+            .await;
+        env.logs.expect(&["WARN", "reclaimed the slot"]).await;
+        let l = lease(&env, &slot(0)).unwrap();
+        assert_eq!(holder_of(&l), Some("node-b"));
+        assert_eq!(ann(&l, kube_lease::ANNOTATION_MACHINE_ID), Some("m-b"));
+        assert_eq!(l.pointer("/spec/leaseTransitions"), Some(&json!(2)));
+        assert!(!a.holds("m-a").await.unwrap());
+        assert!(b.holds("m-b").await.unwrap());
+        // The old holder's release does not touch the new holder's slot.
+        a.release("m-a").await.unwrap();
+        assert!(b.holds("m-b").await.unwrap());
+    }
+
+    pub async fn holder_without_a_node_is_never_reclaimed_for_it(mut env: Env) {
+        // "ghost" has no Node object: its slot records no node uid.
+        add_node(&env, "b");
+        let ghost = sem(&env, "ghost").await;
+        let b = sem(&env, "b").await;
+        within("acquire ghost", ghost.acquire(&me("ghost")))
+            .await
+            .unwrap();
+        env.logs.expect(&["no Node object of this name"]).await;
+        let l = lease(&env, &slot(0)).unwrap();
+        assert_eq!(ann(&l, kube_lease::ANNOTATION_NODE_UID), None);
+
+        let idb = me("b");
+        let mut waiter = Box::pin(b.acquire(&idb));
+        not_within(
+            "b while ghost holds",
+            Duration::from_millis(1500),
+            &mut waiter,
+        )
+        .await;
+        assert_eq!(holders(&env)[&slot(0)], "node-ghost");
+        ghost.release("m-ghost").await.unwrap();
+        within("b after the release", &mut waiter).await.unwrap();
+    }
+
+    pub async fn holder_past_max_hold_is_reclaimed(mut env: Env) {
+        add_node(&env, "a");
+        add_node(&env, "b");
+        let a = sem(&env, "a").await;
+        within("acquire a", a.acquire(&me("a"))).await.unwrap();
+        a.report_phase(&me("a"), "rebooting").await.unwrap();
+        let since: jiff::Timestamp = ann(
+            &lease(&env, &slot(0)).unwrap(),
+            kube_lease::ANNOTATION_SINCE,
+        )
+        .unwrap()
+        .parse()
+        .unwrap();
+
+        let max_hold = Duration::from_secs(1);
+        let b = sem_with(&env, "b", Some(max_hold), timeouts()).await;
+        within("acquire b (reclaims after max_hold)", b.acquire(&me("b")))
+            .await
+            .unwrap();
+        let age = jiff::Timestamp::now().duration_since(since);
+        assert!(
+            age >= jiff::SignedDuration::try_from(max_hold).unwrap(),
+            "reclaimed after {age:?} only"
+        );
+        env.logs
+            .expect(&["WARN", "RECLAIMING", "node-a", "lock.max_hold", "rebooting"])
+            .await;
+        let l = lease(&env, &slot(0)).unwrap();
+        assert_eq!(holder_of(&l), Some("node-b"));
+        assert_eq!(l.pointer("/spec/leaseTransitions"), Some(&json!(2)));
+        assert_eq!(ann(&l, kube_lease::ANNOTATION_PHASE), None);
+        // Requests by b: no list between its first wait and the reclaim other than the one the
+        // timer caused (it waited by watch plus timer, not by polling).
+        assert!(requests_by(&env, "node-b", is_lease_list) <= 3);
+    }
+
+    pub async fn set_max_below_holders_needs_force(mut env: Env) {
+        for x in ["a", "b", "c"] {
+            add_node(&env, x);
+        }
+        let a = sem(&env, "a").await;
+        let b = sem(&env, "b").await;
+        let c = sem(&env, "c").await;
+        a.set_max(3, false).await.unwrap();
+        within("a", a.acquire(&me("a"))).await.unwrap();
+        within("b", b.acquire(&me("b"))).await.unwrap();
+        assert_eq!(holders(&env).len(), 2);
+        assert_eq!(holder_of(&lease(&env, &slot(2)).unwrap()), None);
+
+        match a.set_max(1, false).await {
+            Err(LockError::MaxBelowHolders { requested, holders }) => {
+                assert_eq!((requested, holders), (1, 2))
+            }
+            other => panic!("expected MaxBelowHolders, got {other:?}"),
+        }
+        assert_eq!(
+            ann(&lease(&env, NAME).unwrap(), kube_lease::ANNOTATION_MAX),
+            Some("3"),
+            "a refusal changes nothing"
+        );
+        assert!(matches!(
+            a.set_max(kube_lease::MAX_SLOTS + 1, true).await,
+            Err(LockError::Refused(_))
+        ));
+
+        a.set_max(1, true).await.expect("forced");
+        env.logs
+            .expect(&["WARN", "set-max below the current holders"])
+            .await;
+        assert_eq!(
+            ann(&lease(&env, NAME).unwrap(), kube_lease::ANNOTATION_MAX),
+            Some("1")
+        );
+        assert!(
+            lease(&env, &slot(2)).is_none(),
+            "the free slot above max is deleted"
+        );
+        assert_eq!(
+            holder_of(&lease(&env, &slot(1)).unwrap()),
+            Some("node-b"),
+            "held slot above max stays"
+        );
+        let st = a.status().await.unwrap();
+        assert_eq!((st.max, st.free, st.holders.len()), (1, -1, 2));
+
+        let idc = me("c");
+        let mut waiter = Box::pin(c.acquire(&idc));
+        within("c waits", async {
+            tokio::select! {
+                l = env.logs.expect(&["waiting for a free slot", "id=m-c"]) => l,
+                r = &mut waiter => panic!("c did not wait: {r:?}"),
+            }
+        })
+        .await;
+        // b's slot is above max: released = deleted; still one holder = max, c waits.
+        b.release("m-b").await.unwrap();
+        assert!(
+            lease(&env, &slot(1)).is_none(),
+            "released slot above max is deleted"
+        );
+        not_within(
+            "c while a holds the only slot",
+            Duration::from_millis(500),
+            &mut waiter,
+        )
+        .await;
+        a.release("m-a").await.unwrap();
+        within("c", &mut waiter).await.unwrap();
+        assert_eq!(
+            holders(&env),
+            BTreeMap::from([(slot(0), "node-c".to_owned())])
+        );
+
+        // Growing again creates the free slots; a no-op set-max writes nothing.
+        a.set_max(2, false).await.unwrap();
+        assert_eq!(holder_of(&lease(&env, &slot(1)).unwrap()), None);
+        let rv = env.api.cluster().resource_version();
+        a.set_max(2, false).await.unwrap();
+        assert_eq!(env.api.cluster().resource_version(), rv);
+    }
+
+    pub async fn corrupt_control_lease_is_refused_and_left_alone(env: Env) {
+        add_node(&env, "a");
+        let a = sem(&env, "a").await;
+        a.set_max(1, false).await.unwrap();
+        env.api
+            .cluster()
+            .update(Kind::Lease, NS, NAME, |l| {
+                l["metadata"]["annotations"][kube_lease::ANNOTATION_MAX] = json!("lots");
+            })
+            .unwrap();
+        let before = lease(&env, NAME).unwrap();
+        let e = within("acquire", a.acquire(&me("a"))).await.unwrap_err();
+        match &e {
+            LockError::Corrupt { value, key, .. } => {
+                assert_eq!(value, "lots");
+                assert!(key.contains("rebootd.io/max"), "{key}");
+            }
+            other => panic!("expected Corrupt, got {other}"),
+        }
+        assert!(matches!(
+            a.set_max(2, true).await,
+            Err(LockError::Corrupt { .. })
+        ));
+        assert!(matches!(a.status().await, Err(LockError::Corrupt { .. })));
+        assert_eq!(lease(&env, NAME).unwrap(), before, "left untouched");
+        assert!(holders(&env).is_empty());
+
+        // A Lease of another owner in the way of the control Lease is refused, not fought.
+        let other = KubeLeaseSemaphore::new(
+            client(&env, "node-x").await,
+            &config::KubeLease {
+                namespace: NS.into(),
+                name: slot(0),
+                kubeconfig: None,
+            },
+            None,
+        )
+        .with_timeouts(timeouts());
+        // (set-max created slot Lease reboot-0, labelled for semaphore "reboot".)
+        let e = within("acquire", other.acquire(&me("x")))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, LockError::Refused(_)), "{e}");
+    }
+
+    pub async fn kubectl_sees_the_holder(env: Env) {
+        add_node(&env, "a");
+        let a = sem(&env, "a").await;
+        within("acquire", a.acquire(&me("a"))).await.unwrap();
+        a.report_phase(&me("a"), "draining").await.unwrap();
+        let kc = kubeconfig(&env, "kubectl");
+        let out = within(
+            "kubectl",
+            tokio::process::Command::new("kubectl")
+                .arg("--kubeconfig")
+                .arg(&kc)
+                .args(["get", "leases", "-n", NS, "-o", "json"])
+                .output(),
+        )
+        .await
+        .expect("run kubectl");
+        assert!(
+            out.status.success(),
+            "kubectl: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let list: Value = serde_json::from_slice(&out.stdout).expect("kubectl JSON");
+        let items = list["items"].as_array().expect("items");
+        let s0 = items
+            .iter()
+            .find(|l| l["metadata"]["name"] == json!(slot(0)))
+            .expect("slot Lease listed");
+        assert_eq!(s0["spec"]["holderIdentity"], json!("node-a"));
+        assert_eq!(
+            s0["metadata"]["annotations"]["rebootd.io/phase"],
+            json!("draining")
+        );
+        let control = items
+            .iter()
+            .find(|l| l["metadata"]["name"] == json!(NAME))
+            .expect("control Lease listed");
+        assert_eq!(
+            control["metadata"]["annotations"]["rebootd.io/max"],
+            json!("1")
+        );
+
+        // The table view (what an operator types) shows the holder too.
+        let out = tokio::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&kc)
+            .args([
+                "get",
+                "leases",
+                "-n",
+                NS,
+                "-l",
+                &format!("rebootd.io/semaphore={NAME}"),
+            ])
+            .output()
+            .await
+            .expect("run kubectl");
+        let table = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            table.contains("node-a") && table.contains(&slot(0)),
+            "{table}"
+        );
+    }
+}
