@@ -135,7 +135,7 @@ async fn a_holder_written_by_hand_in_locksmiths_format_is_respected() {
         next_reboot(&node, &mut reboots, WAIT).await;
         let (free, _, holders) = locksmith_doc(&get(&fleet, KEY));
         assert_eq!(free, 0, "{v}");
-        assert_eq!(holders, [node.machine_id.clone()], "{v}");
+        assert_eq!(holders, std::slice::from_ref(&node.machine_id), "{v}");
     }
 }
 
@@ -180,7 +180,7 @@ async fn killing_rebootd_while_it_holds_the_slot_keeps_the_slot() {
     .unwrap();
     node.kill_daemon().await;
     let (_, _, holders) = locksmith_doc(&get(&fleet, KEY));
-    assert_eq!(holders, [node.machine_id.clone()]);
+    assert_eq!(holders, std::slice::from_ref(&node.machine_id));
     node.start_daemon().unwrap();
     node.wait_ready(WAIT).await.unwrap();
     let (_, _, holders) = locksmith_doc(&get(&fleet, KEY));
@@ -302,7 +302,7 @@ async fn rebootctl_shows_and_steers_the_etcd_semaphore() {
     let (code, _, err) = rebootctl(&node, &["unlock", &other]).await;
     assert_eq!(code, 0, "{err}");
     let (_, _, holders) = locksmith_doc(&get(&fleet, &key));
-    assert_eq!(holders, [node.machine_id.clone()]);
+    assert_eq!(holders, std::slice::from_ref(&node.machine_id));
     let (code, _, err) = rebootctl(&node, &["unlock"]).await;
     assert_eq!(code, 0, "{err}");
     assert!(locksmith_doc(&get(&fleet, &key)).2.is_empty());
@@ -311,6 +311,6 @@ async fn rebootctl_shows_and_steers_the_etcd_semaphore() {
     assert!(out.contains("holds a slot"));
     assert_eq!(
         locksmith_doc(&get(&fleet, &key)).2,
-        [node.machine_id.clone()]
+        std::slice::from_ref(&node.machine_id)
     );
 }
