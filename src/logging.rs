@@ -51,7 +51,12 @@ pub fn init(format: LogFormat) {
     match format {
         LogFormat::Journal => match tracing_journald::layer() {
             Ok(layer) => registry
-                .with(layer.with_syslog_identifier("rebootd".into()))
+                // Fields as plain journal fields: NODE=, GROUP=, HOLDER=, PHASE=, ...
+                .with(
+                    layer
+                        .with_syslog_identifier("rebootd".into())
+                        .with_field_prefix(None),
+                )
                 .init(),
             Err(_) => registry.with(text_layer()).init(),
         },

@@ -206,6 +206,20 @@ impl Runtime {
         self,
         shutdown: impl std::future::Future<Output = ()>,
     ) -> Result<(), RuntimeError> {
+        // Every log line carries who this is (journald shows them as NODE=, GROUP=, HOLDER=).
+        let span = info_span!(
+            "agent",
+            node = %self.me.node,
+            group = %self.config.identity.group,
+            holder = %self.me.id
+        );
+        self.run_inner(shutdown).instrument(span).await
+    }
+
+    async fn run_inner(
+        self,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> Result<(), RuntimeError> {
         let (tx, mut needs) = mpsc::channel(16);
         let triggers = trigger::spawn_all(&self.config.triggers, &self.store.request_path(), tx);
         let listening = futures_util::future::join_all(triggers.ready);

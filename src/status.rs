@@ -76,75 +76,115 @@ pub fn age(from: Timestamp, now: Timestamp) -> String {
     }
 }
 
-/// The human-readable form.
-pub fn render(s: &Status, now: Timestamp) -> String {
+/// Terminal colours, used only when stdout is a terminal.
+#[derive(Debug, Clone, Copy)]
+pub struct Style {
+    pub colour: bool,
+}
+
+impl Style {
+    fn paint(self, code: &str, text: &str) -> String {
+        if self.colour {
+            format!("\x1b[{code}m{text}\x1b[0m")
+        } else {
+            text.to_string()
+        }
+    }
+}
+
+/// Colour of a phase: idle green, backing off or failing red, in progress yellow.
+fn phase_colour(s: &Status) -> &'static str {
+    match s.phase {
+        _ if s.last_error.is_some() => "31",
+        Phase::Idle => "32",
+        _ => "33",
+    }
+}
+
+/// One holder as a person reads it: "held 4m by worker-2, draining".
+pub fn describe_holder(h: &crate::lock::Holder, now: Timestamp) -> String {
+    let who = h.node.as_deref().unwrap_or(&h.id);
+    let mut line = match h.since {
+        Some(t) => format!("held {} by {who}", age(t, now)),
+        None => format!("held by {who}"),
+    };
+    if let Some(p) = &h.phase {
+        line.push_str(&format!(", {}", p.replace('_', " ")));
+    }
+    if h.node.is_some() {
+        line.push_str(&format!(" ({})", h.id));
+    }
+    line
+}
+
+/// The human-readable form: one screen, labels aligned.
+pub fn render(s: &Status, now: Timestamp, style: Style) -> String {
     let mut out = String::new();
+    let mut row = |label: &str, value: String| {
+        let _ = writeln!(out, "{:<13} {value}", format!("{label}:"));
+    };
     let since = s
         .since
         .map(|t| format!(" for {}", age(t, now)))
         .unwrap_or_default();
-    let _ = writeln!(out, "phase:        {}{since}", s.phase);
+    row(
+        "phase",
+        format!("{}{since}", style.paint(phase_colour(s), s.phase.as_str())),
+    );
     if !s.state_present {
-        let _ = writeln!(
-            out,
-            "              (no state file at {}: the daemon has not run here)",
-            s.state_file
+        row(
+            "",
+            format!(
+                "(no state file at {}: the daemon has not run here)",
+                s.state_file
+            ),
         );
     }
     if let Some(r) = &s.reason {
-        let _ = writeln!(out, "reason:       {r}");
+        row("reason", r.clone());
     }
     if s.reboot_requested {
-        let _ = writeln!(out, "request:      `rebootctl reboot` pending");
+        row("request", "`rebootctl reboot` pending".into());
     }
     if let Some(w) = &s.waiting_for {
-        let _ = writeln!(out, "waiting for:  {w}");
+        row("waiting for", w.clone());
     }
     if let Some(e) = &s.last_error {
-        let _ = writeln!(out, "last error:   {e}");
+        row("last error", style.paint("31", e));
     }
     if let Some(t) = s.retry_at {
-        let _ = writeln!(out, "retry at:     {t}");
+        row("retry in", format!("{} (at {t})", age(now, t)));
     }
     let window = if s.window_open {
         "open now".to_string()
     } else {
-        s.next_window
-            .map_or("never opens".into(), |t| format!("next opens {t}"))
+        s.next_window.map_or("never opens".into(), |t| {
+            format!("next opens in {} ({t})", age(now, t))
+        })
     };
-    let _ = writeln!(out, "windows:      {} ({window})", s.windows);
-    let _ = writeln!(
-        out,
-        "boot id:      {}",
-        s.boot_id.as_deref().unwrap_or("(unreadable)")
+    row("windows", format!("{} ({window})", s.windows));
+    row(
+        "boot id",
+        s.boot_id.clone().unwrap_or_else(|| "(unreadable)".into()),
     );
     if let Some(t) = s.last_reboot {
-        let _ = writeln!(out, "last reboot:  {t} ({} ago)", age(t, now));
+        row("last reboot", format!("{} ago ({t})", age(t, now)));
     }
-    let _ = writeln!(
-        out,
-        "slot held:    {}",
-        if s.slot_held { "yes" } else { "no" }
-    );
+    row("slot held", if s.slot_held { "yes" } else { "no" }.into());
     if let Some(sem) = &s.semaphore {
-        let _ = writeln!(
-            out,
-            "semaphore:    {} group {:?}: {} of {} slots free",
-            sem.backend, sem.group, sem.free, sem.max
+        row(
+            "semaphore",
+            format!(
+                "{} group {:?}: {} of {} slots free",
+                sem.backend, sem.group, sem.free, sem.max
+            ),
         );
         for h in &sem.holders {
-            let node = h.node.as_deref().unwrap_or("?");
-            let phase = h.phase.as_deref().unwrap_or("?");
-            let held = h.since.map(|t| age(t, now)).unwrap_or_else(|| "?".into());
-            let _ = writeln!(
-                out,
-                "  holder {:<34} node {node:<16} {phase:<20} {held}",
-                h.id
-            );
+            row("  holder", describe_holder(h, now));
         }
     }
     if let Some(e) = &s.semaphore_error {
-        let _ = writeln!(out, "semaphore:    unavailable: {e}");
+        row("semaphore", style.paint("31", &format!("unavailable: {e}")));
     }
     out
 }
@@ -162,5 +202,32 @@ mod tests {
         assert_eq!(age(t0, at(2 * 3600 + 13 * 60)), "2h13m");
         assert_eq!(age(t0, at(3 * 86400 + 3600)), "3d1h");
         assert_eq!(age(at(10), t0), "0s");
+    }
+
+    #[test]
+    fn holders_read_at_a_glance_and_colour_only_when_asked() {
+        let now = Timestamp::from_second(1000).unwrap();
+        let h = crate::lock::Holder {
+            id: "abc".into(),
+            node: Some("worker-2".into()),
+            phase: Some("draining".into()),
+            since: Some(Timestamp::from_second(1000 - 4 * 60).unwrap()),
+            boot_id: None,
+        };
+        assert_eq!(
+            describe_holder(&h, now),
+            "held 4m by worker-2, draining (abc)"
+        );
+        let config = crate::config::Config::embedded_default();
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path());
+        let mut st = local(&config, &store, None, Some("b1".into()), now);
+        st.last_error = Some("boom".into());
+        let plain = render(&st, now, Style { colour: false });
+        assert!(!plain.contains('\x1b'), "{plain}");
+        assert!(plain.contains("phase:        idle"), "{plain}");
+        assert!(plain.contains("last error:   boom"), "{plain}");
+        let coloured = render(&st, now, Style { colour: true });
+        assert!(coloured.contains("\x1b[31m"), "{coloured}");
     }
 }

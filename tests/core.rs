@@ -394,3 +394,91 @@ async fn metrics_move_through_a_reboot() {
         "{m}"
     );
 }
+
+#[tokio::test]
+async fn rebootctl_status_watch_follows_changes() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let node = Node::start(
+        Path::new(REBOOTD),
+        NodeOptions {
+            start_daemon: false,
+            ..NodeOptions::new("n14")
+        },
+    )
+    .await
+    .unwrap();
+    let mut child = node
+        .command(Path::new(REBOOTCTL))
+        .args(["status", "--watch", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut next_doc = async || -> serde_json::Value {
+        let mut text = String::new();
+        while let Some(line) = lines.next_line().await.unwrap() {
+            let end = line == "}";
+            text.push_str(&line);
+            if end {
+                return serde_json::from_str(&text).unwrap();
+            }
+        }
+        panic!("rebootctl status --watch ended: {text}");
+    };
+    let first = tokio::time::timeout(WAIT, next_doc()).await.unwrap();
+    assert_eq!(first["reboot_requested"], false);
+    let (code, _, err) = rebootctl(&node, &["reboot"]).await;
+    assert_eq!(code, 0, "{err}");
+    let changed = tokio::time::timeout(WAIT, async {
+        loop {
+            let doc = next_doc().await;
+            if doc["reboot_requested"] == true {
+                return doc;
+            }
+        }
+    })
+    .await
+    .expect("the watch shows the request");
+    assert_eq!(changed["phase"], "idle");
+}
+
+#[tokio::test]
+async fn log_lines_carry_node_group_holder_and_phase() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let node = Node::start(
+        Path::new(REBOOTD),
+        NodeOptions {
+            start_daemon: false,
+            ..NodeOptions::new("n15")
+        },
+    )
+    .await
+    .unwrap();
+    let mut child = node
+        .command(Path::new(REBOOTD))
+        .args(["--log-format", "json"])
+        .env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let line = tokio::time::timeout(WAIT, async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line.contains("waiting for a trigger") {
+                return line;
+            }
+        }
+        panic!("rebootd ended");
+    })
+    .await
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let spans = v["spans"].as_array().unwrap();
+    let agent = spans.iter().find(|s| s["name"] == "agent").unwrap();
+    assert_eq!(agent["node"], "n15");
+    assert_eq!(agent["group"], "default");
+    assert_eq!(agent["holder"], node.machine_id.as_str());
+    assert_eq!(v["span"]["phase"], "idle", "{v}");
+}

@@ -9,6 +9,7 @@ use rebootd::config::Config;
 use rebootd::runtime;
 use rebootd::state::{self, StateStore};
 use rebootd::status;
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -26,9 +27,12 @@ struct Args {
 enum Command {
     /// Show the local phase and the semaphore.
     Status {
-        /// Machine-readable output (stable; fields are only added).
+        /// Machine-readable output (stable; fields are only added; see docs/status-json.md).
         #[arg(long)]
         json: bool,
+        /// Follow changes: redraw when the state file changes, and every 2 s for the semaphore.
+        #[arg(long)]
+        watch: bool,
     },
     /// Ask for a coordinated reboot of this host (in its window, holding a slot).
     Reboot,
@@ -76,6 +80,67 @@ fn main() -> ExitCode {
     }
 }
 
+/// The full status: local state plus the semaphore as the backend reports it.
+async fn gather(config: &Config, store: &StateStore) -> Result<status::Status, Failure> {
+    let saved = store.load().map_err(op)?;
+    let boot_id = runtime::read_id("the boot id", &config.identity.boot_id_file).ok();
+    let mut report = status::local(
+        config,
+        store,
+        saved.as_ref(),
+        boot_id,
+        jiff::Timestamp::now(),
+    );
+    match runtime::open_semaphore(config).await {
+        Ok(sem) => match sem.status().await {
+            Ok(s) => report.semaphore = Some(s),
+            Err(e) => report.semaphore_error = Some(e.to_string()),
+        },
+        Err(e) => report.semaphore_error = Some(e.to_string()),
+    }
+    Ok(report)
+}
+
+async fn show(config: &Config, store: &StateStore, json: bool) -> Result<(), Failure> {
+    let report = gather(config, store).await?;
+    if json {
+        let text = serde_json::to_string_pretty(&report).map_err(op)?;
+        println!("{text}");
+    } else {
+        let style = status::Style {
+            colour: std::io::stdout().is_terminal(),
+        };
+        print!("{}", status::render(&report, jiff::Timestamp::now(), style));
+    }
+    Ok(())
+}
+
+/// Redraw on every change of the state directory (inotify), and every 2 s for the semaphore,
+/// until interrupted.
+async fn follow(config: &Config, store: &StateStore, json: bool) -> Result<(), Failure> {
+    use futures_util::StreamExt;
+    use inotify::{Inotify, WatchMask};
+    let inotify = Inotify::init().map_err(op)?;
+    // The directory may not exist before the daemon's first start: then only the timer redraws.
+    let _ = inotify.watches().add(
+        store.dir(),
+        WatchMask::MOVED_TO | WatchMask::CLOSE_WRITE | WatchMask::DELETE,
+    );
+    let mut changes = inotify.into_event_stream(vec![0u8; 4096]).map_err(op)?;
+    let terminal = std::io::stdout().is_terminal();
+    loop {
+        if terminal && !json {
+            print!("\x1b[2J\x1b[H");
+        }
+        show(config, store, json).await?;
+        tokio::select! {
+            _ = changes.next() => {}
+            _ = tokio::time::sleep(std::time::Duration::from_secs(2)) => {}
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+        }
+    }
+}
+
 fn op<E: std::fmt::Display>(e: E) -> Failure {
     Failure::Operation(e.to_string())
 }
@@ -89,25 +154,11 @@ async fn run(args: Args) -> Result<(), Failure> {
     .map_err(|e| Failure::Usage(e.to_string()))?;
     let store = StateStore::new(state::state_dir());
     match args.command {
-        Command::Status { json } => {
-            let saved = store.load().map_err(op)?;
-            let boot_id = runtime::read_id("the boot id", &config.identity.boot_id_file).ok();
-            let now = jiff::Timestamp::now();
-            let mut report = status::local(&config, &store, saved.as_ref(), boot_id, now);
-            match runtime::open_semaphore(&config).await {
-                Ok(sem) => match sem.status().await {
-                    Ok(s) => report.semaphore = Some(s),
-                    Err(e) => report.semaphore_error = Some(e.to_string()),
-                },
-                Err(e) => report.semaphore_error = Some(e.to_string()),
+        Command::Status { json, watch } => {
+            if !watch {
+                return show(&config, &store, json).await;
             }
-            if json {
-                let text = serde_json::to_string_pretty(&report).map_err(op)?;
-                println!("{text}");
-            } else {
-                print!("{}", status::render(&report, now));
-            }
-            Ok(())
+            follow(&config, &store, json).await
         }
         Command::Reboot => {
             let body = serde_json::json!({
