@@ -109,6 +109,14 @@ pub struct Lock {
     pub max_hold: Option<Duration>,
     pub etcd: Option<Etcd>,
     pub kubernetes: Option<KubeLease>,
+    pub fleetlock: Option<FleetLock>,
+}
+
+/// A FleetLock server (Zincati's protocol: airlock, poseidon/fleetlock).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FleetLock {
+    pub url: String,
+    pub ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -378,6 +386,12 @@ fn validate(
                 .kubeconfig
                 .or_else(|| input.kubernetes.as_ref().and_then(|k| k.kubeconfig.clone())),
         }),
+        fleetlock: lock_in.fleetlock.and_then(|f| {
+            f.url.map(|url| FleetLock {
+                url,
+                ca_file: f.ca_file,
+            })
+        }),
     };
     match lock.backend {
         Backend::Etcd => {
@@ -415,12 +429,15 @@ fn validate(
             }
         }
         Backend::FleetLock => {
-            return Err(ConfigError::Invalid {
-                path: file_of(origin, "lock.backend"),
-                key: "lock.backend".into(),
-                value: format!("\"{}\"", lock.backend.as_str()),
-                reason: "this backend is not available in this build yet".into(),
-            });
+            if lock.fleetlock.is_none() {
+                return Err(ConfigError::Missing {
+                    key: "lock.fleetlock.url".into(),
+                    because: format!(
+                        "lock.backend = \"fleetlock\" (set in {})",
+                        file_of(origin, "lock.backend").display()
+                    ),
+                });
+            }
         }
         Backend::None | Backend::Kubernetes => {}
     }

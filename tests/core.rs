@@ -482,3 +482,36 @@ async fn log_lines_carry_node_group_holder_and_phase() {
     assert_eq!(agent["holder"], node.machine_id.as_str());
     assert_eq!(v["span"]["phase"], "idle", "{v}");
 }
+
+#[tokio::test]
+async fn fleetlock_backend_takes_turns_through_a_fleetlock_server() {
+    let server = rebootd_lab::fleetlock::FleetLockServer::start(1)
+        .await
+        .unwrap();
+    let config = format!(
+        "[lock]\nbackend = \"fleetlock\"\n\n[lock.fleetlock]\nurl = \"{}\"\n",
+        server.url()
+    );
+    let mut a = node("fl-a", &config).await;
+    let b = node("fl-b", &config).await;
+    let (mut ra, mut rb) = (a.logind.subscribe(), b.logind.subscribe());
+    idle(&a).await;
+    idle(&b).await;
+    let guard = a.logind.hold_block_inhibitor("pin", "keeps a holding");
+    a.update_engine.set_status(NEED, "1").await.unwrap();
+    a.wait_state("a holds", WAIT, |s| s.slot_held)
+        .await
+        .unwrap();
+    assert_eq!(server.holders(), [a.machine_id.clone()]);
+    b.update_engine.set_status(NEED, "1").await.unwrap();
+    b.wait_state("b waits", WAIT, |s| s.phase == Phase::AcquiringSlot)
+        .await
+        .unwrap();
+    guard.release();
+    next_reboot(&a, &mut ra, WAIT).await;
+    assert!(b.logind.reboot_calls().is_empty(), "b waits while a holds");
+    a.reboot().await.unwrap();
+    next_reboot(&b, &mut rb, WAIT).await;
+    assert_eq!(server.holders(), [b.machine_id.clone()]);
+    assert!(server.state().peak("default") <= 1);
+}

@@ -460,18 +460,3 @@ fn which(name: &str) -> Result<std::path::PathBuf, ()> {
         .find(|p| p.is_file())
         .ok_or(())
 }
-
-#[tokio::test]
-async fn scratch_tls_manual() {
-    let port = std::fs::read_to_string("/tmp/fltls/port").unwrap();
-    let url = format!("https://127.0.0.1:{port}");
-    let o = Options { ca_file: Some("/tmp/fltls/cert.pem".into()), ..fast() };
-    let s = FleetLock::new(&url, "default", o).unwrap();
-    eprintln!("CA RELEASE: {:?}", s.release("tls").await);
-    within("tls acquire", s.acquire(&me("tls"))).await.unwrap();
-    within("tls release", s.release("tls")).await.unwrap();
-    // system roots: the self-signed cert is not trusted -> handshake error, transient
-    let s2 = FleetLock::new(&url, "default", fast()).unwrap();
-    let e = s2.release("tls").await.unwrap_err();
-    eprintln!("SYSTEM ROOTS: {e}");
-}

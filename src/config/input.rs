@@ -66,6 +66,14 @@ pub(super) struct LockInput {
     pub max_hold: Option<HumanDuration>,
     pub etcd: Option<EtcdInput>,
     pub kubernetes: Option<KubeLeaseInput>,
+    pub fleetlock: Option<FleetLockInput>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FleetLockInput {
+    pub url: Option<String>,
+    pub ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -38,7 +38,9 @@ fn later_fragment_wins_key_by_key() {
 fn unknown_key_names_file_and_key() {
     let dir = tempfile::tempdir().unwrap();
     let a = write(&dir, "a.toml", "[triggers]\nupdate_engin = true\n");
-    let err = Config::load(std::slice::from_ref(&a)).unwrap_err().to_string();
+    let err = Config::load(std::slice::from_ref(&a))
+        .unwrap_err()
+        .to_string();
     assert!(err.contains(&a.display().to_string()), "{err}");
     assert!(err.contains("update_engin"), "{err}");
 }
@@ -47,7 +49,9 @@ fn unknown_key_names_file_and_key() {
 fn bad_duration_names_file_key_and_value() {
     let dir = tempfile::tempdir().unwrap();
     let a = write(&dir, "a.toml", "[triggers]\nsentinel_interval = \"5x\"\n");
-    let err = Config::load(std::slice::from_ref(&a)).unwrap_err().to_string();
+    let err = Config::load(std::slice::from_ref(&a))
+        .unwrap_err()
+        .to_string();
     assert!(err.contains(&a.display().to_string()), "{err}");
     assert!(err.contains("sentinel_interval"), "{err}");
     assert!(err.contains("\"5x\""), "{err}");
@@ -97,7 +101,9 @@ fn window_is_read_with_zone() {
 fn etcd_backend_needs_endpoints_and_names_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let a = write(&dir, "l.toml", "[lock]\nbackend = \"etcd\"\n");
-    let err = Config::load(std::slice::from_ref(&a)).unwrap_err().to_string();
+    let err = Config::load(std::slice::from_ref(&a))
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("lock.etcd.endpoints"), "{err}");
     assert!(err.contains(&a.display().to_string()), "{err}");
 }

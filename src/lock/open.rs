@@ -3,6 +3,7 @@
 //! not a daemon that exits and restarts in a loop.
 
 use super::etcd::EtcdSemaphore;
+use super::fleetlock::{FleetLock, Options as FleetLockOptions};
 use super::kube_lease::KubeLeaseSemaphore;
 use super::none::NoLock;
 use super::{Identity, LockError, Semaphore, SemaphoreStatus};
@@ -39,10 +40,20 @@ pub async fn open(config: &Config) -> Result<Box<dyn Semaphore>, LockError> {
                 config.lock.max_hold,
             )))
         }
-        other => Err(LockError::Refused(format!(
-            "lock backend `{}` is not available in this build",
-            other.as_str()
-        ))),
+        Backend::FleetLock => {
+            let settings = config.lock.fleetlock.as_ref().ok_or_else(|| {
+                LockError::Refused("lock.backend = \"fleetlock\" needs [lock.fleetlock] url".into())
+            })?;
+            let options = FleetLockOptions {
+                ca_file: settings.ca_file.clone(),
+                ..FleetLockOptions::default()
+            };
+            Ok(Box::new(FleetLock::new(
+                &settings.url,
+                &config.identity.group,
+                options,
+            )?))
+        }
     }
 }
 
