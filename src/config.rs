@@ -18,6 +18,10 @@ use std::time::Duration;
 /// Where fragments are looked for when no `--config` is given, in order.
 pub const SEARCH_DIRS: [&str; 2] = ["/usr/lib/rebootd/config.d", "/etc/rebootd/config.d"];
 
+/// Namespace of the Lease semaphore: its own, so node identities get Lease write access there
+/// and not in kube-system, where the control plane's leader-election Leases live.
+pub const DEFAULT_LEASE_NAMESPACE: &str = "rebootd";
+
 /// Default semaphore group, as locksmith's.
 pub const DEFAULT_GROUP: &str = "default";
 
@@ -380,7 +384,7 @@ fn validate(
             password_file: e.password_file,
         }),
         kubernetes: lock_in.kubernetes.map(|k| KubeLease {
-            namespace: k.namespace.unwrap_or_else(|| "kube-system".into()),
+            namespace: k.namespace.unwrap_or_else(|| DEFAULT_LEASE_NAMESPACE.into()),
             name: k.name.unwrap_or_else(|| "rebootd".into()),
             kubeconfig: k
                 .kubeconfig

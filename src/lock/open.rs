@@ -23,7 +23,7 @@ pub async fn open(config: &Config) -> Result<Box<dyn Semaphore>, LockError> {
         })),
         Backend::Kubernetes => {
             let settings = config.lock.kubernetes.clone().unwrap_or_else(|| KubeLease {
-                namespace: "kube-system".into(),
+                namespace: crate::config::DEFAULT_LEASE_NAMESPACE.into(),
                 name: "rebootd".into(),
                 kubeconfig: config
                     .kubernetes
