@@ -502,7 +502,7 @@ async fn fleetlock_backend_takes_turns_through_a_fleetlock_server() {
     a.wait_state("a holds", WAIT, |s| s.slot_held)
         .await
         .unwrap();
-    assert_eq!(server.holders(), [a.machine_id.clone()]);
+    assert_eq!(server.holders(), std::slice::from_ref(&a.machine_id));
     b.update_engine.set_status(NEED, "1").await.unwrap();
     b.wait_state("b waits", WAIT, |s| s.phase == Phase::AcquiringSlot)
         .await
@@ -512,6 +512,6 @@ async fn fleetlock_backend_takes_turns_through_a_fleetlock_server() {
     assert!(b.logind.reboot_calls().is_empty(), "b waits while a holds");
     a.reboot().await.unwrap();
     next_reboot(&b, &mut rb, WAIT).await;
-    assert_eq!(server.holders(), [b.machine_id.clone()]);
+    assert_eq!(server.holders(), std::slice::from_ref(&b.machine_id));
     assert!(server.state().peak("default") <= 1);
 }
