@@ -12,9 +12,11 @@ use rebootd::lock::document::{self, HolderRecord, SemaphoreDoc};
 use rebootd::lock::etcd::{EtcdSemaphore, Timeouts};
 use rebootd::lock::{Identity, LockError, Semaphore};
 use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::Layer;
+
+mod common;
+use common::logs::{self, Logs};
 
 const DEFAULT_KEY: &str = "coreos.com/updateengine/rebootlock/semaphore";
 const WAIT: Duration = Duration::from_secs(20);
@@ -36,48 +38,6 @@ fn both_etcd_versions_are_installed() {
             2,
             "CI must have etcd 3.4 and 3.5, found {found:?}"
         );
-    }
-}
-
-/// Log events of rebootd, as `message=... field=value ...` lines.
-struct Capture(UnboundedSender<String>);
-
-impl<S: tracing::Subscriber> Layer<S> for Capture {
-    fn on_event(
-        &self,
-        event: &tracing::Event<'_>,
-        _ctx: tracing_subscriber::layer::Context<'_, S>,
-    ) {
-        if !event.metadata().target().starts_with("rebootd") {
-            return;
-        }
-        struct V(String);
-        impl tracing::field::Visit for V {
-            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
-                self.0.push_str(&format!("{}={:?} ", f.name(), v));
-            }
-        }
-        let mut v = V(format!("{} ", event.metadata().level()));
-        event.record(&mut v);
-        let _ = self.0.send(v.0);
-    }
-}
-
-struct Logs(UnboundedReceiver<String>);
-
-impl Logs {
-    /// Wait for a log line containing all of `needles`.
-    async fn expect(&mut self, needles: &[&str]) -> String {
-        let found = tokio::time::timeout(WAIT, async {
-            while let Some(line) = self.0.recv().await {
-                if needles.iter().all(|n| line.contains(n)) {
-                    return line;
-                }
-            }
-            panic!("log channel closed")
-        })
-        .await;
-        found.unwrap_or_else(|_| panic!("no log line with {needles:?} within {WAIT:?}"))
     }
 }
 
@@ -105,8 +65,8 @@ where
         eprintln!("skipping: {v} is not installed");
         return;
     }
-    let (tx, rx) = unbounded_channel();
-    let subscriber = tracing_subscriber::registry().with(Capture(tx)).with(
+    let (capture, logs) = logs::capture();
+    let subscriber = tracing_subscriber::registry().with(capture).with(
         tracing_subscriber::fmt::layer()
             .with_test_writer()
             .with_filter(tracing_subscriber::filter::LevelFilter::INFO),
@@ -116,11 +76,7 @@ where
     let etcd = EtcdServer::start_with(v, options)
         .await
         .expect("start etcd");
-    scenario(Env {
-        etcd,
-        logs: Logs(rx),
-    })
-    .await;
+    scenario(Env { etcd, logs }).await;
 }
 
 macro_rules! per_version {

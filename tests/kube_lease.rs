@@ -18,10 +18,12 @@ use rebootd::lock::kube_lease::{self, KubeLeaseSemaphore, Timeouts};
 use rebootd::lock::{Identity, LockError, Semaphore};
 use rebootd_lab::kube_api::{FaultRule, Kind, KubeApi, KubeApiHandle, NodeBuilder, Options};
 use serde_json::{json, Value};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tokio::time::Instant;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::Layer;
+
+mod common;
+use common::logs::{self, Logs};
 
 const NS: &str = "rebootd";
 const NAME: &str = "reboot";
@@ -29,48 +31,6 @@ const WAIT: Duration = Duration::from_secs(20);
 
 // ---------------------------------------------------------------------------------------------
 // harness
-
-/// Log events of rebootd, as `LEVEL message=... field=value ...` lines.
-struct Capture(UnboundedSender<String>);
-
-impl<S: tracing::Subscriber> Layer<S> for Capture {
-    fn on_event(
-        &self,
-        event: &tracing::Event<'_>,
-        _ctx: tracing_subscriber::layer::Context<'_, S>,
-    ) {
-        if !event.metadata().target().starts_with("rebootd") {
-            return;
-        }
-        struct V(String);
-        impl tracing::field::Visit for V {
-            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
-                self.0.push_str(&format!("{}={:?} ", f.name(), v));
-            }
-        }
-        let mut v = V(format!("{} ", event.metadata().level()));
-        event.record(&mut v);
-        let _ = self.0.send(v.0);
-    }
-}
-
-struct Logs(UnboundedReceiver<String>);
-
-impl Logs {
-    /// Wait for a log line containing all of `needles`.
-    async fn expect(&mut self, needles: &[&str]) -> String {
-        let found = tokio::time::timeout(WAIT, async {
-            while let Some(line) = self.0.recv().await {
-                if needles.iter().all(|n| line.contains(n)) {
-                    return line;
-                }
-            }
-            panic!("log channel closed")
-        })
-        .await;
-        found.unwrap_or_else(|_| panic!("no log line with {needles:?} within {WAIT:?}"))
-    }
-}
 
 struct Env {
     api: KubeApiHandle,
@@ -83,8 +43,8 @@ where
     F: FnOnce(Env) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    let (tx, rx) = unbounded_channel();
-    let subscriber = tracing_subscriber::registry().with(Capture(tx)).with(
+    let (capture, logs) = logs::capture();
+    let subscriber = tracing_subscriber::registry().with(capture).with(
         tracing_subscriber::fmt::layer()
             .with_test_writer()
             .with_filter(tracing_subscriber::filter::LevelFilter::INFO),
@@ -95,12 +55,7 @@ where
         .await
         .expect("start the API stand-in");
     let dir = tempfile::tempdir().expect("tempdir");
-    scenario(Env {
-        api,
-        dir,
-        logs: Logs(rx),
-    })
-    .await;
+    scenario(Env { api, dir, logs }).await;
 }
 
 macro_rules! scenarios {
@@ -450,7 +405,7 @@ mod scenarios {
         assert!(lease(&env, &slot(0)).is_some() && lease(&env, &slot(1)).is_some());
         let observer = Observer::start(&env).await;
 
-        let (acquired_tx, mut acquired) = unbounded_channel::<usize>();
+        let (acquired_tx, mut acquired) = tokio::sync::mpsc::unbounded_channel::<usize>();
         let mut releases = Vec::new();
         let mut tasks = Vec::new();
         for (i, x) in names.iter().enumerate() {
@@ -508,7 +463,7 @@ mod scenarios {
         let admin = sem(&env, "admin").await;
         admin.set_max(1, false).await.unwrap();
         let observer = Observer::start(&env).await;
-        let (acquired_tx, mut acquired) = unbounded_channel::<&'static str>();
+        let (acquired_tx, mut acquired) = tokio::sync::mpsc::unbounded_channel::<&'static str>();
         let mut releases = BTreeMap::new();
         let mut tasks = Vec::new();
         // Both start on the same free slot Lease with the same resourceVersion.

@@ -2,6 +2,8 @@
 //! what the lab's stand-ins see.
 #![allow(dead_code)]
 
+pub mod logs;
+
 use rebootd_lab::fake_logind::RebootCall;
 use rebootd_lab::node::{Node, NodeOptions};
 use std::path::Path;
