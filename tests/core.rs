@@ -515,3 +515,28 @@ async fn fleetlock_backend_takes_turns_through_a_fleetlock_server() {
     assert_eq!(server.holders(), std::slice::from_ref(&b.machine_id));
     assert!(server.state().peak("default") <= 1);
 }
+
+#[tokio::test]
+async fn the_watchdog_is_fed_when_systemd_asks_for_it() {
+    let node = Node::start(
+        Path::new(REBOOTD),
+        NodeOptions {
+            start_daemon: false,
+            ..NodeOptions::new("n16")
+        },
+    )
+    .await
+    .unwrap();
+    let mut notified = node.notified();
+    // As systemd does for WatchdogSec=400ms: rebootd must ping at least every 400 ms.
+    let _child = node
+        .command(Path::new(REBOOTD))
+        .env("WATCHDOG_USEC", "400000")
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    tokio::time::timeout(WAIT, notified.wait_for(|n| n.ready >= 1 && n.watchdog >= 3))
+        .await
+        .expect("READY=1 and repeated WATCHDOG=1")
+        .unwrap();
+}

@@ -50,8 +50,8 @@ pub struct Node {
     pub logind: FakeLogind,
     child: Option<Child>,
     boots: u32,
-    /// Count of `READY=1` and the last `STATUS=` received on the node's NOTIFY_SOCKET.
-    notify: tokio::sync::watch::Receiver<(u32, String)>,
+    /// What rebootd sent to the node's NOTIFY_SOCKET.
+    notify: tokio::sync::watch::Receiver<Notified>,
     _notify_task: AbortOnDrop,
     // Last: dropped after the fakes that are connected to it.
     pub bus: PrivateBus,
@@ -66,22 +66,35 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// What a service told systemd on its notify socket.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Notified {
+    /// `READY=1` messages (one per start).
+    pub ready: u32,
+    /// The last `STATUS=`.
+    pub status: String,
+    /// `WATCHDOG=1` messages.
+    pub watchdog: u32,
+}
+
 /// Listen on a datagram socket as systemd's notify socket does.
 fn listen_notify(
     path: &Path,
-) -> Result<(tokio::sync::watch::Receiver<(u32, String)>, AbortOnDrop), LabError> {
+) -> Result<(tokio::sync::watch::Receiver<Notified>, AbortOnDrop), LabError> {
     let socket = tokio::net::UnixDatagram::bind(path).map_err(|e| io("notify socket", e))?;
-    let (tx, rx) = tokio::sync::watch::channel((0u32, String::new()));
+    let (tx, rx) = tokio::sync::watch::channel(Notified::default());
     let task = tokio::spawn(async move {
         let mut buf = vec![0u8; 4096];
         while let Ok(n) = socket.recv(&mut buf).await {
             let text = String::from_utf8_lossy(&buf[..n]).into_owned();
-            tx.send_modify(|(ready, status)| {
+            tx.send_modify(|n| {
                 for line in text.lines() {
                     if line == "READY=1" {
-                        *ready += 1;
+                        n.ready += 1;
+                    } else if line == "WATCHDOG=1" {
+                        n.watchdog += 1;
                     } else if let Some(s) = line.strip_prefix("STATUS=") {
-                        *status = s.to_string();
+                        n.status = s.to_string();
                     }
                 }
             });
@@ -278,7 +291,7 @@ impl Node {
         let mut rx = self.notify.clone();
         let boots = self.boots;
         let reached = tokio::time::timeout(timeout, async {
-            rx.wait_for(|(ready, _)| *ready >= boots).await.is_ok()
+            rx.wait_for(|n| n.ready >= boots).await.is_ok()
         })
         .await;
         match reached {
@@ -296,7 +309,12 @@ impl Node {
 
     /// The last `STATUS=` line rebootd sent to systemd.
     pub fn notify_status(&self) -> String {
-        self.notify.borrow().1.clone()
+        self.notify.borrow().status.clone()
+    }
+
+    /// Follow what rebootd sends to systemd.
+    pub fn notified(&self) -> tokio::sync::watch::Receiver<Notified> {
+        self.notify.clone()
     }
 
     /// The state file as it is now (None when absent or unreadable).
