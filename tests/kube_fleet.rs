@@ -382,3 +382,41 @@ async fn lease_backend_with_max_two_over_five_nodes_never_exceeds_two() {
         assert_eq!(n.lock().await.logind.reboot_calls().len(), 1);
     }
 }
+
+#[tokio::test]
+async fn a_running_blocking_pod_keeps_the_node_from_taking_a_slot() {
+    use rebootd_lab::kube_api::PodBuilder;
+    let mut opts = drain_opts(1, 1, FleetLock::Kubernetes);
+    opts.kubernetes_config = "blocking_pods = \"app=db-primary\"\n".into();
+    let fleet = fleet(opts).await;
+    let cluster = fleet.kube.as_ref().unwrap().cluster().clone();
+    cluster
+        .add(
+            &PodBuilder::new("db", "primary-0")
+                .on_node("node-1")
+                .label("app", "db-primary"),
+        )
+        .unwrap();
+    let node = fleet.nodes[0].lock().await;
+    let mut reboots = node.logind.subscribe();
+    node.update_engine.set_status(NEED, "1").await.unwrap();
+    let s = node
+        .wait_state("the blocker to be reported", WAIT, |s| {
+            s.waiting_for
+                .as_deref()
+                .is_some_and(|w| w.contains("db/primary-0"))
+        })
+        .await
+        .unwrap();
+    assert!(!s.slot_held, "no slot is taken while a blocking pod runs");
+    assert!(!unschedulable(&fleet, "node-1"));
+    let (_, out, _) = rebootctl(&node, &["status"]).await;
+    assert!(
+        out.contains("blocking pods to finish: db/primary-0"),
+        "{out}"
+    );
+    assert!(node.logind.reboot_calls().is_empty());
+    // The database moves away: the reboot goes ahead.
+    cluster.remove(Kind::Pod, "db", "primary-0");
+    next_reboot(&node, &mut reboots, WAIT).await;
+}
