@@ -7,7 +7,8 @@ set -euo pipefail
 need_apt=()
 for pair in dbus-daemon:dbus busctl:systemd systemd-analyze:systemd /usr/bin/etcd:etcd-server \
             /usr/bin/etcdctl:etcd-client protoc:protobuf-compiler mksquashfs:squashfs-tools \
-            systemd-inhibit:systemd python3:python3 pip3:python3-pip; do
+            systemd-inhibit:systemd dbus-monitor:dbus python3:python3 pip3:python3-pip \
+            openssl:openssl base64:coreutils curl:curl; do
   cmd=${pair%%:*} pkg=${pair##*:}
   command -v "$cmd" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
