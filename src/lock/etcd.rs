@@ -517,6 +517,7 @@ impl EtcdSemaphore {
         &self,
         revision: i64,
         wake_at: Option<Instant>,
+        me: &str,
     ) -> Result<(), LockError> {
         let mut watch = self.client.watch_client();
         let options = WatchOptions::new().with_start_revision(revision + 1);
@@ -554,8 +555,22 @@ impl EtcdSemaphore {
                         if resp.canceled() {
                             return Err(self.unreachable(format!("watch cancelled: {}", resp.cancel_reason())));
                         }
-                        if !resp.events().is_empty() {
-                            return Ok(());
+                        match resp.events().last() {
+                            // A change that leaves every slot taken (another waiter won one):
+                            // waking up would only read the document again and open a new
+                            // watch, for every waiter, on every change.
+                            Some(event) => match still_full(event, me) {
+                                Some(doc) => tracing::info!(
+                                    key = %self.key,
+                                    id = %me,
+                                    free = doc.free(),
+                                    max = doc.max,
+                                    holders = ?doc.holders,
+                                    "waiting for a free slot"
+                                ),
+                                None => return Ok(()),
+                            },
+                            None => {}
                         }
                     }
                     Ok(None) => return Err(self.unreachable("watch stream ended".into())),
@@ -734,7 +749,7 @@ impl Semaphore for EtcdSemaphore {
                     continue;
                 }
                 Ok(Round::Wait { revision, wake_at }) => {
-                    match self.wait_for_change(revision, wake_at).await {
+                    match self.wait_for_change(revision, wake_at, &me.id).await {
                         Ok(()) => {
                             backoff = self.timeouts.backoff_min;
                             continue;
@@ -857,6 +872,19 @@ impl Semaphore for EtcdSemaphore {
         })
         .await
     }
+}
+
+/// The new document when a watched change leaves no slot for `me`: it parses, has no free slot
+/// and does not list `me`. Anything else (a delete, a document that does not parse, a free slot)
+/// is worth a fresh read: None.
+fn still_full(event: &etcd_client::Event, me: &str) -> Option<SemaphoreDoc> {
+    if event.event_type() != etcd_client::EventType::Put {
+        return None;
+    }
+    event
+        .kv()
+        .and_then(|kv| SemaphoreDoc::parse(kv.value()).ok())
+        .filter(|doc| doc.free() <= 0 && !doc.holds(me))
 }
 
 #[cfg(test)]
