@@ -1,0 +1,331 @@
+//! Fleet rollout: N in-process nodes, each the real `rebootd::runtime::Runtime` (agent, state
+//! file, triggers, etcd semaphore) with an in-process `Rebooter` that tells the harness. A
+//! simulated reboot aborts the node's runtime task (as a power cut would), waits a fixed reboot
+//! time, writes a new boot id and starts a new `Runtime` with a new etcd connection. Triggered
+//! by the `rebootctl reboot` request file in each node's state dir.
+//!
+//! An outside watcher on the semaphore key timestamps every acquisition and release. The
+//! rollout time is from writing the request files to the last release; the ideal is
+//! `ceil(N / max) x reboot_time` (cycle = the simulated reboot time alone, so every overhead of
+//! rebootd and the lock counts against it).
+
+use super::util::{self, ms, stats};
+use crate::etcd::EtcdServer;
+use futures_util::StreamExt;
+use rebootd::config::Config;
+use rebootd::lock::document::{semaphore_key, SemaphoreDoc};
+use rebootd::reboot::{RebootError, Rebooter};
+use rebootd::runtime::Runtime;
+use rebootd::state::StateStore;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[arg(long, default_value_t = 100)]
+    nodes: usize,
+    #[arg(long, default_value_t = 3)]
+    max: u64,
+    /// Simulated reboot time: the node is down this long.
+    #[arg(long, default_value = "2s", value_parser = rebootd::config::parse_duration)]
+    reboot_time: Duration,
+    /// etcd version: 3.4 or 3.5.
+    #[arg(long, default_value = "3.4")]
+    etcd: String,
+}
+
+/// The in-process reboot: tell the harness, which "powers the node off".
+struct BenchRebooter {
+    node: usize,
+    tx: mpsc::UnboundedSender<(usize, Instant)>,
+}
+
+#[async_trait::async_trait]
+impl Rebooter for BenchRebooter {
+    async fn reboot(&self) -> Result<(), RebootError> {
+        let _ = self.tx.send((self.node, Instant::now()));
+        Ok(())
+    }
+}
+
+struct SimNode {
+    dir: PathBuf,
+    machine_id: String,
+}
+
+impl SimNode {
+    fn config_path(&self) -> PathBuf {
+        self.dir.join("config.toml")
+    }
+    fn store(&self) -> StateStore {
+        StateStore::new(self.dir.join("state"))
+    }
+}
+
+/// Start one boot of node `i`: new boot id, config, new semaphore connection, new Runtime.
+async fn boot(
+    node: &SimNode,
+    i: usize,
+    tx: mpsc::UnboundedSender<(usize, Instant)>,
+) -> Result<JoinHandle<()>, String> {
+    std::fs::write(node.dir.join("boot_id"), format!("{}\n", util::random_id()))
+        .map_err(|e| e.to_string())?;
+    let config = Config::load(&[node.config_path()]).map_err(|e| e.to_string())?;
+    let me = rebootd::runtime::identity(&config).map_err(|e| e.to_string())?;
+    let sem = rebootd::runtime::open_semaphore(&config)
+        .await
+        .map_err(|e| e.to_string())?;
+    let rt = Runtime::new(config, node.store(), sem, None, me)
+        .with_rebooter(Box::new(BenchRebooter { node: i, tx }));
+    Ok(tokio::spawn(async move {
+        if let Err(e) = rt.run(std::future::pending()).await {
+            eprintln!("node {i}: runtime ended: {e}");
+        }
+    }))
+}
+
+#[derive(Debug, Default, Clone)]
+struct Times {
+    acquired: Option<Instant>,
+    reboot_called: Option<Instant>,
+    booted: Option<Instant>,
+    released: Option<Instant>,
+}
+
+pub async fn run(a: Args) -> Result<(), String> {
+    let v = util::parse_etcd(&a.etcd)?;
+    let etcd = EtcdServer::start(v).await.map_err(|e| e.to_string())?;
+    println!(
+        "{} ({}) at {}; {} in-process nodes, max {}, reboot time {:?}",
+        v,
+        etcd.binaries().version,
+        etcd.endpoint(),
+        a.nodes,
+        a.max,
+        a.reboot_time
+    );
+    let mut client = etcd_client::Client::connect([etcd.endpoint()], None)
+        .await
+        .map_err(|e| e.to_string())?;
+    let doc = SemaphoreDoc {
+        semaphore: a.max as i64,
+        max: a.max,
+        holders: Vec::new(),
+    };
+    client
+        .put(semaphore_key("default"), doc.to_json(), None)
+        .await
+        .map_err(|e| e.to_string())?;
+
+    let root = tempfile::Builder::new()
+        .prefix("rebootd-bench-rollout-")
+        .tempdir()
+        .map_err(|e| e.to_string())?;
+    let mut nodes = Vec::new();
+    for i in 0..a.nodes {
+        let dir = root.path().join(format!("node-{i}"));
+        std::fs::create_dir_all(dir.join("state")).map_err(|e| e.to_string())?;
+        let machine_id = util::random_id();
+        std::fs::write(dir.join("machine-id"), format!("{machine_id}\n"))
+            .map_err(|e| e.to_string())?;
+        let config = format!(
+            "[identity]\nnode_name = \"node-{i}\"\nmachine_id_file = {mid:?}\nboot_id_file = {bid:?}\n\n\
+             [triggers]\nupdate_engine = false\n\n\
+             [reboot]\nretry_interval = \"1s\"\n\n\
+             [lock]\nbackend = \"etcd\"\n\n[lock.etcd]\nendpoints = [{ep:?}]\n",
+            mid = dir.join("machine-id"),
+            bid = dir.join("boot_id"),
+            ep = etcd.endpoint(),
+        );
+        std::fs::write(dir.join("config.toml"), config).map_err(|e| e.to_string())?;
+        nodes.push(SimNode { dir, machine_id });
+    }
+    let nodes = Arc::new(nodes);
+    let by_id: HashMap<String, usize> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.machine_id.clone(), i))
+        .collect();
+
+    let (tx, mut reboots) = mpsc::unbounded_channel::<(usize, Instant)>();
+    let tasks: Arc<Mutex<Vec<Option<JoinHandle<()>>>>> =
+        Arc::new(Mutex::new((0..a.nodes).map(|_| None).collect()));
+    for i in 0..a.nodes {
+        let h = boot(&nodes[i], i, tx.clone()).await?;
+        tasks.lock().unwrap()[i] = Some(h);
+    }
+    // Every node has written its first state (idle) and its triggers listen.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for n in nodes.iter() {
+        while n.store().load().ok().flatten().is_none() {
+            if Instant::now() > deadline {
+                return Err("nodes did not start within 60 s".into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // The outside watcher.
+    let times: Arc<Mutex<Vec<Times>>> = Arc::new(Mutex::new(vec![Times::default(); a.nodes]));
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<()>();
+    let mut stream = client
+        .watch(semaphore_key("default"), None)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (t2, max_seen) = (times.clone(), Arc::new(Mutex::new(0usize)));
+    let max_seen2 = max_seen.clone();
+    let handoff_gaps: Arc<Mutex<Vec<f64>>> = Arc::new(Mutex::new(Vec::new()));
+    let gaps2 = handoff_gaps.clone();
+    let n_nodes = a.nodes;
+    let watcher = tokio::spawn(async move {
+        let mut holding: Vec<usize> = Vec::new();
+        let mut last_release: Option<Instant> = None;
+        let mut released = 0;
+        while let Some(Ok(resp)) = stream.next().await {
+            let now = Instant::now();
+            for e in resp.events() {
+                let Some(kv) = e.kv() else { continue };
+                let Ok(doc) = SemaphoreDoc::parse(kv.value()) else {
+                    continue;
+                };
+                let now_holding: Vec<usize> = doc
+                    .holders
+                    .iter()
+                    .filter_map(|h| by_id.get(h).copied())
+                    .collect();
+                let mut t = t2.lock().unwrap();
+                for &i in &now_holding {
+                    if !holding.contains(&i) && t[i].acquired.is_none() {
+                        t[i].acquired = Some(now);
+                        if let Some(r) = last_release {
+                            gaps2.lock().unwrap().push(ms(now - r));
+                        }
+                    }
+                }
+                for &i in &holding {
+                    if !now_holding.contains(&i) && t[i].released.is_none() {
+                        t[i].released = Some(now);
+                        last_release = Some(now);
+                        released += 1;
+                    }
+                }
+                let mut m = max_seen2.lock().unwrap();
+                *m = (*m).max(doc.holders.len());
+                holding = now_holding;
+            }
+            if released >= n_nodes {
+                let _ = done_tx.send(());
+            }
+        }
+    });
+
+    // The simulated reboots.
+    let (nodes2, tasks2, times3, reboot_time) =
+        (nodes.clone(), tasks.clone(), times.clone(), a.reboot_time);
+    let rebooter = tokio::spawn(async move {
+        while let Some((i, at)) = reboots.recv().await {
+            times3.lock().unwrap()[i].reboot_called = Some(at);
+            if let Some(h) = tasks2.lock().unwrap()[i].take() {
+                h.abort();
+            }
+            let (nodes, tasks, times, tx) =
+                (nodes2.clone(), tasks2.clone(), times3.clone(), tx.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(reboot_time).await;
+                times.lock().unwrap()[i].booted = Some(Instant::now());
+                match boot(&nodes[i], i, tx).await {
+                    Ok(h) => tasks.lock().unwrap()[i] = Some(h),
+                    Err(e) => eprintln!("node {i}: boot failed: {e}"),
+                }
+            });
+        }
+    });
+
+    let before = util::etcd_counters(&etcd.endpoint()).await?;
+    let t0 = Instant::now();
+    for n in nodes.iter() {
+        rebootd::state::write_atomic(&n.store().request_path(), b"{\"by\":\"bench\"}")
+            .map_err(|e| e.to_string())?;
+    }
+    let waves = a.nodes.div_ceil(a.max as usize) as u32;
+    let budget = a.reboot_time * waves * 3 + Duration::from_secs(120);
+    tokio::time::timeout(budget, done_rx.recv())
+        .await
+        .map_err(|_| format!("rollout not done within {budget:?}"))?;
+    let after = util::etcd_counters(&etcd.endpoint()).await?;
+    let times = times.lock().unwrap().clone();
+    let end = times.iter().filter_map(|t| t.released).max().unwrap_or(t0);
+    let total = end - t0;
+    watcher.abort();
+    rebooter.abort();
+    for h in tasks.lock().unwrap().iter_mut().filter_map(Option::take) {
+        h.abort();
+    }
+
+    let ideal = a.reboot_time * waves;
+    let per = |f: fn(&Times) -> Option<(Instant, Instant)>| -> Vec<f64> {
+        times
+            .iter()
+            .filter_map(f)
+            .map(|(a, b)| if b >= a { ms(b - a) } else { -ms(a - b) })
+            .collect()
+    };
+    let hold = stats(&per(|t| Some((t.acquired?, t.released?))));
+    let to_reboot = stats(&per(|t| Some((t.acquired?, t.reboot_called?))));
+    let after_boot = stats(&per(|t| Some((t.booted?, t.released?))));
+    let first_acq = stats(&per(|t| Some((t.acquired?, t.acquired?))));
+    let _ = first_acq;
+    let cycle_measured = hold.median / 1000.0;
+    println!(
+        "rollout: {} nodes, max {}, reboot time {:?}: total {:.2}s",
+        a.nodes,
+        a.max,
+        a.reboot_time,
+        total.as_secs_f64()
+    );
+    println!(
+        "ideal ceil({}/{}) x reboot_time = {} x {:.2}s = {:.2}s; ratio {:.4} (goal <= 1.05: {})",
+        a.nodes,
+        a.max,
+        waves,
+        a.reboot_time.as_secs_f64(),
+        ideal.as_secs_f64(),
+        total.as_secs_f64() / ideal.as_secs_f64(),
+        if total.as_secs_f64() / ideal.as_secs_f64() <= 1.05 {
+            "met"
+        } else {
+            "MISSED"
+        }
+    );
+    println!(
+        "measured cycle (median slot hold, acquire -> release): {:.3}s; ratio to ceil(N/max) x that: {:.4}",
+        cycle_measured,
+        total.as_secs_f64() / (waves as f64 * cycle_measured)
+    );
+    println!("slot hold per node:                     {hold}");
+    println!("acquire -> Rebooter::reboot called:     {to_reboot}");
+    println!("booted (new Runtime started) -> release: {after_boot}");
+    println!(
+        "release -> next acquisition (watcher):  {}",
+        stats(&handoff_gaps.lock().unwrap())
+    );
+    println!(
+        "most holders at once (outside watcher): {} (max {})",
+        max_seen.lock().unwrap(),
+        a.max
+    );
+    let d = after.minus(&before);
+    println!(
+        "etcd requests per node per reboot: {:.2} [{}] (total {:.0}, outside watcher's stream included)",
+        d.requests() / a.nodes as f64,
+        d.describe(a.nodes as f64),
+        d.requests()
+    );
+    drop(root);
+    Ok(())
+}
