@@ -171,12 +171,21 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
             let rebooted = s.boot_id != boot_id;
             let previous = std::mem::replace(&mut s.boot_id, boot_id.clone());
             if !rebooted {
-                if let Some(r) = s.reboot.as_mut() {
-                    // We may have asked logind before the restart: wait out the deadline
-                    // rather than asking twice.
-                    r.called = true;
+                match s.reboot.take() {
+                    // The host is still up in the boot the reboot was asked in: it did not
+                    // happen (or was never asked for, if the crash came first). Waiting out
+                    // the timeout would hold the slot for nothing; check the window and the
+                    // blockers again and ask again now (a second request joins a pending one).
+                    Some(r) => {
+                        s.failed_attempts += 1;
+                        why = format!(
+                            "restarted in the same boot {boot_id}; the reboot requested at {} had not happened; asking again (failed attempts: {})",
+                            r.requested_at, s.failed_attempts
+                        );
+                        s.last_error = Some(why.clone());
+                    }
+                    None => why = format!("restarted in the same boot {boot_id}; resuming"),
                 }
-                why = format!("restarted in the same boot {boot_id}; resuming");
             } else {
                 match s.phase {
                     Phase::Idle => why = format!("new boot {boot_id}"),
@@ -457,7 +466,7 @@ mod tests {
     }
 
     #[test]
-    fn restart_in_same_boot_does_not_count_as_reboot_and_does_not_call_twice() {
+    fn restart_in_same_boot_is_not_a_reboot_and_asks_again_at_once() {
         let s = run(
             &State::new("boot1", t(0)),
             vec![
@@ -475,13 +484,23 @@ mod tests {
             }],
         );
         assert_eq!(s.phase, Phase::Rebooting);
+        assert_eq!(s.last_reboot, None, "not counted as a reboot");
+        assert_eq!(s.failed_attempts, 1);
+        assert!(s
+            .last_error
+            .as_deref()
+            .unwrap()
+            .contains("had not happened"));
+        // No wait for the timeout: window and blockers again, then ask again.
+        assert_eq!(next_action(&s, &policy()), Action::PrepareReboot);
+        // An accepted reboot that does not happen in the same process is bounded too.
+        let s = run(&s, vec![Event::ReadyToReboot, Event::RebootAccepted]);
         assert!(matches!(
             next_action(&s, &policy()),
             Action::AwaitReboot { .. }
         ));
-        // The bounded wait ends: report and ask again.
         let s = run(&s, vec![Event::RebootTimedOut]);
-        assert_eq!(s.failed_attempts, 1);
+        assert_eq!(s.failed_attempts, 2);
         assert!(s.last_error.as_deref().unwrap().contains("did not happen"));
         assert_eq!(next_action(&s, &policy()), Action::PrepareReboot);
     }

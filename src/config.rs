@@ -384,7 +384,9 @@ fn validate(
             password_file: e.password_file,
         }),
         kubernetes: lock_in.kubernetes.map(|k| KubeLease {
-            namespace: k.namespace.unwrap_or_else(|| DEFAULT_LEASE_NAMESPACE.into()),
+            namespace: k
+                .namespace
+                .unwrap_or_else(|| DEFAULT_LEASE_NAMESPACE.into()),
             name: k.name.unwrap_or_else(|| "rebootd".into()),
             kubeconfig: k
                 .kubeconfig

@@ -171,7 +171,11 @@ pub fn render(s: &Status, now: Timestamp, style: Style) -> String {
         row("last reboot", format!("{} ago ({t})", age(t, now)));
     }
     row("slot held", if s.slot_held { "yes" } else { "no" }.into());
-    if let Some(sem) = s.semaphore.as_ref().filter(|sem| sem.backend == "fleetlock") {
+    if let Some(sem) = s
+        .semaphore
+        .as_ref()
+        .filter(|sem| sem.backend == "fleetlock")
+    {
         row(
             "semaphore",
             format!(

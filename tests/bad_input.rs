@@ -42,13 +42,10 @@ async fn exit_code(node: &mut Node) -> Option<i32> {
 }
 
 async fn rebootctl(node: &Node, args: &[&str]) -> (Option<i32>, String) {
-    let out = tokio::time::timeout(
-        WAIT,
-        node.command(Path::new(REBOOTCTL)).args(args).output(),
-    )
-    .await
-    .expect("rebootctl finishes")
-    .expect("run rebootctl");
+    let out = tokio::time::timeout(WAIT, node.command(Path::new(REBOOTCTL)).args(args).output())
+        .await
+        .expect("rebootctl finishes")
+        .expect("run rebootctl");
     (
         out.status.code(),
         format!(
@@ -102,7 +99,11 @@ async fn corrupt_or_truncated_state_files_are_refused_and_kept() {
             bytes,
             "{what}: the state file was changed"
         );
-        let last = log.lines().rev().find(|l| l.contains("state file")).unwrap_or("");
+        let last = log
+            .lines()
+            .rev()
+            .find(|l| l.contains("state file"))
+            .unwrap_or("");
         assert!(
             last.contains(&path.display().to_string()) && last.contains("does not parse"),
             "{what}: the error must name the file and say it does not parse: {last:?}\n{log}"
@@ -113,13 +114,20 @@ async fn corrupt_or_truncated_state_files_are_refused_and_kept() {
             out.contains(&path.display().to_string()),
             "{what}: rebootctl status: {out}"
         );
-        assert_eq!(std::fs::read(&path).unwrap(), bytes, "{what}: rebootctl changed it");
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            bytes,
+            "{what}: rebootctl changed it"
+        );
     }
-    // And once moved aside, rebootd starts afresh.
+    // And once moved aside, rebootd starts afresh. (Not `wait_ready`: it counts READY=1 per
+    // start, and the refused starts sent none.)
     std::fs::remove_file(&path).unwrap();
     node.start_daemon().unwrap();
-    node.wait_ready(WAIT).await.unwrap();
-    assert!(node.daemon_exit().is_none());
+    node.wait_state("a fresh state file", WAIT, |s| s.phase == Phase::Idle)
+        .await
+        .unwrap();
+    assert!(node.daemon_exit().is_none(), "{}", node.log());
 }
 
 fn etcd_config(endpoint: &str, group: &str) -> String {
@@ -141,7 +149,10 @@ fn etcd_get(etcd: &EtcdServer, key: &str) -> String {
 async fn bad_semaphore_documents_are_refused_and_left_unchanged() {
     let etcd = EtcdServer::start(EtcdVersion::V34).await.expect("etcd");
     let cases = [
-        ("holders-string", r#"{"semaphore":1,"max":1,"holders":"abc"}"#),
+        (
+            "holders-string",
+            r#"{"semaphore":1,"max":1,"holders":"abc"}"#,
+        ),
         ("max-string", r#"{"semaphore":1,"max":"1","holders":[]}"#),
         ("holder-number", r#"{"semaphore":0,"max":1,"holders":[7]}"#),
         ("a-list", r#"[{"semaphore":1,"max":1,"holders":[]}]"#),
@@ -163,7 +174,7 @@ async fn bad_semaphore_documents_are_refused_and_left_unchanged() {
         n.update_engine.set_status(NEED, "1").await.unwrap();
         nodes.push((group, doc, key, n));
     }
-    for (group, doc, key, n) in &nodes {
+    for (group, _, key, n) in &nodes {
         let s = n
             .wait_state("the refusal to show in the state", WAIT, |s| {
                 s.last_error
@@ -201,9 +212,11 @@ async fn a_forced_shrink_is_waited_out_not_written_over() {
     let n = node("shrunk", &etcd_config(&etcd.endpoint(), "shrunk"), true).await;
     n.wait_ready(WAIT).await.unwrap();
     n.update_engine.set_status(NEED, "1").await.unwrap();
-    n.wait_state("waiting for a slot", WAIT, |s| s.phase == Phase::AcquiringSlot)
-        .await
-        .unwrap();
+    n.wait_state("waiting for a slot", WAIT, |s| {
+        s.phase == Phase::AcquiringSlot
+    })
+    .await
+    .unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(etcd_get(&etcd, &key), doc);
     assert!(n.logind.reboot_calls().is_empty());
@@ -212,7 +225,9 @@ async fn a_forced_shrink_is_waited_out_not_written_over() {
     // Releasing both old holders frees the one slot: then it is taken.
     etcd.etcdctl_run(&["put", &key, r#"{"semaphore":1,"max":1,"holders":[]}"#])
         .unwrap();
-    n.wait_state("the slot", WAIT, |s| s.slot_held).await.unwrap();
+    n.wait_state("the slot", WAIT, |s| s.slot_held)
+        .await
+        .unwrap();
 }
 
 /// `[kubernetes]` with a kubeconfig that does not parse: rebootd refuses to start, with an
@@ -222,7 +237,10 @@ async fn a_kubeconfig_that_does_not_parse_stops_rebootd_with_its_name() {
     let dir = tempfile::tempdir().unwrap();
     let cases: [(&str, &[u8]); 3] = [
         ("garbage.yaml", b"clusters: [ {{{ not yaml"),
-        ("empty-cluster.yaml", b"apiVersion: v1\nkind: Config\nclusters: 7\n"),
+        (
+            "empty-cluster.yaml",
+            b"apiVersion: v1\nkind: Config\nclusters: 7\n",
+        ),
         ("binary.yaml", &[0xff, 0x00, 0xfe, 0x01]),
     ];
     for (name, bytes) in cases {
@@ -234,11 +252,10 @@ async fn a_kubeconfig_that_does_not_parse_stops_rebootd_with_its_name() {
         let log = n.log();
         assert_ne!(code, Some(0), "{name}: {log}");
         assert!(code.is_some(), "{name}: killed? {log}");
-        let last = log.lines().last().unwrap_or("");
-        assert!(
-            last.contains(&path.display().to_string()),
-            "{name}: the error names the file: {last:?}\n{log}"
-        );
+        let named = log.lines().any(|l| {
+            l.starts_with("rebootd: ") && l.contains(&format!("kubeconfig {}", path.display()))
+        });
+        assert!(named, "{name}: the error names the file:\n{log}");
         assert_eq!(std::fs::read(&path).unwrap(), bytes, "{name}: changed");
         assert!(n.state().is_none(), "{name}: a state was written");
     }
@@ -286,25 +303,27 @@ async fn an_etcd_endpoint_that_speaks_something_else_is_a_clear_error() {
             .unwrap_or_else(|e| panic!("{what}: {e}"));
         let err = s.last_error.clone().unwrap();
         assert!(
-            err.contains(&endpoint) || err.contains("etcd"),
+            err.contains(&endpoint),
             "{what}: the error says where: {err}"
         );
         assert!(!s.slot_held, "{what}: {s:?}");
         assert_eq!(s.phase, Phase::AcquiringSlot, "{what}: {s:?}");
         let (code, out) = rebootctl(&n, &["status"]).await;
         assert!(
-            out.contains(&endpoint) || out.contains("etcd"),
+            out.contains(&endpoint),
             "{what}: rebootctl status ({code:?}): {out}"
         );
+        eprintln!("{what}: state says: {err}\nrebootctl status says: {out}");
         assert!(n.logind.reboot_calls().is_empty(), "{what}");
         let mut n = n;
-        assert!(n.daemon_exit().is_none(), "{what}: rebootd exited\n{}", n.log());
+        assert!(
+            n.daemon_exit().is_none(),
+            "{what}: rebootd exited\n{}",
+            n.log()
+        );
     }
     // Nothing was written to the API server that was taken for etcd.
-    let writes = kube
-        .cluster()
-        .requests()
-        .count(|r| r.method != "GET");
+    let writes = kube.cluster().requests().count(|r| r.method != "GET");
     assert_eq!(writes, 0, "{:?}", kube.cluster().requests().all());
 }
 
@@ -328,7 +347,11 @@ fn fuzz_regressions_semaphore_document() {
     for bytes in cases {
         if let Ok(doc) = SemaphoreDoc::parse(bytes) {
             let json = doc.to_json();
-            assert_eq!(SemaphoreDoc::parse(json.as_bytes()).as_ref(), Ok(&doc), "{json}");
+            assert_eq!(
+                SemaphoreDoc::parse(json.as_bytes()).as_ref(),
+                Ok(&doc),
+                "{json}"
+            );
         }
     }
 }

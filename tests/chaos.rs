@@ -76,3 +76,48 @@ async fn chaos_trials_kubernetes_leases() {
     )
     .await;
 }
+
+/// Found by the chaos trials (seed 1048, etcd): rebootd killed right after it wrote
+/// `phase: rebooting` with the reboot request, before the D-Bus call reached logind. Restarted
+/// in the same boot, it used to wait out `reboot.timeout` (default 10 min) before asking again,
+/// holding its slot and its cordon meanwhile. Now it counts a failed attempt and asks again at
+/// once (a reboot call while a shutdown is pending joins it).
+#[tokio::test]
+async fn a_crash_before_the_logind_call_does_not_stall_for_reboot_timeout() {
+    use rebootd::state::{Phase, RebootRequest, State};
+    use rebootd_lab::node::{Node, NodeOptions};
+    use std::time::Duration;
+    let mut node = Node::start(
+        std::path::Path::new(env!("CARGO_BIN_EXE_rebootd")),
+        NodeOptions {
+            start_daemon: false,
+            ..NodeOptions::new("crash-before-call")
+        },
+    )
+    .await
+    .unwrap();
+    // What the state file says when rebootd died between writing it and calling logind.
+    let now = jiff::Timestamp::now();
+    let mut s = State::new(&node.boot_id(), now);
+    s.phase = Phase::Rebooting;
+    s.reason = Some("update_engine: UPDATE_STATUS_UPDATED_NEED_REBOOT".into());
+    s.reboot = Some(RebootRequest {
+        requested_at: now,
+        boot_id: node.boot_id(),
+        called: false,
+    });
+    node.store().save(&s).unwrap();
+    node.update_engine
+        .set_status("UPDATE_STATUS_UPDATED_NEED_REBOOT", "1")
+        .await
+        .unwrap();
+    let mut calls = node.logind.subscribe();
+    node.start_daemon().unwrap();
+    let called = tokio::time::timeout(Duration::from_secs(30), calls.recv()).await;
+    assert!(
+        called.is_ok(),
+        "no reboot call within 30 s of the restart; state {:?}\n{}",
+        node.state(),
+        node.log()
+    );
+}

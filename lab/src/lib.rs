@@ -5,10 +5,10 @@ pub mod bench;
 pub mod chaos;
 pub mod dbus;
 pub mod etcd;
-pub mod fleetlock;
 pub mod fake_logind;
 pub mod fake_update_engine;
 pub mod fleet;
+pub mod fleetlock;
 pub mod node;
 
 pub use rebootd_lab_kube as kube_api;

@@ -6,8 +6,8 @@
 
 pub mod document;
 pub mod etcd;
-pub mod kube_lease;
 pub mod fleetlock;
+pub mod kube_lease;
 pub mod none;
 pub mod open;
 
