@@ -555,11 +555,11 @@ impl EtcdSemaphore {
                         if resp.canceled() {
                             return Err(self.unreachable(format!("watch cancelled: {}", resp.cancel_reason())));
                         }
-                        match resp.events().last() {
+                        if let Some(event) = resp.events().last() {
                             // A change that leaves every slot taken (another waiter won one):
                             // waking up would only read the document again and open a new
                             // watch, for every waiter, on every change.
-                            Some(event) => match still_full(event, me) {
+                            match still_full(event, me) {
                                 Some(doc) => tracing::info!(
                                     key = %self.key,
                                     id = %me,
@@ -569,8 +569,7 @@ impl EtcdSemaphore {
                                     "waiting for a free slot"
                                 ),
                                 None => return Ok(()),
-                            },
-                            None => {}
+                            }
                         }
                     }
                     Ok(None) => return Err(self.unreachable("watch stream ended".into())),
