@@ -13,7 +13,7 @@ use rebootd::state::Phase;
 use rebootd_lab::etcd::EtcdVersion;
 use rebootd_lab::fleet::{Fleet, FleetLock, FleetOptions};
 use rebootd_lab::kube_api::{Kind, PdbBuilder, ReplicaSetBuilder};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -46,73 +46,61 @@ async fn client(fleet: &Fleet) -> kube::Client {
         .unwrap()
 }
 
-/// Watch every change of the Nodes and record the most that were unschedulable at once,
-/// not counting `ignore` (nodes an operator cordoned).
-fn watch_cordons(client: kube::Client, ignore: BTreeSet<String>) -> Arc<AtomicUsize> {
+/// Watch every change of `api`'s objects (a watch sees each change, none coalesced) and record
+/// the most objects for which `counts` held at once.
+fn watch_max<K>(api: Api<K>, counts: impl Fn(&K) -> bool + Send + 'static) -> Arc<AtomicUsize>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
     let max = Arc::new(AtomicUsize::new(0));
     let seen = max.clone();
     tokio::spawn(async move {
-        let api: Api<KubeNode> = Api::all(client);
-        let mut cordoned = BTreeSet::new();
+        let mut counted = BTreeSet::new();
         let mut stream = api
             .watch(&WatchParams::default(), "0")
             .await
             .unwrap()
             .boxed();
         while let Some(Ok(e)) = stream.next().await {
-            let (node, gone) = match e {
-                WatchEvent::Added(n) | WatchEvent::Modified(n) => (n, false),
-                WatchEvent::Deleted(n) => (n, true),
+            let (object, gone) = match e {
+                WatchEvent::Added(o) | WatchEvent::Modified(o) => (o, false),
+                WatchEvent::Deleted(o) => (o, true),
                 _ => continue,
             };
-            let name = node.metadata.name.clone().unwrap_or_default();
-            let unschedulable = node
-                .spec
-                .as_ref()
-                .and_then(|s| s.unschedulable)
-                .unwrap_or(false);
-            if unschedulable && !gone && !ignore.contains(&name) {
-                cordoned.insert(name);
+            let name = object.meta().name.clone().unwrap_or_default();
+            if !gone && counts(&object) {
+                counted.insert(name);
             } else {
-                cordoned.remove(&name);
+                counted.remove(&name);
             }
-            seen.fetch_max(cordoned.len(), Ordering::SeqCst);
+            seen.fetch_max(counted.len(), Ordering::SeqCst);
         }
     });
     max
 }
 
-/// Watch the semaphore's Leases and record the most holders at once.
+/// The most Nodes unschedulable at once, not counting `ignore` (nodes an operator cordoned).
+fn watch_cordons(client: kube::Client, ignore: BTreeSet<String>) -> Arc<AtomicUsize> {
+    watch_max(Api::<KubeNode>::all(client), move |node| {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let unschedulable = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.unschedulable)
+            .unwrap_or(false);
+        unschedulable && !ignore.contains(&name)
+    })
+}
+
+/// The most holders of the semaphore's Leases at once.
 fn watch_lease_holders(client: kube::Client) -> Arc<AtomicUsize> {
-    let max = Arc::new(AtomicUsize::new(0));
-    let seen = max.clone();
-    tokio::spawn(async move {
-        let api: Api<Lease> = Api::namespaced(client, "kube-system");
-        let mut holders: BTreeMap<String, String> = BTreeMap::new();
-        let mut stream = api
-            .watch(&WatchParams::default(), "0")
-            .await
-            .unwrap()
-            .boxed();
-        while let Some(Ok(e)) = stream.next().await {
-            let (lease, gone) = match e {
-                WatchEvent::Added(l) | WatchEvent::Modified(l) => (l, false),
-                WatchEvent::Deleted(l) => (l, true),
-                _ => continue,
-            };
-            let name = lease.metadata.name.clone().unwrap_or_default();
-            match lease
-                .spec
-                .and_then(|s| s.holder_identity)
-                .filter(|h| !h.is_empty() && !gone)
-            {
-                Some(h) => holders.insert(name, h),
-                None => holders.remove(&name),
-            };
-            seen.fetch_max(holders.len(), Ordering::SeqCst);
-        }
-    });
-    max
+    watch_max(Api::<Lease>::namespaced(client, "kube-system"), |lease| {
+        lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref())
+            .is_some_and(|h| !h.is_empty())
+    })
 }
 
 fn unschedulable(fleet: &Fleet, node: &str) -> bool {
