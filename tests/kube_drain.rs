@@ -683,3 +683,124 @@ async fn wait_ready_with_boot_id_ignores_a_stale_ready() {
         .expect("returns soon")
         .expect("Ready in this boot");
 }
+
+/// Real time, replacements Ready 3.5 s after they land; ReplicaSet `db` with two pods on `a` and
+/// one on `b` under a budget with maxUnavailable 1, so the second pod on `a` can only go once
+/// the first one's replacement is Ready. Returns the lab and the two pods on `a`.
+async fn budget_lab() -> (Lab, Vec<Value>) {
+    init_tracing();
+    let api = KubeApi::start(Options {
+        time_scale: 1.0,
+        pod_ready_delay: Duration::from_millis(3500),
+        ..Options::default()
+    })
+    .await
+    .expect("start the stand-in");
+    for n in ["a", "b"] {
+        api.cluster().add(&NodeBuilder::new(n)).expect("add node");
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let client = kube_client::connect(Some(&kubeconfig))
+        .await
+        .expect("connect");
+    let c = api.cluster();
+    let (_, pods) = c
+        .add_replicaset(
+            &ReplicaSetBuilder::new("default", "db").grace_period(1),
+            &["a", "a", "b"],
+        )
+        .expect("replicaset");
+    c.add(
+        &PdbBuilder::new("default", "db")
+            .selector("app", "db")
+            .max_unavailable(1),
+    )
+    .expect("pdb");
+    let on_a = pods
+        .into_iter()
+        .filter(|p| s(p, "/spec/nodeName") == "a")
+        .collect();
+    let lab = Lab {
+        api,
+        _dir: dir,
+        kubeconfig,
+        client,
+    };
+    (lab, on_a)
+}
+
+/// When each of the two pods' evictions was accepted (the first one, then the one the budget
+/// held back), from the stand-in's request log.
+fn accepted_evictions(lab: &Lab, pods: &[Value]) -> (std::time::SystemTime, std::time::SystemTime) {
+    let mut at: Vec<std::time::SystemTime> = lab
+        .api
+        .cluster()
+        .requests()
+        .all()
+        .into_iter()
+        .filter(|r| {
+            r.method == "POST"
+                && r.status < 300
+                && pods
+                    .iter()
+                    .any(|p| r.path.ends_with(&format!("/pods/{}/eviction", name(p))))
+        })
+        .map(|r| r.at)
+        .collect();
+    at.sort();
+    assert_eq!(at.len(), 2, "one accepted eviction per pod: {at:?}");
+    (at[0], at[1])
+}
+
+/// A pod held back by a budget is evicted as soon as the budget allows it (a watch on the
+/// budget), not at the next tick of the retry timer: with the replacement Ready 3.5 s after the
+/// first eviction, the timer alone (1 s, then 2 s, then 4 s) would evict it after 7 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_blocked_eviction_goes_as_soon_as_the_budget_allows() {
+    let (lab, on_a) = budget_lab().await;
+    let d = drainer(&lab, "a", &settings());
+    d.drain().await.expect("drain");
+    let (first, second) = accepted_evictions(&lab, &on_a);
+    let gap = second.duration_since(first).expect("ordered");
+    assert!(
+        gap >= Duration::from_millis(3400),
+        "the budget was honoured: the second eviction came {gap:?} after the first"
+    );
+    assert!(
+        gap < Duration::from_millis(5000),
+        "the second eviction came {gap:?} after the first: not woken when the budget allowed it"
+    );
+    let watched = lab.api.cluster().requests().count(|r| {
+        r.method == "GET" && r.path.contains("/poddisruptionbudgets") && r.query.contains("watch")
+    });
+    assert!(watched >= 1, "the budget was watched");
+}
+
+/// Without permission to watch budgets (403), the drain still completes, on the retry timer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_that_cannot_be_watched_falls_back_to_the_timer() {
+    let (lab, on_a) = budget_lab().await;
+    lab.api
+        .cluster()
+        .faults()
+        .inject(FaultRule::status("/poddisruptionbudgets", 403, 1000).method("GET"));
+    let d = drainer(&lab, "a", &settings());
+    d.drain().await.expect("drain");
+    let (first, second) = accepted_evictions(&lab, &on_a);
+    let gap = second.duration_since(first).expect("ordered");
+    assert!(
+        gap >= Duration::from_millis(3400),
+        "the budget was honoured: {gap:?}"
+    );
+    let forbidden = lab
+        .api
+        .cluster()
+        .requests()
+        .count(|r| r.path.contains("/poddisruptionbudgets") && r.status == 403);
+    assert_eq!(
+        forbidden, 1,
+        "one refused list, then the timer alone (no retry loop)"
+    );
+}

@@ -572,6 +572,7 @@ fn kubernetes_rbac_is_exactly_least_privilege() {
             ("", "nodes", &["get", "list", "watch", "patch"]),
             ("", "pods", &["get", "list", "watch"]),
             ("", "pods/eviction", &["create"]),
+            ("policy", "poddisruptionbudgets", &["list", "watch"]),
             ("apps", "daemonsets", &["get"]),
             ("", "events", &["create", "patch"]),
             ("events.k8s.io", "events", &["create", "patch"]),

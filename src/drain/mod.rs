@@ -14,13 +14,17 @@
 //!    grace period); 404 means already gone, 409 that the uid precondition failed (checked: if the
 //!    name now belongs to another pod, ours is gone, else the eviction is retried); 429 is a
 //!    PodDisruptionBudget refusing for now: logged with the budget that blocks the pod (once per
-//!    change), recorded as an `EvictionBlocked` Event, and retried after 1 s, doubling up to 5 s;
+//!    change), recorded as an `EvictionBlocked` Event, and retried as soon as a watch on that
+//!    budget shows a disruption allowed (a replacement became Ready), else after 1 s, doubling
+//!    up to 5 s (the timer alone when budgets cannot be watched);
 //!    server errors and transport failures are retried the same way; any other answer fails the
 //!    drain;
 //! 4. wait, with one watch on the node's pods, until every pod evicted is gone *by uid* (a
 //!    StatefulSet pod comes back with the same name);
 //! 5. all of this within `drain_timeout`; past it the drain stops with [`DrainError::Timeout`]
 //!    naming the pods still there (the node stays cordoned: the caller decides).
+
+mod budget;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,6 +45,7 @@ use tokio::time::Instant;
 
 use crate::config::Kubernetes;
 use crate::kube_client::status_code;
+use budget::BudgetWatch;
 
 /// Node annotation: the local phase (`idle`, `draining`, `rebooting`, ...).
 pub const ANNOTATION_PHASE: &str = "rebootd.io/phase";
@@ -58,6 +63,8 @@ const FIELD_MANAGER: &str = "rebootd";
 const BACKOFF_START: Duration = Duration::from_secs(1);
 /// kubectl drain retries every 5 s.
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// How often the pods still awaited are logged at info level.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 /// Event messages longer than this are cut (the API server limits them).
 const EVENT_MESSAGE_MAX: usize = 1024;
 /// How many pods a log line names before "and N more".
@@ -551,6 +558,7 @@ impl KubeDrainer {
         let mut refusals = 0u32;
         let mut last_log: Option<String> = None;
         let mut last_budget: Option<Option<String>> = None;
+        let mut budget_watch: Option<BudgetWatch> = None;
         loop {
             let err = match self.evict_once(pod).await {
                 Ok(()) => {
@@ -587,13 +595,17 @@ impl KubeDrainer {
             }
             refusals += 1;
             let (why, budget) = match blocking_budget(&err) {
-                Some((Some(b), cause)) => (
-                    format!(
-                        "blocked by PodDisruptionBudget {}/{b}: {cause}",
-                        pod.namespace
-                    ),
-                    Some(format!("{}/{b}", pod.namespace)),
-                ),
+                Some((Some(b), cause)) => {
+                    let key = format!("{}/{b}", pod.namespace);
+                    if budget_watch.as_ref().map(BudgetWatch::budget) != Some(key.as_str()) {
+                        budget_watch =
+                            Some(BudgetWatch::new(self.client.clone(), &pod.namespace, &b));
+                    }
+                    (
+                        format!("blocked by PodDisruptionBudget {key}: {cause}"),
+                        Some(key),
+                    )
+                }
                 Some((None, cause)) => (
                     format!("blocked by a PodDisruptionBudget: {cause}"),
                     Some(String::new()),
@@ -616,8 +628,22 @@ impl KubeDrainer {
                 }
                 last_budget = Some(budget);
             }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(BACKOFF_MAX);
+            // Again when the budget allows a disruption (a replacement became Ready), or on the
+            // timer: it also covers refusals without a named budget and a budget we cannot watch.
+            let wake = async {
+                match budget_watch.as_mut() {
+                    Some(w) => w.allows().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = tokio::time::sleep(backoff) => {
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+                () = wake => {
+                    tracing::debug!("{}: the budget allows a disruption now; evicting again", pod.key());
+                }
+            }
         }
     }
 
@@ -647,6 +673,7 @@ impl KubeDrainer {
         let stream = watcher(pod_api, cfg).default_backoff();
         pin_mut!(stream);
         let mut relisted: Option<HashSet<String>> = None;
+        let mut last_info: Option<Instant> = None;
 
         let mut evictions: FuturesUnordered<_> = pods
             .iter()
@@ -664,7 +691,7 @@ impl KubeDrainer {
                         Evicted::Accepted => {}
                         Evicted::Gone => {
                             if lock(remaining).remove(&pod.uid).is_some() {
-                                self.log_remaining(remaining, &format!("{} gone", pod.key()));
+                                self.log_remaining(remaining, &format!("{} gone", pod.key()), &mut last_info);
                             }
                         }
                     }
@@ -674,7 +701,7 @@ impl KubeDrainer {
                         Some(Ok(watcher::Event::Delete(p))) => {
                             if let Some(uid) = p.metadata.uid.as_deref() {
                                 if lock(remaining).remove(uid).is_some() {
-                                    self.log_remaining(remaining, &format!("{} gone", pod_key(&p)));
+                                    self.log_remaining(remaining, &format!("{} gone", pod_key(&p)), &mut last_info);
                                 }
                             }
                         }
@@ -700,6 +727,7 @@ impl KubeDrainer {
                                     self.log_remaining(
                                         remaining,
                                         &format!("{} gone", name_list(&gone)),
+                                        &mut last_info,
                                     );
                                 }
                             }
@@ -735,12 +763,29 @@ impl KubeDrainer {
         }
     }
 
-    fn log_remaining(&self, remaining: &Mutex<BTreeMap<String, PodRef>>, what: &str) {
+    /// Says which pods are still awaited: every change at debug level, at info level at most
+    /// every [`PROGRESS_EVERY`] (a node with a hundred pods would otherwise log a hundred lines).
+    fn log_remaining(
+        &self,
+        remaining: &Mutex<BTreeMap<String, PodRef>>,
+        what: &str,
+        last_info: &mut Option<Instant>,
+    ) {
         let rem = lock(remaining);
         if rem.is_empty() {
             tracing::info!("{what}; no pods left on node {}", self.node);
-        } else {
+            return;
+        }
+        let now = Instant::now();
+        if last_info.is_none_or(|t| now.duration_since(t) >= PROGRESS_EVERY) {
+            *last_info = Some(now);
             tracing::info!(
+                "{what}; waiting for {} pod(s) to be gone: {}",
+                rem.len(),
+                name_list(rem.values())
+            );
+        } else {
+            tracing::debug!(
                 "{what}; waiting for {} pod(s) to be gone: {}",
                 rem.len(),
                 name_list(rem.values())
