@@ -47,6 +47,15 @@ pub async fn cli(args: Vec<String>) -> Result<(), String> {
                 }
             })?;
     println!("machine: {}", util::machine());
+    // The in-process parts (drainer, semaphores, runtimes) log to stderr when asked, with the
+    // time since start, e.g. RUST_LOG=rebootd::drain=info to see each eviction attempt.
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_timer(tracing_subscriber::fmt::time::uptime())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     match cli.command {
         BenchCommand::Handoff(a) => handoff::run(a).await,
         BenchCommand::Rollout(a) => rollout::run(a).await,

@@ -1,16 +1,19 @@
 //! Fleet rollout: N in-process nodes, each the real `rebootd::runtime::Runtime` (agent, state
-//! file, triggers, etcd semaphore) with an in-process `Rebooter` that tells the harness. A
-//! simulated reboot aborts the node's runtime task (as a power cut would), waits a fixed reboot
-//! time, writes a new boot id and starts a new `Runtime` with a new etcd connection. Triggered
-//! by the `rebootctl reboot` request file in each node's state dir.
+//! file, triggers, semaphore opened from its own config: etcd, or Leases in the API stand-in)
+//! with an in-process `Rebooter` that tells the harness. A simulated reboot aborts the node's
+//! runtime task (as a power cut would), waits a fixed reboot time, writes a new boot id and
+//! starts a new `Runtime` with a new connection. Triggered by the `rebootctl reboot` request
+//! file in each node's state dir.
 //!
-//! An outside watcher on the semaphore key timestamps every acquisition and release. The
+//! An outside watcher (an etcd watch on the semaphore key, or the stand-in's own change feed
+//! for the Leases) timestamps every acquisition and release. The
 //! rollout time is from writing the request files to the last release; the ideal is
 //! `ceil(N / max) x reboot_time` (cycle = the simulated reboot time alone, so every overhead of
 //! rebootd and the lock counts against it).
 
 use super::util::{self, ms, stats};
 use crate::etcd::EtcdServer;
+use crate::kube_api::{Kind, KubeApi, KubeApiHandle, Options as KubeOptions};
 use futures_util::StreamExt;
 use rebootd::config::Config;
 use rebootd::lock::document::{semaphore_key, SemaphoreDoc};
@@ -18,7 +21,7 @@ use rebootd::reboot::{RebootError, Rebooter};
 use rebootd::runtime::Runtime;
 use rebootd::state::StateStore;
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -33,9 +36,174 @@ pub struct Args {
     /// Simulated reboot time: the node is down this long.
     #[arg(long, default_value = "2s", value_parser = rebootd::config::parse_duration)]
     reboot_time: Duration,
+    /// The semaphore: `etcd` (locksmith's document) or `lease` (Lease objects in the API
+    /// stand-in).
+    #[arg(long, default_value = "etcd")]
+    backend: String,
     /// etcd version: 3.4 or 3.5.
     #[arg(long, default_value = "3.4")]
     etcd: String,
+}
+
+/// The Lease namespace and semaphore name (rebootd's defaults).
+const LEASE_NAMESPACE: &str = "rebootd";
+
+/// Where the semaphore lives.
+enum Backend {
+    Etcd {
+        server: EtcdServer,
+        client: etcd_client::Client,
+    },
+    Lease {
+        api: KubeApiHandle,
+        kubeconfig: PathBuf,
+    },
+}
+
+/// Requests counted at the server.
+enum Counters {
+    Etcd(util::EtcdCounters),
+    Api(usize),
+}
+
+impl Backend {
+    async fn start(a: &Args, dir: &Path) -> Result<Backend, String> {
+        match a.backend.as_str() {
+            "etcd" => {
+                let v = util::parse_etcd(&a.etcd)?;
+                let server = EtcdServer::start(v).await.map_err(|e| e.to_string())?;
+                println!(
+                    "{} ({}) at {}; {} in-process nodes, max {}, reboot time {:?}",
+                    v,
+                    server.binaries().version,
+                    server.endpoint(),
+                    a.nodes,
+                    a.max,
+                    a.reboot_time
+                );
+                let mut client = etcd_client::Client::connect([server.endpoint()], None)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let doc = SemaphoreDoc {
+                    semaphore: a.max as i64,
+                    max: a.max,
+                    holders: Vec::new(),
+                };
+                client
+                    .put(semaphore_key("default"), doc.to_json(), None)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(Backend::Etcd { server, client })
+            }
+            "lease" | "kubernetes" => {
+                let api = KubeApi::start(KubeOptions::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let kubeconfig = dir.join("kubeconfig");
+                api.write_kubeconfig(&kubeconfig)
+                    .map_err(|e| e.to_string())?;
+                println!(
+                    "Leases in the API stand-in at {}; {} in-process nodes, max {}, reboot time {:?}",
+                    api.base_url(),
+                    a.nodes,
+                    a.max,
+                    a.reboot_time
+                );
+                let b = Backend::Lease { api, kubeconfig };
+                // Set max as `rebootctl set-max` does, through the backend itself.
+                let path = dir.join("set-max.toml");
+                std::fs::write(&path, b.lock_config()).map_err(|e| e.to_string())?;
+                let config = Config::load(&[path]).map_err(|e| e.to_string())?;
+                let sem = rebootd::runtime::open_semaphore(&config)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                sem.set_max(a.max, true).await.map_err(|e| e.to_string())?;
+                Ok(b)
+            }
+            other => Err(format!("--backend {other}: expected etcd or lease")),
+        }
+    }
+
+    /// The `[lock]` part of every node's config.
+    fn lock_config(&self) -> String {
+        match self {
+            Backend::Etcd { server, .. } => format!(
+                "[lock]\nbackend = \"etcd\"\n\n[lock.etcd]\nendpoints = [{:?}]\n",
+                server.endpoint()
+            ),
+            Backend::Lease { kubeconfig, .. } => format!(
+                "[lock]\nbackend = \"kubernetes\"\n\n[lock.kubernetes]\nnamespace = {LEASE_NAMESPACE:?}\nkubeconfig = {kubeconfig:?}\n"
+            ),
+        }
+    }
+
+    async fn counters(&self) -> Result<Counters, String> {
+        match self {
+            Backend::Etcd { server, .. } => Ok(Counters::Etcd(
+                util::etcd_counters(&server.endpoint()).await?,
+            )),
+            Backend::Lease { api, .. } => {
+                Ok(Counters::Api(api.cluster().requests().count(|_| true)))
+            }
+        }
+    }
+
+    /// The holders (as named in the semaphore: machine id or node name) after every change,
+    /// timestamped when seen.
+    async fn watch(&mut self) -> Result<mpsc::UnboundedReceiver<(Instant, Vec<String>)>, String> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        match self {
+            Backend::Etcd { client, .. } => {
+                let mut stream = client
+                    .watch(semaphore_key("default"), None)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                tokio::spawn(async move {
+                    while let Some(Ok(resp)) = stream.next().await {
+                        let now = Instant::now();
+                        for e in resp.events() {
+                            let Some(kv) = e.kv() else { continue };
+                            if let Ok(doc) = SemaphoreDoc::parse(kv.value()) {
+                                if tx.send((now, doc.holders)).is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+            Backend::Lease { api, .. } => {
+                let cluster = api.cluster().clone();
+                tokio::spawn(async move {
+                    let mut last: Option<Vec<String>> = None;
+                    loop {
+                        let seen = cluster
+                            .wait_for(Duration::from_secs(3600), |s| {
+                                let mut holders: Vec<String> = s
+                                    .list(Kind::Lease, Some(LEASE_NAMESPACE))
+                                    .iter()
+                                    .filter_map(|l| {
+                                        l.pointer("/spec/holderIdentity")
+                                            .and_then(serde_json::Value::as_str)
+                                            .filter(|h| !h.is_empty())
+                                            .map(str::to_string)
+                                    })
+                                    .collect();
+                                holders.sort();
+                                (last.as_ref() != Some(&holders)).then_some(holders)
+                            })
+                            .await;
+                        let Ok(holders) = seen else { return };
+                        last = Some(holders.clone());
+                        if tx.send((Instant::now(), holders)).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        }
+        Ok(rx)
+    }
 }
 
 /// The in-process reboot: tell the harness, which "powers the node off".
@@ -97,34 +265,11 @@ struct Times {
 }
 
 pub async fn run(a: Args) -> Result<(), String> {
-    let v = util::parse_etcd(&a.etcd)?;
-    let etcd = EtcdServer::start(v).await.map_err(|e| e.to_string())?;
-    println!(
-        "{} ({}) at {}; {} in-process nodes, max {}, reboot time {:?}",
-        v,
-        etcd.binaries().version,
-        etcd.endpoint(),
-        a.nodes,
-        a.max,
-        a.reboot_time
-    );
-    let mut client = etcd_client::Client::connect([etcd.endpoint()], None)
-        .await
-        .map_err(|e| e.to_string())?;
-    let doc = SemaphoreDoc {
-        semaphore: a.max as i64,
-        max: a.max,
-        holders: Vec::new(),
-    };
-    client
-        .put(semaphore_key("default"), doc.to_json(), None)
-        .await
-        .map_err(|e| e.to_string())?;
-
     let root = tempfile::Builder::new()
         .prefix("rebootd-bench-rollout-")
         .tempdir()
         .map_err(|e| e.to_string())?;
+    let mut backend = Backend::start(&a, root.path()).await?;
     let mut nodes = Vec::new();
     for i in 0..a.nodes {
         let dir = root.path().join(format!("node-{i}"));
@@ -135,20 +280,20 @@ pub async fn run(a: Args) -> Result<(), String> {
         let config = format!(
             "[identity]\nnode_name = \"node-{i}\"\nmachine_id_file = {mid:?}\nboot_id_file = {bid:?}\n\n\
              [triggers]\nupdate_engine = false\n\n\
-             [reboot]\nretry_interval = \"1s\"\n\n\
-             [lock]\nbackend = \"etcd\"\n\n[lock.etcd]\nendpoints = [{ep:?}]\n",
+             [reboot]\nretry_interval = \"1s\"\n\n{lock}",
             mid = dir.join("machine-id"),
             bid = dir.join("boot_id"),
-            ep = etcd.endpoint(),
+            lock = backend.lock_config(),
         );
         std::fs::write(dir.join("config.toml"), config).map_err(|e| e.to_string())?;
         nodes.push(SimNode { dir, machine_id });
     }
     let nodes = Arc::new(nodes);
+    // Holders are machine ids (etcd) or node names (Leases).
     let by_id: HashMap<String, usize> = nodes
         .iter()
         .enumerate()
-        .map(|(i, n)| (n.machine_id.clone(), i))
+        .flat_map(|(i, n)| [(n.machine_id.clone(), i), (format!("node-{i}"), i)])
         .collect();
 
     let (tx, mut reboots) = mpsc::unbounded_channel::<(usize, Instant)>();
@@ -173,10 +318,7 @@ pub async fn run(a: Args) -> Result<(), String> {
     // The outside watcher.
     let times: Arc<Mutex<Vec<Times>>> = Arc::new(Mutex::new(vec![Times::default(); a.nodes]));
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<()>();
-    let mut stream = client
-        .watch(semaphore_key("default"), None)
-        .await
-        .map_err(|e| e.to_string())?;
+    let mut changes = backend.watch().await?;
     let (t2, max_seen) = (times.clone(), Arc::new(Mutex::new(0usize)));
     let max_seen2 = max_seen.clone();
     let handoff_gaps: Arc<Mutex<Vec<f64>>> = Arc::new(Mutex::new(Vec::new()));
@@ -186,15 +328,9 @@ pub async fn run(a: Args) -> Result<(), String> {
         let mut holding: Vec<usize> = Vec::new();
         let mut last_release: Option<Instant> = None;
         let mut released = 0;
-        while let Some(Ok(resp)) = stream.next().await {
-            let now = Instant::now();
-            for e in resp.events() {
-                let Some(kv) = e.kv() else { continue };
-                let Ok(doc) = SemaphoreDoc::parse(kv.value()) else {
-                    continue;
-                };
-                let now_holding: Vec<usize> = doc
-                    .holders
+        while let Some((now, holders)) = changes.recv().await {
+            {
+                let now_holding: Vec<usize> = holders
                     .iter()
                     .filter_map(|h| by_id.get(h).copied())
                     .collect();
@@ -215,7 +351,7 @@ pub async fn run(a: Args) -> Result<(), String> {
                     }
                 }
                 let mut m = max_seen2.lock().unwrap();
-                *m = (*m).max(doc.holders.len());
+                *m = (*m).max(holders.len());
                 holding = now_holding;
             }
             if released >= n_nodes {
@@ -246,7 +382,7 @@ pub async fn run(a: Args) -> Result<(), String> {
         }
     });
 
-    let before = util::etcd_counters(&etcd.endpoint()).await?;
+    let before = backend.counters().await?;
     let t0 = Instant::now();
     for n in nodes.iter() {
         rebootd::state::write_atomic(&n.store().request_path(), b"{\"by\":\"bench\"}")
@@ -257,7 +393,7 @@ pub async fn run(a: Args) -> Result<(), String> {
     tokio::time::timeout(budget, done_rx.recv())
         .await
         .map_err(|_| format!("rollout not done within {budget:?}"))?;
-    let after = util::etcd_counters(&etcd.endpoint()).await?;
+    let after = backend.counters().await?;
     let times = times.lock().unwrap().clone();
     let end = times.iter().filter_map(|t| t.released).max().unwrap_or(t0);
     let total = end - t0;
@@ -319,13 +455,25 @@ pub async fn run(a: Args) -> Result<(), String> {
         max_seen.lock().unwrap(),
         a.max
     );
-    let d = after.minus(&before);
-    println!(
-        "etcd requests per node per reboot: {:.2} [{}] (total {:.0}, outside watcher's stream included)",
-        d.requests() / a.nodes as f64,
-        d.describe(a.nodes as f64),
-        d.requests()
-    );
+    match (after, before) {
+        (Counters::Etcd(after), Counters::Etcd(before)) => {
+            let d = after.minus(&before);
+            println!(
+                "etcd requests per node per reboot: {:.2} [{}] (total {:.0}, outside watcher's stream included)",
+                d.requests() / a.nodes as f64,
+                d.describe(a.nodes as f64),
+                d.requests()
+            );
+        }
+        (Counters::Api(after), Counters::Api(before)) => {
+            let d = after - before;
+            println!(
+                "API requests per node per reboot: {:.2} (total {d}; watches counted once, when opened)",
+                d as f64 / a.nodes as f64
+            );
+        }
+        _ => {}
+    }
     drop(root);
     Ok(())
 }
