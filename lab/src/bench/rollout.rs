@@ -51,8 +51,8 @@ const LEASE_NAMESPACE: &str = "rebootd";
 /// Where the semaphore lives.
 enum Backend {
     Etcd {
-        server: EtcdServer,
-        client: etcd_client::Client,
+        server: Box<EtcdServer>,
+        client: Box<etcd_client::Client>,
     },
     Lease {
         api: KubeApiHandle,
@@ -93,7 +93,10 @@ impl Backend {
                     .put(semaphore_key("default"), doc.to_json(), None)
                     .await
                     .map_err(|e| e.to_string())?;
-                Ok(Backend::Etcd { server, client })
+                Ok(Backend::Etcd {
+                    server: Box::new(server),
+                    client: Box::new(client),
+                })
             }
             "lease" | "kubernetes" => {
                 let api = KubeApi::start(KubeOptions::default())
