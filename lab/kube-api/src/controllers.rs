@@ -3,7 +3,7 @@
 //! a delay), workload statuses and PodDisruptionBudget statuses; plus what the timers do when
 //! they fire (a pod becomes Ready, a terminating pod goes away).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use serde_json::{json, Value};
@@ -90,23 +90,44 @@ impl State {
         }
     }
 
-    fn replicaset_controller(&mut self) {
-        for rs in self.list(Kind::ReplicaSet, None) {
-            if meta::is_deleting(&rs) {
-                continue;
+    /// The active pods of every controller, by the controller's uid: one pass over the pods
+    /// (per write, the controllers would otherwise scan every pod once per controller).
+    fn active_pods_by_controller(&self) -> HashMap<&str, Vec<&Value>> {
+        let mut by: HashMap<&str, Vec<&Value>> = HashMap::new();
+        for p in self.iter(Kind::Pod, None).filter(|p| active(p)) {
+            let owner = meta::controller_ref(p)
+                .and_then(|r| r.get("uid"))
+                .and_then(Value::as_str);
+            if let Some(uid) = owner {
+                by.entry(uid).or_default().push(p);
             }
-            let uid = meta::uid(&rs);
+        }
+        by
+    }
+
+    fn replicaset_controller(&mut self) {
+        // (ReplicaSet, replicas wanted, its active pods) where the two counts differ.
+        let work: Vec<(Value, usize, Vec<Value>)> = {
+            let by = self.active_pods_by_controller();
+            self.list(Kind::ReplicaSet, None)
+                .into_iter()
+                .filter(|rs| !meta::is_deleting(rs))
+                .filter_map(|rs| {
+                    let want = rs
+                        .pointer("/spec/replicas")
+                        .and_then(Value::as_i64)
+                        .unwrap_or(1)
+                        .max(0) as usize;
+                    let pods = by.get(meta::uid(&rs)).map_or(&[][..], Vec::as_slice);
+                    (pods.len() != want).then(|| {
+                        let pods = pods.iter().map(|p| (*p).clone()).collect();
+                        (rs, want, pods)
+                    })
+                })
+                .collect()
+        };
+        for (rs, want, mut pods) in work {
             let ns = meta::namespace(&rs);
-            let want = rs
-                .pointer("/spec/replicas")
-                .and_then(Value::as_i64)
-                .unwrap_or(1)
-                .max(0) as usize;
-            let mut pods: Vec<Value> = self
-                .iter(Kind::Pod, Some(ns))
-                .filter(|p| meta::controlled_by(p, uid) && active(p))
-                .cloned()
-                .collect();
             if pods.len() < want {
                 for _ in pods.len()..want {
                     let pod = pod_from_template(&rs, Kind::ReplicaSet, None);
@@ -246,25 +267,30 @@ impl State {
     }
 
     fn workload_status(&mut self) {
-        for rs in self.list(Kind::ReplicaSet, None) {
-            let uid = meta::uid(&rs);
-            let pods: Vec<&Value> = self
-                .iter(Kind::Pod, Some(meta::namespace(&rs)))
-                .filter(|p| meta::controlled_by(p, uid) && active(p))
-                .collect();
-            let ready = pods.iter().filter(|p| meta::is_ready(p)).count();
-            let sel = LabelSelector::from_object(rs.pointer("/spec/selector")).ok();
-            let labeled = pods
-                .iter()
-                .filter(|p| sel.as_ref().is_some_and(|s| s.matches_object(p)))
-                .count();
-            let status = json!({
-                "replicas": pods.len(),
-                "fullyLabeledReplicas": labeled,
-                "readyReplicas": ready,
-                "availableReplicas": ready,
-                "observedGeneration": rs.pointer("/metadata/generation").cloned().unwrap_or(json!(1)),
-            });
+        let statuses: Vec<(Value, Value)> = {
+            let by = self.active_pods_by_controller();
+            self.list(Kind::ReplicaSet, None)
+                .into_iter()
+                .map(|rs| {
+                    let pods = by.get(meta::uid(&rs)).map_or(&[][..], Vec::as_slice);
+                    let ready = pods.iter().filter(|p| meta::is_ready(p)).count();
+                    let sel = LabelSelector::from_object(rs.pointer("/spec/selector")).ok();
+                    let labeled = pods
+                        .iter()
+                        .filter(|p| sel.as_ref().is_some_and(|s| s.matches_object(p)))
+                        .count();
+                    let status = json!({
+                        "replicas": pods.len(),
+                        "fullyLabeledReplicas": labeled,
+                        "readyReplicas": ready,
+                        "availableReplicas": ready,
+                        "observedGeneration": rs.pointer("/metadata/generation").cloned().unwrap_or(json!(1)),
+                    });
+                    (rs, status)
+                })
+                .collect()
+        };
+        for (rs, status) in statuses {
             let _ = self.modify(
                 Kind::ReplicaSet,
                 meta::namespace(&rs),
