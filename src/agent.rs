@@ -193,7 +193,11 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
                         why = format!("new boot {boot_id} during post-boot checks; resuming");
                     }
                     _ => {
-                        let ours = s.phase == Phase::Rebooting && s.reboot.is_some();
+                        // Ours: a request is on record, or one was made in this rebooting
+                        // episode and may still have been pending in logind when it was put
+                        // aside (a restart in the same boot, a timeout) to be asked again.
+                        let ours = s.phase == Phase::Rebooting
+                            && (s.reboot.is_some() || s.failed_attempts > 0);
                         why = if ours {
                             format!("rebooted: boot id {previous} -> {boot_id}")
                         } else {
@@ -378,6 +382,7 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
         Event::Released => {
             s.slot_held = false;
             s.cordon_recorded = false;
+            s.failed_attempts = 0;
             if s.not_before.is_none() {
                 s.last_error = None;
             }
@@ -503,6 +508,53 @@ mod tests {
         assert_eq!(s.failed_attempts, 2);
         assert!(s.last_error.as_deref().unwrap().contains("did not happen"));
         assert_eq!(next_action(&s, &policy()), Action::PrepareReboot);
+    }
+
+    /// Found by chaos seed 10306: killed while logind's shutdown was pending, restarted in the
+    /// same boot (the request is put aside to be asked again), then the pending shutdown came
+    /// before the new request: that reboot is rebootd's, counted, not "outside its control".
+    #[test]
+    fn a_pending_reboot_that_lands_after_a_restart_is_ours() {
+        let s = run(
+            &State::new("boot1", t(0)),
+            vec![
+                Event::RebootNeeded { reason: "x".into() },
+                Event::WindowOpen,
+                Event::SlotAcquired,
+                Event::ReadyToReboot,
+                Event::RebootAccepted,
+                Event::Started {
+                    boot_id: "boot1".into(),
+                },
+            ],
+        );
+        assert_eq!(s.reboot, None);
+        assert_eq!(next_action(&s, &policy()), Action::PrepareReboot);
+        let s = run(
+            &s,
+            vec![Event::Started {
+                boot_id: "boot2".into(),
+            }],
+        );
+        assert_eq!(s.phase, Phase::WaitingForHealthy);
+        assert_eq!(s.reboots, 1, "counted as rebootd's reboot");
+        assert_eq!(s.failed_attempts, 0);
+        let s = run(&s, vec![Event::Healthy, Event::Released]);
+        assert_eq!(s.phase, Phase::Idle);
+
+        // Not after a cycle that ended without a reboot: failed attempts start again from 0.
+        let s = run(
+            &State::new("boot1", t(0)),
+            vec![
+                Event::RebootNeeded { reason: "x".into() },
+                Event::WindowOpen,
+                Event::SlotAcquired,
+                Event::ReadyToReboot,
+                Event::RebootAccepted,
+                Event::RebootTimedOut,
+            ],
+        );
+        assert_eq!(s.failed_attempts, 1);
     }
 
     #[test]
