@@ -1,11 +1,29 @@
-//! Chaos trials, CI-sized: a 5-node fleet (max 2) rolls out an update while rebootd is killed at
-//! random moments and right after chosen phases, reboots are delayed (and rebootd killed while
-//! one is pending), etcd is stopped and frozen, and the API stand-in answers 500/429/409 or
-//! hangs; after each trial the invariants are checked (see `rebootd_lab::chaos` and
-//! RELIABILITY.md). `REBOOTD_CHAOS_TRIALS` (default 10 with etcd, half that with Leases) and
-//! `REBOOTD_CHAOS_SEED` change the run; a failing trial prints the command that replays it.
+//! Chaos trials, CI-sized: a 5-node fleet (max 2) whose nodes carry ReplicaSet pods (one
+//! ReplicaSet under a PodDisruptionBudget) rolls out an update while rebootd is killed at random
+//! moments and right after chosen phases, reboots are delayed (and rebootd killed while one is
+//! pending), etcd is stopped and frozen, and the API stand-in answers 500/429/409 or hangs,
+//! evictions included; after each trial the invariants are checked (see `rebootd_lab::chaos`
+//! and RELIABILITY.md). `REBOOTD_CHAOS_TRIALS` (trials per backend, default [`TRIALS`]) and
+//! `REBOOTD_CHAOS_SEED` (etcd trials from it, Leases trials from it + 10000) change the run; a
+//! failing trial prints the command that replays it.
+//!
+//! The checker is tested too: with `--inject-violation` the lab itself breaks an invariant
+//! mid-trial and the trial must fail, and SIGINT must stop a run cleanly. Those run
+//! `rebootd-lab chaos` as a process of its own: this test binary runs itself again with only
+//! [`chaos_command_child`] (the `rebootd-lab` binary belongs to another package, so cargo does
+//! not build it for these tests).
 
-use rebootd_lab::chaos::{self, Backend, ChaosOptions};
+use rebootd_lab::chaos::{self, Backend, ChaosOptions, Stop};
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Trials per backend in the suite: the two backends' tests run in parallel, and this keeps
+/// `cargo test --test chaos` within about 4 minutes on the shared 2-core machine (trials take
+/// 10-15 s there, with outliers to 40 s; see RELIABILITY.md).
+const TRIALS: u64 = 12;
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -21,7 +39,8 @@ async fn run(backend: Backend, trials: u64, seed: u64) {
         backend,
         ..ChaosOptions::new(env!("CARGO_BIN_EXE_rebootd"))
     };
-    let report = chaos::run(&opts, |t| {
+    let started = Instant::now();
+    let report = chaos::run(&opts, &Stop::new(), |t| {
         eprintln!(
             "chaos {backend} seed {}: {} in {:.1}s ({})",
             t.seed,
@@ -52,29 +71,305 @@ async fn run(backend: Backend, trials: u64, seed: u64) {
         failures.join("\n")
     );
     assert_eq!(report.trials.len() as u64, trials);
-    // The chaos did happen.
+    // The chaos did happen, and the drains evicted pods.
     let stats = report.stats();
+    eprintln!(
+        "chaos {backend}: {trials} trials in {:.0}s; {stats}",
+        started.elapsed().as_secs_f64()
+    );
     assert!(
         stats.kills + stats.pending_reboot_kills + stats.phase_kills.values().sum::<u32>() > 0,
         "no rebootd was killed: {stats}"
+    );
+    assert!(
+        stats.evictions as u64 >= 15 * trials,
+        "every trial evicts at least its 15 pods: {stats}"
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_trials_etcd() {
-    let trials = env_u64("REBOOTD_CHAOS_TRIALS", 10);
+    let trials = env_u64("REBOOTD_CHAOS_TRIALS", TRIALS);
     run(Backend::Etcd, trials, env_u64("REBOOTD_CHAOS_SEED", 1)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_trials_kubernetes_leases() {
-    let trials = env_u64("REBOOTD_CHAOS_TRIALS", 10).div_ceil(2);
+    let trials = env_u64("REBOOTD_CHAOS_TRIALS", TRIALS);
     run(
         Backend::Kubernetes,
         trials,
         env_u64("REBOOTD_CHAOS_SEED", 1) + 10_000,
     )
     .await;
+}
+
+/// Not a test by itself: the tests below run this test binary again with only this test and
+/// `REBOOTD_CHAOS_CHILD_ARGS` set (the arguments, separated by U+001F), so that it runs
+/// `rebootd-lab chaos ARGS` and exits with its status.
+#[test]
+fn chaos_command_child() {
+    let Ok(args) = std::env::var("REBOOTD_CHAOS_CHILD_ARGS") else {
+        return;
+    };
+    let args: Vec<String> = args.split('\u{1f}').map(String::from).collect();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let status = rt.block_on(chaos::command(args));
+    std::process::exit(status.into());
+}
+
+/// `rebootd-lab chaos ARGS --rebootd <this build's>`, in a process group of its own (so that
+/// whatever it starts can be found by its group), stdout and stderr piped.
+fn spawn_chaos(args: &[&str]) -> Child {
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend(["--rebootd", env!("CARGO_BIN_EXE_rebootd")]);
+    // Not current_exe(): a concurrent build may have replaced the file; this is still us.
+    Command::new("/proc/self/exe")
+        .args([
+            "chaos_command_child",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("REBOOTD_CHAOS_CHILD_ARGS", all.join("\u{1f}"))
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Collect a child's output lines as they come.
+fn collect(child: &mut Child) -> Arc<Mutex<Vec<String>>> {
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let out = child.stdout.take().unwrap();
+    let err = child.stderr.take().unwrap();
+    let spawn = |r: Box<dyn std::io::Read + Send>| {
+        let lines = lines.clone();
+        std::thread::spawn(move || {
+            for l in BufReader::new(r).lines().map_while(Result::ok) {
+                lines.lock().unwrap().push(l);
+            }
+        });
+    };
+    spawn(Box::new(out));
+    spawn(Box::new(err));
+    lines
+}
+
+fn text(lines: &Mutex<Vec<String>>) -> String {
+    lines.lock().unwrap().join("\n")
+}
+
+/// Wait for `child` to exit within `limit`; its exit code.
+fn wait_exit(child: &mut Child, limit: Duration, lines: &Mutex<Vec<String>>) -> Option<i32> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            // Let the readers take the last lines.
+            std::thread::sleep(Duration::from_millis(200));
+            return status.code();
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "rebootd-lab chaos did not exit within {limit:?}; output:\n{}",
+                text(lines)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Processes (not zombies: those have ended) in process group `pgid`, as "pid comm".
+fn group_members(pgid: u32) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses.
+        let Some((head, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.len() > 2 && fields[2] == pgid.to_string() && fields[0] != "Z" {
+            found.push(head.replace(" (", " "));
+        }
+    }
+    found
+}
+
+/// The checker's self-test, end to end: with max 2, the lab itself tops the semaphore up to 3
+/// holders with made-up ones (etcd document; Leases) or cordons nodes up to 3 mid-trial (rebootd
+/// may add one more meanwhile). The trial must fail with that violation, and print its seed, its
+/// logs directory and the command replaying it.
+#[test]
+fn a_violation_injected_by_the_lab_fails_the_trial_with_seed_and_replay() {
+    let logs = tempfile::tempdir().unwrap();
+    let keep = logs.path().to_str().unwrap().to_string();
+    let cases = [
+        (
+            "holder",
+            "etcd",
+            31,
+            "holders at once (max 2): ",
+            "chaos-injected-1",
+        ),
+        (
+            "holder",
+            "kubernetes",
+            32,
+            "holders at once (max 2): ",
+            "chaos-injected-1",
+        ),
+        (
+            "cordon",
+            "etcd",
+            33,
+            "nodes cordoned at once (max 2): ",
+            "node-",
+        ),
+    ];
+    let mut children: Vec<_> = cases
+        .iter()
+        .map(|(violation, backend, seed, _, _)| {
+            let seed = seed.to_string();
+            let mut child = spawn_chaos(&[
+                "--trials",
+                "1",
+                "--seed",
+                &seed,
+                "--nodes",
+                "3",
+                "--max",
+                "2",
+                "--actions",
+                "3",
+                "--backend",
+                backend,
+                "--keep-logs",
+                &keep,
+                "--inject-violation",
+                violation,
+            ]);
+            let lines = collect(&mut child);
+            (child, lines)
+        })
+        .collect();
+    for ((violation, backend, seed, words, who), (child, lines)) in
+        cases.iter().zip(children.iter_mut())
+    {
+        let code = wait_exit(child, Duration::from_secs(180), lines);
+        let out = text(lines);
+        assert_eq!(
+            code,
+            Some(1),
+            "{violation}/{backend}: a failed trial exits 1:\n{out}"
+        );
+        let failed = format!("trial 1/1 seed {seed}: FAILED");
+        assert!(
+            out.contains(&failed),
+            "{violation}/{backend}: {failed:?} in:\n{out}"
+        );
+        let reported = out
+            .lines()
+            .find(|l| l.starts_with("  - ") && l.contains(words))
+            .unwrap_or_else(|| panic!("{violation}/{backend}: {words:?} in:\n{out}"));
+        assert!(reported.contains(who), "{reported}");
+        let dir = logs
+            .path()
+            .join(format!("rebootd-chaos-{backend}-seed-{seed}"));
+        assert!(
+            out.contains(&format!("  logs: {}", dir.display())),
+            "{violation}/{backend}: logs dir in:\n{out}"
+        );
+        assert!(dir.join("node-1.log").exists(), "{}", dir.display());
+        let replay = format!(
+            "  replay: rebootd-lab chaos --trials 1 --seed {seed} --nodes 3 --max 2 --backend {backend} "
+        );
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(&replay))
+            .unwrap_or_else(|| panic!("{violation}/{backend}: {replay:?} in:\n{out}"));
+        assert!(
+            line.ends_with(&format!("--actions 3 --inject-violation {violation}")),
+            "{line}"
+        );
+        assert!(out.contains("seeds: ") && out.contains(&seed.to_string()));
+    }
+}
+
+/// SIGINT stops a run: the trial in progress is torn down (no rebootd, dbus-daemon or etcd
+/// left in the run's process group), the summary of the trials so far is printed, and the
+/// exit status is 130.
+#[test]
+fn a_sigint_stops_the_run_after_tearing_down_the_current_trial() {
+    let logs = tempfile::tempdir().unwrap();
+    let mut child = spawn_chaos(&[
+        "--trials",
+        "20",
+        "--seed",
+        "41",
+        "--nodes",
+        "3",
+        "--max",
+        "2",
+        "--actions",
+        "3",
+        "--keep-logs",
+        logs.path().to_str().unwrap(),
+    ]);
+    let pgid = child.id();
+    let lines = collect(&mut child);
+    // Trial 1 completes; trial 2 has its processes up.
+    let deadline = Instant::now() + Duration::from_secs(150);
+    while !text(&lines).contains("trial 1/20 seed 41: ok") {
+        assert!(
+            Instant::now() < deadline && child.try_wait().unwrap().is_none(),
+            "trial 1 did not pass:\n{}",
+            text(&lines)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let running = |name: &str| {
+        group_members(pgid)
+            .iter()
+            .any(|m| m.ends_with(&format!(" {name}")))
+    };
+    while !(running("rebootd") && running("etcd") && running("dbus-daemon")) {
+        assert!(
+            Instant::now() < deadline,
+            "trial 2 did not start its processes: {:?}\n{}",
+            group_members(pgid),
+            text(&lines)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = Command::new("kill")
+        .args(["-INT", &pgid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let sent = Instant::now();
+    let code = wait_exit(&mut child, Duration::from_secs(20), &lines);
+    let took = sent.elapsed();
+    let out = text(&lines);
+    assert_eq!(code, Some(130), "exit status after SIGINT:\n{out}");
+    assert!(
+        took < Duration::from_secs(10),
+        "took {took:?} to stop:\n{out}"
+    );
+    assert!(
+        out.contains("chaos: stopped by SIGINT during the trial with seed 42"),
+        "{out}"
+    );
+    assert!(out.contains("chaos: 1 trials in "), "summary:\n{out}");
+    assert!(!out.contains("trial 2/20"), "{out}");
+    let left = group_members(pgid);
+    assert!(left.is_empty(), "left running: {left:?}\n{out}");
 }
 
 /// Found by the chaos trials (seed 1048, etcd): rebootd killed right after it wrote
@@ -86,7 +381,6 @@ async fn chaos_trials_kubernetes_leases() {
 async fn a_crash_before_the_logind_call_does_not_stall_for_reboot_timeout() {
     use rebootd::state::{Phase, RebootRequest, State};
     use rebootd_lab::node::{Node, NodeOptions};
-    use std::time::Duration;
     let mut node = Node::start(
         std::path::Path::new(env!("CARGO_BIN_EXE_rebootd")),
         NodeOptions {

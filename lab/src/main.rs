@@ -159,8 +159,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // chaos has its own exit statuses (1: a trial failed; 128 + signal: stopped).
+    let command = match cli.command {
+        Command::Chaos { args } => {
+            return ExitCode::from(rt.block_on(rebootd_lab::chaos::command(args)));
+        }
+        other => other,
+    };
     let result = rt.block_on(async {
-        match cli.command {
+        match command {
             Command::Demo {
                 nodes,
                 max,
@@ -169,7 +176,7 @@ fn main() -> ExitCode {
                 rebootd,
             } => demo(nodes, max, &etcd, reboot_time, rebootd_binary(rebootd)).await,
             Command::Bench { args } => rebootd_lab::bench::cli(args).await,
-            Command::Chaos { args } => rebootd_lab::chaos::cli(args).await,
+            Command::Chaos { .. } => unreachable!("run above"),
             Command::KubeApi { args } => rebootd_lab::kube_api::serve_cli(args)
                 .await
                 .map_err(|e| e.to_string()),

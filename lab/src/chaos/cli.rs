@@ -1,0 +1,259 @@
+//! `rebootd-lab chaos ...`: parse the options, run the trials with a line per trial, print the
+//! summary. SIGINT or SIGTERM stops the run: the trial in progress is torn down (its rebootd,
+//! dbus-daemon and etcd processes ended and reaped), the summary of the trials so far is
+//! printed, and the exit status is 128 + the signal (130 for SIGINT). A second signal exits at
+//! once, without the tear-down.
+
+use super::{replay_command, run, Backend, ChaosOptions, Stop, TrialReport, Violation};
+use crate::etcd::EtcdVersion;
+use clap::Parser;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use tokio::signal::unix::{signal, SignalKind};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "rebootd-lab chaos",
+    about = "Chaos trials: a small fleet rolls out an update while rebootd, etcd and the API are disrupted; invariants are checked after each trial"
+)]
+struct Cli {
+    #[arg(long, default_value_t = 10)]
+    trials: usize,
+    /// Trial k runs with seed S+k; a failing trial prints its own seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    #[arg(long, default_value_t = 5)]
+    nodes: usize,
+    #[arg(long, default_value_t = 2)]
+    max: u64,
+    /// etcd (locksmith document) or kubernetes (Leases); Nodes are drained either way.
+    #[arg(long, default_value = "etcd")]
+    backend: Backend,
+    /// etcd version: 3.4 or 3.5.
+    #[arg(long, default_value = "3.4")]
+    etcd: String,
+    #[arg(long, default_value = "300ms", value_parser = rebootd::config::parse_duration)]
+    reboot_time: Duration,
+    /// rebootd's reboot.timeout in the trial (rebootd's own default is 10m).
+    #[arg(long, default_value = "15s", value_parser = rebootd::config::parse_duration)]
+    reboot_timeout: Duration,
+    /// Disruptive actions per trial at most.
+    #[arg(long, default_value_t = 10)]
+    actions: usize,
+    #[arg(long, default_value = "150s", value_parser = rebootd::config::parse_duration)]
+    trial_timeout: Duration,
+    /// Where to copy the logs of failing trials (default: the temporary directory).
+    #[arg(long)]
+    keep_logs: Option<PathBuf>,
+    /// Start no new trial after this long (e.g. 25m): a time-boxed long run.
+    #[arg(long, value_parser = rebootd::config::parse_duration)]
+    duration: Option<Duration>,
+    /// The rebootd binary (default: $REBOOTD_BIN, else beside this program).
+    #[arg(long)]
+    rebootd: Option<PathBuf>,
+    /// Checker self-test: the lab itself adds a holder (`holder`) or cordons a node
+    /// (`cordon`) beyond max mid-trial; every trial must then fail.
+    #[arg(long, hide = true)]
+    inject_violation: Option<Violation>,
+}
+
+/// Run `rebootd-lab chaos ARGS`; returns the exit status: 0 all trials passed, 1 a trial
+/// failed or the arguments are wrong, 128 + the signal when stopped by SIGINT or SIGTERM.
+pub async fn command(args: Vec<String>) -> u8 {
+    let cli = match Cli::try_parse_from(std::iter::once("chaos".to_string()).chain(args)) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { 2 } else { 0 };
+        }
+    };
+    let opts = match options(cli) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("rebootd-lab: {e}");
+            return 1;
+        }
+    };
+    let stop = Stop::new();
+    let signal_seen = match on_signals(stop.clone()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("rebootd-lab: signal handlers: {e}");
+            return 1;
+        }
+    };
+    println!(
+        "chaos: {} trials from seed {}, {} nodes, max {}, backend {}, reboot time {:?}, reboot.timeout {:?}, up to {} actions each{}",
+        opts.trials,
+        opts.seed,
+        opts.nodes,
+        opts.max,
+        opts.backend,
+        opts.reboot_time,
+        opts.reboot_timeout,
+        opts.actions,
+        opts.inject
+            .map(|v| format!("; injecting a {v} violation in every trial"))
+            .unwrap_or_default()
+    );
+    let started = Instant::now();
+    let mut done = 0usize;
+    let report = run(&opts, &stop, |t| {
+        done += 1;
+        print_trial(&opts, done, t);
+    })
+    .await;
+    let failures = report.failures();
+    let stats = report.stats();
+    println!(
+        "chaos: kills after phase write: {:?}; API faults: {:?}",
+        stats.phase_kills, stats.api_faults
+    );
+    if report.stopped {
+        let signal = signal_seen.lock().map(|s| *s).unwrap_or(None);
+        let name = signal.map_or("a signal", |(name, _)| name);
+        match report.interrupted {
+            Some(seed) => println!(
+                "chaos: stopped by {name} during the trial with seed {seed}: its processes were ended, it was not checked"
+            ),
+            None => println!("chaos: stopped by {name} between trials"),
+        }
+    }
+    println!(
+        "chaos: {} trials in {:.0}s, {} failed; total: {}",
+        report.trials.len(),
+        started.elapsed().as_secs_f64(),
+        failures.len(),
+        stats
+    );
+    if !failures.is_empty() {
+        eprintln!(
+            "rebootd-lab: {} of {} trials failed; seeds: {}",
+            failures.len(),
+            report.trials.len(),
+            failures
+                .iter()
+                .map(|t| t.seed.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    if report.stopped {
+        let signal = signal_seen.lock().map(|s| *s).unwrap_or(None);
+        return 128 + signal.map_or(2, |(_, n)| n);
+    }
+    if failures.is_empty() {
+        0
+    } else {
+        1
+    }
+}
+
+/// The signal that stopped the run (name, number), once one came.
+type SignalSeen = std::sync::Arc<std::sync::Mutex<Option<(&'static str, u8)>>>;
+
+/// On the first SIGINT or SIGTERM, set `stop`; on a second one, exit at once.
+fn on_signals(stop: Stop) -> std::io::Result<SignalSeen> {
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut term = signal(SignalKind::terminate())?;
+    let seen: SignalSeen = Default::default();
+    let record = seen.clone();
+    tokio::spawn(async move {
+        let mut first = None;
+        loop {
+            let got = tokio::select! {
+                _ = int.recv() => ("SIGINT", 2u8),
+                _ = term.recv() => ("SIGTERM", 15u8),
+            };
+            match first {
+                None => {
+                    first = Some(got);
+                    if let Ok(mut s) = record.lock() {
+                        *s = Some(got);
+                    }
+                    eprintln!(
+                        "chaos: {}: stopping after tearing down the current trial (again to exit at once)",
+                        got.0
+                    );
+                    stop.set();
+                }
+                Some(_) => {
+                    eprintln!(
+                        "chaos: {} again: exiting without tearing down the trial",
+                        got.0
+                    );
+                    std::process::exit(128 + i32::from(got.1));
+                }
+            }
+        }
+    });
+    Ok(seen)
+}
+
+fn options(cli: Cli) -> Result<ChaosOptions, String> {
+    let etcd = match cli.etcd.as_str() {
+        "3.4" => EtcdVersion::V34,
+        "3.5" => EtcdVersion::V35,
+        other => return Err(format!("--etcd {other}: expected 3.4 or 3.5")),
+    };
+    let rebootd = cli
+        .rebootd
+        .or_else(|| std::env::var_os("REBOOTD_BIN").map(PathBuf::from))
+        .or_else(|| {
+            std::env::current_exe()
+                .ok()
+                .and_then(|p| p.parent().map(|d| d.join("rebootd")))
+        })
+        .unwrap_or_else(|| PathBuf::from("rebootd"));
+    if !rebootd.exists() {
+        return Err(format!(
+            "no rebootd binary at {} (build with `cargo build --workspace`, or pass --rebootd)",
+            rebootd.display()
+        ));
+    }
+    Ok(ChaosOptions {
+        trials: cli.trials,
+        seed: cli.seed,
+        nodes: cli.nodes,
+        max: cli.max,
+        backend: cli.backend,
+        etcd,
+        reboot_time: cli.reboot_time,
+        reboot_timeout: cli.reboot_timeout,
+        actions: cli.actions,
+        trial_timeout: cli.trial_timeout,
+        keep_logs: Some(cli.keep_logs.unwrap_or_else(std::env::temp_dir)),
+        duration: cli.duration,
+        inject: cli.inject_violation,
+        ..ChaosOptions::new(rebootd)
+    })
+}
+
+fn print_trial(opts: &ChaosOptions, k: usize, t: &TrialReport) {
+    if t.ok() {
+        println!(
+            "trial {k}/{} seed {}: ok in {:.1}s (max holders {}, max cordoned {}; {})",
+            opts.trials,
+            t.seed,
+            t.duration.as_secs_f64(),
+            t.max_holders_seen,
+            t.max_cordoned_seen,
+            t.stats
+        );
+        return;
+    }
+    println!(
+        "trial {k}/{} seed {}: FAILED in {:.1}s ({})",
+        opts.trials,
+        t.seed,
+        t.duration.as_secs_f64(),
+        t.stats
+    );
+    for v in &t.violations {
+        println!("  - {v}");
+    }
+    if let Some(l) = &t.logs {
+        println!("  logs: {}", l.display());
+    }
+    println!("  replay: {}", replay_command(opts, t.seed));
+}

@@ -1,0 +1,550 @@
+//! One chaos trial: set up the fleet (API stand-in with the workload, etcd or Leases, the
+//! nodes), start the outside watchers, roll out an update under the chaos, observe the end,
+//! check ([`super::check`]) and tear everything down. Whatever happens (a failure, a harness
+//! error, a [`Stop`]), the processes the trial started are in its [`Rig`] and the tear-down
+//! ends them all before the trial returns.
+
+use super::check::{self, Down, Observed, SemaphoreEnd, Timeline};
+use super::{
+    disrupt, inject, watch, workload, Backend, ChaosOptions, Rng, Stats, Stop, TrialReport,
+};
+use crate::etcd::EtcdServer;
+use crate::kube_api::{Cluster, Kind, KubeApi, KubeApiHandle, NodeBuilder, Options as KubeOptions};
+use crate::node::{Node, NodeOptions};
+use rebootd::lock::document::{semaphore_key, SemaphoreDoc};
+use rebootd::state::{Phase, State, StateStore};
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A late second reboot would show within this long after the chaos stops.
+const SETTLE: Duration = Duration::from_millis(1500);
+/// How long the workload may take to be back at its desired ready replicas after the rollout.
+const WORKLOAD_SETTLE: Duration = Duration::from_secs(10);
+
+/// One lab node as the chaos sees it.
+pub(super) struct ChaosNode {
+    pub name: String,
+    pub node: tokio::sync::Mutex<Node>,
+    pub store: StateStore,
+    pub machine_id: String,
+    pub log_path: PathBuf,
+    /// Between the simulated reboot's kill and the next boot's start.
+    pub down: AtomicBool,
+    /// Kill rebootd right after the state file says this phase.
+    pub armed: Mutex<Option<Phase>>,
+}
+
+/// What the trial's tasks record.
+pub(super) struct Shared {
+    pub started: Instant,
+    pub stats: Mutex<Stats>,
+    /// Every holder set the outside watcher saw, in order.
+    pub holders: Mutex<Timeline>,
+    /// Every set of cordoned Nodes the outside watcher saw, in order.
+    pub cordoned: Mutex<Timeline>,
+    /// Each simulated reboot.
+    pub downs: Mutex<Vec<Down>>,
+    pub problems: Mutex<Vec<String>>,
+    /// The rollout is over (or the trial is being torn down): the chaos stops.
+    pub stop: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    fn new() -> Shared {
+        Shared {
+            started: Instant::now(),
+            stats: Mutex::new(Stats::default()),
+            holders: Mutex::new(Vec::new()),
+            cordoned: Mutex::new(Vec::new()),
+            downs: Mutex::new(Vec::new()),
+            problems: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+        }
+    }
+
+    pub fn stats(&self, f: impl FnOnce(&mut Stats)) {
+        f(&mut lock(&self.stats));
+    }
+
+    pub fn problem(&self, p: String) {
+        lock(&self.problems).push(p);
+    }
+
+    pub fn stopped(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    pub fn record_holders(&self, holders: BTreeSet<String>) {
+        lock(&self.holders).push((self.started.elapsed(), holders));
+    }
+
+    pub fn record_cordoned(&self, cordoned: BTreeSet<String>) {
+        lock(&self.cordoned).push((self.started.elapsed(), cordoned));
+    }
+
+    pub fn record_down(&self, d: Down) {
+        lock(&self.downs).push(d);
+    }
+
+    pub fn holders(&self) -> Timeline {
+        lock(&self.holders).clone()
+    }
+
+    pub fn cordoned(&self) -> Timeline {
+        lock(&self.cordoned).clone()
+    }
+}
+
+/// Everything a trial started, so that it can be torn down whatever happens.
+#[derive(Default)]
+struct Rig {
+    dir: Option<tempfile::TempDir>,
+    kube: Option<KubeApiHandle>,
+    etcd: Arc<tokio::sync::Mutex<Option<EtcdServer>>>,
+    nodes: Vec<Arc<ChaosNode>>,
+    /// Every task that holds a node or etcd.
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Rig {
+    /// End every task and process of the trial, and wait until they are gone.
+    async fn teardown(&mut self, shared: &Shared) {
+        shared.stop.store(true, Ordering::SeqCst);
+        for t in &self.tasks {
+            t.abort();
+        }
+        for t in self.tasks.drain(..) {
+            // A finished task's future is gone (and its output may have been taken).
+            if !t.is_finished() {
+                let _ = t.await;
+            }
+        }
+        for n in &self.nodes {
+            n.node.lock().await.kill_daemon().await;
+        }
+        // The last references: dropping a Node kills and reaps its dbus-daemon.
+        self.nodes.clear();
+        if let Some(mut e) = self.etcd.lock().await.take() {
+            let _ = e.stop().await;
+        }
+        if let Some(k) = self.kube.take() {
+            k.shutdown().await;
+        }
+        self.dir.take();
+    }
+}
+
+/// Why a trial did not get to its checks.
+enum Cut {
+    Harness(String),
+    Stopped,
+}
+
+impl From<String> for Cut {
+    fn from(e: String) -> Cut {
+        Cut::Harness(e)
+    }
+}
+
+/// `fut`, unless `stop` comes first.
+async fn or_stop<T>(stop: &Stop, fut: impl std::future::Future<Output = T>) -> Result<T, Cut> {
+    tokio::select! {
+        t = fut => Ok(t),
+        _ = stop.wait() => Err(Cut::Stopped),
+    }
+}
+
+fn check_stop(stop: &Stop) -> Result<(), Cut> {
+    if stop.is_set() {
+        Err(Cut::Stopped)
+    } else {
+        Ok(())
+    }
+}
+
+/// Run one trial with `seed`.
+pub async fn trial(opts: &ChaosOptions, seed: u64, stop: &Stop) -> TrialReport {
+    let shared = Arc::new(Shared::new());
+    let mut rig = Rig::default();
+    let outcome = run_trial(opts, seed, &shared, &mut rig, stop).await;
+    let (violations, interrupted) = match outcome {
+        Ok(observed) => (check::violations(&observed), false),
+        Err(Cut::Harness(e)) => (vec![format!("harness: {e}")], false),
+        Err(Cut::Stopped) => (Vec::new(), true),
+    };
+    let logs = if violations.is_empty() {
+        None
+    } else {
+        keep_logs(opts, seed, &rig, &shared)
+    };
+    rig.teardown(&shared).await;
+    let stats = lock(&shared.stats).clone();
+    TrialReport {
+        seed,
+        backend: opts.backend,
+        violations,
+        duration: shared.started.elapsed(),
+        stats,
+        max_holders_seen: check::peak(&shared.holders()),
+        max_cordoned_seen: check::peak(&shared.cordoned()),
+        logs,
+        interrupted,
+    }
+}
+
+/// Copy each node's rebootd log and state file, and the watchers' timelines, for a failing
+/// trial.
+fn keep_logs(opts: &ChaosOptions, seed: u64, rig: &Rig, shared: &Shared) -> Option<PathBuf> {
+    let base = opts.keep_logs.as_ref()?;
+    let out = base.join(format!("rebootd-chaos-{}-seed-{seed}", opts.backend));
+    std::fs::create_dir_all(&out).ok()?;
+    for n in &rig.nodes {
+        let _ = std::fs::copy(&n.log_path, out.join(format!("{}.log", n.name)));
+        let _ = std::fs::copy(n.store.path(), out.join(format!("{}.state.json", n.name)));
+    }
+    let text = |t: Timeline| -> String {
+        t.iter()
+            .map(|(at, h)| format!("{:.3}s {:?}\n", at.as_secs_f64(), h))
+            .collect()
+    };
+    let _ = std::fs::write(out.join("holders.txt"), text(shared.holders()));
+    let _ = std::fs::write(out.join("cordoned.txt"), text(shared.cordoned()));
+    Some(out)
+}
+
+/// The phases after whose write the chaos may kill rebootd.
+pub(super) const PHASES: &[Phase] = &[
+    Phase::RebootNeeded,
+    Phase::AcquiringSlot,
+    Phase::Draining,
+    Phase::Rebooting,
+    Phase::WaitingForHealthy,
+    Phase::Uncordoning,
+    Phase::Releasing,
+    Phase::Idle,
+];
+
+async fn run_trial(
+    opts: &ChaosOptions,
+    seed: u64,
+    shared: &Arc<Shared>,
+    rig: &mut Rig,
+    stop: &Stop,
+) -> Result<Observed, Cut> {
+    let mut rng = Rng::fork(seed, 0);
+    let dir = tempfile::Builder::new()
+        .prefix("rebootd-chaos-")
+        .tempdir()
+        .map_err(|e| format!("temp dir: {e}"))?;
+    let kubeconfig = dir.path().join("kubeconfig");
+    rig.dir = Some(dir);
+    let names: Vec<String> = (1..=opts.nodes).map(|i| format!("node-{i}")).collect();
+    // The API stand-in: one Node per lab node, and the workload on them.
+    let kube = KubeApi::start(KubeOptions {
+        time_scale: workload::TIME_SCALE,
+        pod_ready_delay: workload::POD_READY_DELAY,
+        ..KubeOptions::default()
+    })
+    .await
+    .map_err(|e| format!("kube API stand-in: {e}"))?;
+    let cluster = kube.cluster().clone();
+    rig.kube = Some(kube);
+    for name in &names {
+        cluster
+            .add(&NodeBuilder::new(name))
+            .map_err(|e| format!("add node {name}: {e}"))?;
+    }
+    workload::add(&cluster, &names, opts.max)?;
+    if let Some(k) = &rig.kube {
+        k.write_kubeconfig(&kubeconfig)
+            .map_err(|e| format!("kubeconfig: {e}"))?;
+    }
+    check_stop(stop)?;
+    if opts.backend == Backend::Etcd {
+        let etcd = EtcdServer::start(opts.etcd)
+            .await
+            .map_err(|e| format!("etcd: {e}"))?;
+        *rig.etcd.lock().await = Some(etcd);
+    }
+    let etcd_endpoint = rig.etcd.lock().await.as_ref().map(|e| e.endpoint());
+    if let Some(ep) = &etcd_endpoint {
+        let doc = SemaphoreDoc {
+            semaphore: opts.max as i64,
+            max: opts.max,
+            holders: Vec::new(),
+        };
+        let mut client = etcd_client::Client::connect([ep.as_str()], None)
+            .await
+            .map_err(|e| format!("etcd client: {e}"))?;
+        client
+            .put(semaphore_key("default"), doc.to_json(), None)
+            .await
+            .map_err(|e| format!("etcd put: {e}"))?;
+    }
+    let lock_config = match &etcd_endpoint {
+        Some(ep) => format!("[lock]\nbackend = \"etcd\"\n\n[lock.etcd]\nendpoints = [{ep:?}]\n"),
+        None => format!(
+            "[lock]\nbackend = \"kubernetes\"\n\n[lock.kubernetes]\nnamespace = \"kube-system\"\nname = \"rebootd\"\nkubeconfig = {kubeconfig:?}\n"
+        ),
+    };
+    let config = format!(
+        "[identity]\ngroup = \"default\"\n\n{lock_config}\n[kubernetes]\nkubeconfig = {kubeconfig:?}\ndrain_timeout = \"60s\"\nready_timeout = \"60s\"\n\n[reboot]\ntimeout = \"{}ms\"\n",
+        opts.reboot_timeout.as_millis()
+    );
+
+    // The outside watchers, started (and their requests made) before anything else happens.
+    let client = rebootd::kube_client::connect(Some(&kubeconfig))
+        .await
+        .map_err(|e| format!("kube client: {e}"))?;
+    rig.tasks
+        .push(tokio::spawn(watch::cordons(client.clone(), shared.clone())));
+
+    for (i, name) in names.iter().enumerate() {
+        check_stop(stop)?;
+        let mut node_opts = NodeOptions::new(name).config(&config);
+        let set_max = opts.backend == Backend::Kubernetes && i == 0;
+        node_opts.start_daemon = !set_max;
+        let node = Node::start(&opts.rebootd, node_opts)
+            .await
+            .map_err(|e| format!("start {name}: {e}"))?;
+        let calls = node.logind.subscribe();
+        let cn = Arc::new(ChaosNode {
+            name: name.clone(),
+            store: node.store(),
+            machine_id: node.machine_id.clone(),
+            log_path: node.log_path(),
+            node: tokio::sync::Mutex::new(node),
+            down: AtomicBool::new(false),
+            armed: Mutex::new(None),
+        });
+        rig.nodes.push(cn.clone());
+        let mut node = cn.node.lock().await;
+        if set_max {
+            let rebootctl = opts.rebootd.with_file_name("rebootctl");
+            let out = node
+                .command(&rebootctl)
+                .args(["set-max", &opts.max.to_string(), "--force"])
+                .output()
+                .await
+                .map_err(|e| format!("rebootctl set-max: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "rebootctl set-max: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+                .into());
+            }
+            node.start_daemon()
+                .map_err(|e| format!("start rebootd: {e}"))?;
+        }
+        post_boot_id(&cluster, name, &node.boot_id());
+        drop(node);
+        rig.tasks.push(tokio::spawn(disrupt::simulated_reboots(
+            cn.clone(),
+            calls,
+            shared.clone(),
+            Rng::fork(seed, 100 + i as u64),
+            cluster.clone(),
+            opts.reboot_time,
+            opts.ready_delay,
+            opts.backend == Backend::Kubernetes,
+        )));
+        rig.tasks.push(tokio::spawn(disrupt::phase_killer(
+            cn.clone(),
+            shared.clone(),
+        )));
+    }
+    let ids: Vec<(String, String)> = rig
+        .nodes
+        .iter()
+        .map(|n| (n.machine_id.clone(), n.name.clone()))
+        .collect();
+    rig.tasks.push(match &etcd_endpoint {
+        Some(ep) => tokio::spawn(watch::etcd(ep.clone(), ids, shared.clone())),
+        None => tokio::spawn(watch::leases(client.clone(), shared.clone())),
+    });
+    for n in &rig.nodes {
+        let node = n.node.lock().await;
+        or_stop(stop, node.wait_ready(Duration::from_secs(30)))
+            .await?
+            .map_err(|e| format!("{e}"))?;
+    }
+    // Give the watchers a moment to have their streams open before faults are injected.
+    or_stop(stop, tokio::time::sleep(Duration::from_millis(200))).await?;
+
+    // The rollout, and the chaos meanwhile.
+    for n in &rig.nodes {
+        n.node
+            .lock()
+            .await
+            .update_engine
+            .set_status("UPDATE_STATUS_UPDATED_NEED_REBOOT", "9999.0.0")
+            .await
+            .map_err(|e| format!("update_engine: {e}"))?;
+    }
+    let chaos = tokio::spawn(disrupt::chaos_loop(
+        Rng::fork(rng.next_u64(), 1),
+        opts.actions,
+        rig.nodes.clone(),
+        rig.etcd.clone(),
+        cluster.clone(),
+        shared.clone(),
+    ));
+    let injection = opts.inject.map(|v| {
+        tokio::spawn(inject::run(
+            v,
+            opts.max,
+            rig.nodes.clone(),
+            etcd_endpoint.clone(),
+            cluster.clone(),
+            shared.clone(),
+        ))
+    });
+    let deadline = Instant::now() + opts.trial_timeout;
+    let mut timed_out = None;
+    loop {
+        if stop.is_set() {
+            // The tear-down ends the chaos and the injection with the rest.
+            rig.tasks.push(chaos);
+            rig.tasks.extend(injection);
+            return Err(Cut::Stopped);
+        }
+        let all_done = rig.nodes.iter().all(|n| {
+            n.store
+                .load()
+                .ok()
+                .flatten()
+                .is_some_and(|s| check::done(&s))
+        });
+        if all_done {
+            break;
+        }
+        if Instant::now() > deadline {
+            timed_out = Some(opts.trial_timeout);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Heal: stop the chaos (it undoes what it is doing) and the injection (it undoes what it
+    // did), clear the faults, etcd up.
+    shared.stop.store(true, Ordering::SeqCst);
+    let mut heal = vec![chaos];
+    heal.extend(injection);
+    let healed = or_stop(stop, async {
+        for h in heal.iter_mut() {
+            let _ = h.await;
+        }
+    })
+    .await;
+    if healed.is_err() {
+        rig.tasks.extend(heal);
+        return Err(Cut::Stopped);
+    }
+    cluster.faults().clear();
+    {
+        let mut e = rig.etcd.lock().await;
+        if let Some(e) = e.as_mut() {
+            if !e.is_running() {
+                e.restart()
+                    .await
+                    .map_err(|e| format!("etcd restart: {e}"))?;
+            }
+        }
+    }
+    // A late second reboot would show here.
+    or_stop(stop, tokio::time::sleep(SETTLE)).await?;
+    let workload_unsettled = or_stop(stop, workload::settle(&cluster, WORKLOAD_SETTLE)).await?;
+
+    let ends = rig
+        .nodes
+        .iter()
+        .map(|n| {
+            let s: Result<Option<State>, String> = n.store.load().map_err(|e| e.to_string());
+            (n.name.clone(), s)
+        })
+        .collect();
+    let left_cordoned = names
+        .iter()
+        .filter(|n| {
+            cluster
+                .node(n)
+                .and_then(|n| n["spec"]["unschedulable"].as_bool())
+                .unwrap_or(false)
+        })
+        .cloned()
+        .collect();
+    let semaphore_end = match &etcd_endpoint {
+        Some(ep) => match or_stop(stop, read_doc(ep)).await? {
+            Ok(doc) => SemaphoreEnd::Etcd(doc),
+            Err(e) => SemaphoreEnd::Unreadable(e),
+        },
+        None => SemaphoreEnd::Leases(
+            cluster
+                .list(Kind::Lease, Some("kube-system"))
+                .iter()
+                .filter_map(|l| {
+                    let h = l["spec"]["holderIdentity"].as_str().unwrap_or("");
+                    (!h.is_empty())
+                        .then(|| format!("{}={h}", l["metadata"]["name"].as_str().unwrap_or("?")))
+                })
+                .collect(),
+        ),
+    };
+    let (evictions, refused) = workload::eviction_counts(&cluster);
+    shared.stats(|s| {
+        s.evictions = evictions;
+        s.evictions_refused = refused;
+    });
+    Ok(Observed {
+        max: opts.max,
+        nodes: names,
+        holders: shared.holders(),
+        cordoned: shared.cordoned(),
+        downs: lock(&shared.downs).clone(),
+        ends,
+        timed_out,
+        left_cordoned,
+        semaphore_end,
+        workload_unsettled,
+        pod_deletes: workload::pod_deletes(&cluster),
+        harness: lock(&shared.problems).clone(),
+    })
+}
+
+async fn read_doc(endpoint: &str) -> Result<SemaphoreDoc, String> {
+    let mut last = String::new();
+    for _ in 0..20 {
+        let attempt = async {
+            let mut c = etcd_client::Client::connect([endpoint], None)
+                .await
+                .map_err(|e| e.to_string())?;
+            let r = c
+                .get(semaphore_key("default"), None)
+                .await
+                .map_err(|e| e.to_string())?;
+            let kv = r.kvs().first().ok_or("no semaphore key")?;
+            SemaphoreDoc::parse(kv.value()).map_err(|e| e.to_string())
+        };
+        match tokio::time::timeout(Duration::from_secs(3), attempt).await {
+            Ok(Ok(d)) => return Ok(d),
+            Ok(Err(e)) => last = e,
+            Err(_) => last = "timed out".into(),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Err(last)
+}
+
+/// What the kubelet posts after boot: the boot id in `status.nodeInfo.bootID`.
+pub(super) fn post_boot_id(cluster: &Cluster, node: &str, boot_id: &str) {
+    let _ = cluster.update(Kind::Node, "", node, |n| {
+        n["status"]["nodeInfo"]["bootID"] = boot_id.into();
+    });
+}

@@ -1,0 +1,150 @@
+//! The outside watchers: they see every change of the semaphore (an etcd watch on the
+//! locksmith key, or a kube-rs watch on the Leases) and of the Nodes' cordons, over the same
+//! APIs a user would, and record them in the trial's timelines. The chaos never touches them.
+
+use super::trial::Shared;
+use futures_util::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node as KubeNode;
+use kube::api::{Api, WatchEvent, WatchParams};
+use rebootd::lock::document::{semaphore_key, SemaphoreDoc};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The outside watcher of the etcd semaphore: every revision of the document, across etcd
+/// restarts (resuming from the last revision seen).
+pub(super) async fn etcd(endpoint: String, ids: Vec<(String, String)>, shared: Arc<Shared>) {
+    let key = semaphore_key("default");
+    let mut next_rev: i64 = 0;
+    while !shared.stopped() {
+        let opts = etcd_client::ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(1))
+            .with_timeout(Duration::from_secs(2));
+        let Ok(Ok(mut client)) = tokio::time::timeout(
+            Duration::from_secs(3),
+            etcd_client::Client::connect([endpoint.as_str()], Some(opts)),
+        )
+        .await
+        else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let wopts =
+            (next_rev > 0).then(|| etcd_client::WatchOptions::new().with_start_revision(next_rev));
+        let Ok(Ok(mut stream)) =
+            tokio::time::timeout(Duration::from_secs(3), client.watch(key.clone(), wopts)).await
+        else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        while let Some(Ok(resp)) = stream.next().await {
+            if resp.compact_revision() > 0 {
+                shared.problem(format!(
+                    "etcd watch compacted at {}; history incomplete",
+                    resp.compact_revision()
+                ));
+            }
+            for e in resp.events() {
+                let Some(kv) = e.kv() else { continue };
+                next_rev = next_rev.max(kv.mod_revision() + 1);
+                let holders = match SemaphoreDoc::parse(kv.value()) {
+                    Ok(doc) => doc
+                        .holders
+                        .iter()
+                        .map(|h| {
+                            ids.iter()
+                                .find(|(id, _)| id == h)
+                                .map_or(h.clone(), |(_, n)| n.clone())
+                        })
+                        .collect(),
+                    Err(err) => {
+                        shared.problem(format!("semaphore document does not parse: {err}"));
+                        BTreeSet::new()
+                    }
+                };
+                shared.record_holders(holders);
+            }
+        }
+    }
+}
+
+/// The outside watcher of the Lease semaphore (a kube-rs watch, over HTTP).
+pub(super) async fn leases(client: kube::Client, shared: Arc<Shared>) {
+    let api: Api<Lease> = Api::namespaced(client, "kube-system");
+    let mut holders: BTreeMap<String, String> = BTreeMap::new();
+    let mut rv = "0".to_string();
+    while !shared.stopped() {
+        let Ok(stream) = api.watch(&WatchParams::default(), &rv).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let mut stream = stream.boxed();
+        while let Some(Ok(e)) = stream.next().await {
+            let (lease, gone) = match e {
+                WatchEvent::Added(l) | WatchEvent::Modified(l) => (l, false),
+                WatchEvent::Deleted(l) => (l, true),
+                WatchEvent::Bookmark(b) => {
+                    rv = b.metadata.resource_version;
+                    continue;
+                }
+                WatchEvent::Error(_) => break,
+            };
+            if let Some(v) = &lease.metadata.resource_version {
+                rv = v.clone();
+            }
+            let name = lease.metadata.name.clone().unwrap_or_default();
+            match lease
+                .spec
+                .and_then(|s| s.holder_identity)
+                .filter(|h| !h.is_empty() && !gone)
+            {
+                Some(h) => holders.insert(name, h),
+                None => holders.remove(&name),
+            };
+            shared.record_holders(holders.values().cloned().collect());
+        }
+    }
+}
+
+/// The outside watcher of cordons: the most Nodes unschedulable at once.
+pub(super) async fn cordons(client: kube::Client, shared: Arc<Shared>) {
+    let api: Api<KubeNode> = Api::all(client);
+    let mut cordoned = BTreeSet::new();
+    let mut rv = "0".to_string();
+    while !shared.stopped() {
+        let Ok(stream) = api.watch(&WatchParams::default(), &rv).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let mut stream = stream.boxed();
+        while let Some(Ok(e)) = stream.next().await {
+            let (node, gone) = match e {
+                WatchEvent::Added(n) | WatchEvent::Modified(n) => (n, false),
+                WatchEvent::Deleted(n) => (n, true),
+                WatchEvent::Bookmark(b) => {
+                    rv = b.metadata.resource_version;
+                    continue;
+                }
+                WatchEvent::Error(_) => break,
+            };
+            if let Some(v) = &node.metadata.resource_version {
+                rv = v.clone();
+            }
+            let name = node.metadata.name.clone().unwrap_or_default();
+            let unschedulable = node
+                .spec
+                .as_ref()
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false);
+            let changed = if unschedulable && !gone {
+                cordoned.insert(name)
+            } else {
+                cordoned.remove(&name)
+            };
+            if changed {
+                shared.record_cordoned(cordoned.clone());
+            }
+        }
+    }
+}
