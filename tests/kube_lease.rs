@@ -83,6 +83,11 @@ scenarios!(
     set_max_below_holders_needs_force,
     corrupt_control_lease_is_refused_and_left_alone,
     kubectl_sees_the_holder,
+    waiters_take_the_slot_in_fifo_order,
+    a_release_wakes_only_the_first_waiter,
+    a_dead_waiter_stops_blocking_after_its_ttl,
+    a_restarted_waiter_keeps_its_place,
+    status_and_set_max_ignore_waiter_leases,
 );
 
 fn settings() -> config::KubeLease {
@@ -99,6 +104,7 @@ fn timeouts() -> Timeouts {
         watch: Duration::from_secs(290),
         backoff_min: Duration::from_millis(50),
         backoff_max: Duration::from_millis(500),
+        waiter_ttl: Duration::from_secs(30),
     }
 }
 
@@ -164,6 +170,56 @@ fn lease(env: &Env, name: &str) -> Option<Value> {
 
 fn slot(i: u64) -> String {
     format!("{NAME}-{i}")
+}
+
+fn waiter_lease(env: &Env, node: &str) -> Option<Value> {
+    lease(env, &format!("{NAME}-waiter-{node}"))
+}
+
+/// Names of the semaphore's waiter Leases in the store.
+fn waiter_leases(env: &Env) -> Vec<String> {
+    env.api
+        .cluster()
+        .list(Kind::Lease, Some(NS))
+        .iter()
+        .filter(|l| {
+            l.pointer("/metadata/labels/rebootd.io~1role")
+                .and_then(Value::as_str)
+                == Some(kube_lease::ROLE_WAITER)
+        })
+        .filter_map(|l| Some(l.pointer("/metadata/name")?.as_str()?.to_owned()))
+        .collect()
+}
+
+/// An acquirer task for machine `x`: acquires, says so on `acquired`, holds until told, then
+/// releases.
+struct Acquirer {
+    release: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+async fn spawn_acquirer(
+    env: &Env,
+    x: &'static str,
+    t: Timeouts,
+    acquired: tokio::sync::mpsc::UnboundedSender<&'static str>,
+) -> Acquirer {
+    let s = sem_with(env, x, None, t).await;
+    let (release, release_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        s.acquire(&me(x)).await.expect("acquire");
+        acquired.send(x).unwrap();
+        let _ = release_rx.await;
+        s.release(&me(x).id).await.expect("release");
+    });
+    Acquirer { release, task }
+}
+
+impl Acquirer {
+    async fn release(self) {
+        self.release.send(()).unwrap();
+        within("release", self.task).await.unwrap();
+    }
 }
 
 fn holder_of(l: &Value) -> Option<&str> {
@@ -961,5 +1017,294 @@ mod scenarios {
             table.contains("node-a") && table.contains(&slot(0)),
             "{table}"
         );
+    }
+
+    pub async fn waiters_take_the_slot_in_fifo_order(mut env: Env) {
+        let names = ["a", "b", "c", "d", "e"];
+        for x in names {
+            add_node(&env, x);
+        }
+        let (tx, mut acquired) = tokio::sync::mpsc::unbounded_channel();
+        let mut acquirers = BTreeMap::new();
+        for x in names {
+            acquirers.insert(x, spawn_acquirer(&env, x, timeouts(), tx.clone()).await);
+            if x == "a" {
+                assert_eq!(within("a", acquired.recv()).await, Some("a"));
+                assert!(waiter_lease(&env, "node-a").is_none(), "a never queued");
+            } else {
+                // Queued in this order: each one's waiter Lease exists before the next starts.
+                let id = format!("id=m-{x}");
+                env.logs.expect(&["waiting for a free slot", &id]).await;
+                let w = waiter_lease(&env, &format!("node-{x}")).expect("waiter Lease");
+                assert_eq!(
+                    w.pointer("/metadata/labels/rebootd.io~1semaphore"),
+                    Some(&json!(NAME))
+                );
+                assert_eq!(
+                    w.pointer("/metadata/labels/rebootd.io~1role"),
+                    Some(&json!(kube_lease::ROLE_WAITER))
+                );
+                assert_eq!(
+                    ann(&w, kube_lease::ANNOTATION_WAITER_NODE),
+                    Some(format!("node-{x}").as_str())
+                );
+                assert_eq!(holder_of(&w), None, "a waiter Lease holds nothing");
+                assert!(w.pointer("/spec/acquireTime").is_some());
+                assert!(w.pointer("/spec/renewTime").is_some());
+                assert_eq!(w.pointer("/spec/leaseDurationSeconds"), Some(&json!(30)));
+            }
+        }
+        assert_eq!(waiter_leases(&env).len(), 4);
+        let mut order = Vec::new();
+        let mut holder = "a";
+        for _ in 1..names.len() {
+            acquirers.remove(holder).unwrap().release().await;
+            let next = within("the next holder", acquired.recv()).await.unwrap();
+            assert!(
+                waiter_lease(&env, &format!("node-{next}")).is_none(),
+                "{next}'s waiter Lease is deleted once it holds the slot"
+            );
+            assert_eq!(holders(&env).len(), 1);
+            order.push(next);
+            holder = next;
+        }
+        acquirers.remove(holder).unwrap().release().await;
+        assert_eq!(order, ["b", "c", "d", "e"], "first come, first served");
+        assert!(waiter_leases(&env).is_empty());
+        assert!(holders(&env).is_empty());
+    }
+
+    pub async fn a_release_wakes_only_the_first_waiter(mut env: Env) {
+        let names = ["a", "b", "c", "d", "e", "f", "g", "h", "i"];
+        for x in names {
+            add_node(&env, x);
+        }
+        let (tx, mut acquired) = tokio::sync::mpsc::unbounded_channel();
+        let mut acquirers = BTreeMap::new();
+        for x in names {
+            acquirers.insert(x, spawn_acquirer(&env, x, timeouts(), tx.clone()).await);
+            if x == "a" {
+                within("a", acquired.recv()).await.unwrap();
+            } else {
+                let id = format!("id=m-{x}");
+                env.logs.expect(&["waiting for a free slot", &id]).await;
+            }
+        }
+        assert_eq!(waiter_leases(&env).len(), 8);
+
+        env.api.cluster().requests().clear();
+        let rv_before = env.api.cluster().resource_version();
+        // A waiter may still be opening its first watch (from what it listed before).
+        let opening_watch = |r: &rebootd_lab::kube_api::RequestRecord| {
+            is_lease_watch(r)
+                && r.query
+                    .split('&')
+                    .find_map(|kv| kv.strip_prefix("resourceVersion="))
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .is_some_and(|v| v <= rv_before)
+        };
+        acquirers.remove("a").unwrap().release().await;
+        assert_eq!(within("b", acquired.recv()).await, Some("b"));
+        // c is now first in the queue: it reads once, to check the new holder.
+        env.logs
+            .expect(&["waiting for a free slot", "id=m-c", "waiters_ahead=0"])
+            .await;
+        // Negative check: give the others time to (wrongly) react.
+        let mut quiet = Box::pin(std::future::pending::<()>());
+        not_within("nothing", Duration::from_millis(500), &mut quiet).await;
+
+        let all = env.api.cluster().requests().all();
+        let writes: Vec<_> = all.iter().filter(|r| is_write(r)).collect();
+        assert!(
+            writes.len() <= 4,
+            "one release and hand-off: {} writes: {writes:#?}",
+            writes.len()
+        );
+        let lists = all.iter().filter(|r| is_lease_list(r)).count();
+        assert!(lists <= 3, "{lists} Lease lists");
+        for x in ["d", "e", "f", "g", "h", "i"] {
+            let user = format!("node-{x}");
+            let by: Vec<_> = all
+                .iter()
+                .filter(|r| r.user.as_deref() == Some(user.as_str()) && !opening_watch(r))
+                .collect();
+            assert!(
+                by.is_empty(),
+                "waiter {x} (not eligible) made requests: {by:#?}"
+            );
+        }
+        assert_eq!(holders(&env)[&slot(0)], "node-b");
+        for (_, a) in acquirers {
+            a.task.abort();
+        }
+    }
+
+    pub async fn a_dead_waiter_stops_blocking_after_its_ttl(mut env: Env) {
+        for x in ["a", "b", "c"] {
+            add_node(&env, x);
+        }
+        let t = Timeouts {
+            waiter_ttl: Duration::from_secs(2),
+            ..timeouts()
+        };
+        let a = sem_with(&env, "a", None, t).await;
+        within("a", a.acquire(&me("a"))).await.unwrap();
+
+        // b queues, then its acquire is dropped: its waiter Lease is never renewed again.
+        let b = sem_with(&env, "b", None, t).await;
+        let idb = me("b");
+        let mut waiting_b = Box::pin(b.acquire(&idb));
+        within("b queues", async {
+            tokio::select! {
+                _ = env.logs.expect(&["waiting for a free slot", "id=m-b"]) => {},
+                r = &mut waiting_b => panic!("b did not wait: {r:?}"),
+            }
+        })
+        .await;
+        drop(waiting_b);
+        let b_queued = Instant::now();
+        assert!(waiter_lease(&env, "node-b").is_some());
+
+        let c = sem_with(&env, "c", None, t).await;
+        let idc = me("c");
+        let mut waiting_c = Box::pin(c.acquire(&idc));
+        within("c queues", async {
+            tokio::select! {
+                _ = env.logs.expect(&["waiting for a free slot", "id=m-c", "waiters_ahead=1"]) => {},
+                r = &mut waiting_c => panic!("c did not wait: {r:?}"),
+            }
+        })
+        .await;
+        a.release("m-a").await.unwrap();
+        // b is still live for a while: c leaves the slot to it.
+        not_within(
+            "c while b is live",
+            Duration::from_millis(1000),
+            &mut waiting_c,
+        )
+        .await;
+        assert!(holders(&env).is_empty());
+        within("c after b's TTL", &mut waiting_c).await.unwrap();
+        assert!(
+            b_queued.elapsed() >= Duration::from_secs(2),
+            "c went before b's waiter Lease expired ({:?})",
+            b_queued.elapsed()
+        );
+        assert_eq!(holders(&env)[&slot(0)], "node-c");
+        assert!(waiter_lease(&env, "node-c").is_none());
+    }
+
+    pub async fn a_restarted_waiter_keeps_its_place(mut env: Env) {
+        for x in ["a", "b", "c"] {
+            add_node(&env, x);
+        }
+        let a = sem(&env, "a").await;
+        within("a", a.acquire(&me("a"))).await.unwrap();
+        let b = sem(&env, "b").await;
+        let idb = me("b");
+        let mut waiting_b = Box::pin(b.acquire(&idb));
+        within("b queues", async {
+            tokio::select! {
+                _ = env.logs.expect(&["waiting for a free slot", "id=m-b"]) => {},
+                r = &mut waiting_b => panic!("b did not wait: {r:?}"),
+            }
+        })
+        .await;
+        let since = waiter_lease(&env, "node-b").unwrap()["spec"]["acquireTime"].clone();
+        let (tx, mut acquired) = tokio::sync::mpsc::unbounded_channel();
+        let c = spawn_acquirer(&env, "c", timeouts(), tx.clone()).await;
+        env.logs
+            .expect(&["waiting for a free slot", "id=m-c", "waiters_ahead=1"])
+            .await;
+
+        // b's daemon restarts: a new process, same node, adopts its waiter Lease.
+        drop(waiting_b);
+        let b2 = spawn_acquirer(&env, "b", timeouts(), tx).await;
+        env.logs
+            .expect(&["waiting for a free slot", "id=m-b", "waiters_ahead=0"])
+            .await;
+        assert_eq!(
+            waiter_lease(&env, "node-b").unwrap()["spec"]["acquireTime"],
+            since,
+            "the same place in the queue"
+        );
+        assert_eq!(waiter_leases(&env).len(), 2);
+
+        a.release("m-a").await.unwrap();
+        assert_eq!(within("next", acquired.recv()).await, Some("b"));
+        b2.release().await;
+        assert_eq!(within("then", acquired.recv()).await, Some("c"));
+        c.release().await;
+        assert!(waiter_leases(&env).is_empty());
+    }
+
+    pub async fn status_and_set_max_ignore_waiter_leases(mut env: Env) {
+        for x in ["a", "b"] {
+            add_node(&env, x);
+        }
+        let admin = sem(&env, "admin").await;
+        within("a", sem(&env, "a").await.acquire(&me("a")))
+            .await
+            .unwrap();
+        let (tx, mut acquired) = tokio::sync::mpsc::unbounded_channel();
+        let b = spawn_acquirer(&env, "b", timeouts(), tx).await;
+        env.logs
+            .expect(&["waiting for a free slot", "id=m-b"])
+            .await;
+        // A node named with digits only: its waiter Lease must not pass for slot 3.
+        let digits = Identity {
+            id: "m-3".into(),
+            node: "3".into(),
+            boot_id: "boot-3".into(),
+        };
+        let s3 = sem(&env, "3").await;
+        let mut waiting_3 = Box::pin(s3.acquire(&digits));
+        within("3 queues", async {
+            tokio::select! {
+                _ = env.logs.expect(&["waiting for a free slot", "id=m-3"]) => {},
+                r = &mut waiting_3 => panic!("3 did not wait: {r:?}"),
+            }
+        })
+        .await;
+        let w3 = admin.waiter_name("3");
+        assert_ne!(w3, slot(3));
+        assert!(admin
+            .waiter_name("3")
+            .starts_with(&format!("{NAME}-waiter-")));
+        assert!(lease(&env, &w3).is_some());
+        assert_eq!(waiter_leases(&env).len(), 2);
+
+        let st = admin.status().await.unwrap();
+        assert_eq!((st.max, st.free, st.holders.len()), (1, 0, 1), "{st:?}");
+        assert_eq!(st.holders[0].node.as_deref(), Some("node-a"));
+        admin.set_max(1, false).await.unwrap();
+        assert_eq!(
+            waiter_leases(&env).len(),
+            2,
+            "set-max leaves the waiters alone"
+        );
+        assert!(matches!(
+            admin.set_max(0, false).await,
+            Err(LockError::MaxBelowHolders { holders: 1, .. })
+        ));
+
+        // One more slot: the first waiter takes it; the other still waits.
+        admin.set_max(2, false).await.unwrap();
+        assert_eq!(within("b", acquired.recv()).await, Some("b"));
+        let st = admin.status().await.unwrap();
+        assert_eq!((st.max, st.free, st.holders.len()), (2, 0, 2), "{st:?}");
+        let slots: Vec<String> = holders(&env).into_keys().collect();
+        assert_eq!(slots, [slot(0), slot(1)]);
+        assert!(lease(&env, &w3).is_some(), "3 still waits");
+        not_within(
+            "3 while both slots are held",
+            Duration::from_millis(300),
+            &mut waiting_3,
+        )
+        .await;
+        b.release().await;
+        within("3 after b", &mut waiting_3).await.unwrap();
+        assert_eq!(holders(&env)[&slot(1)], "3");
+        assert!(waiter_leases(&env).is_empty());
     }
 }

@@ -28,6 +28,15 @@
 //!   Slot Leases are created on demand: `acquire` creates the lowest missing slot below `max`
 //!   already held (a create is atomic, so two creators cannot both win), `set-max` creates the
 //!   missing free ones so `kubectl get leases` shows every slot.
+//! - **Waiter Leases `<name>-waiter-<node>`** (label `rebootd.io/role=waiter`): one per node
+//!   waiting for a slot, its place in a FIFO queue (see *Waiting*). `spec.acquireTime` = when it
+//!   started waiting, `spec.renewTime` = its last renewal, `spec.leaseDurationSeconds` = its TTL
+//!   ([`Timeouts::waiter_ttl`]); annotation `rebootd.io/waiter-node` = the node name. It has
+//!   **no** `holderIdentity`, so nothing that counts Leases with a holder counts a waiter. The
+//!   node part is the node name as is when that is a valid name part, not all digits and short
+//!   enough; else escaped to `[a-z0-9-]`, shortened, with `-h<hash>` appended, so a waiter Lease
+//!   never reads as a slot `<name>-<digits>`. `status()`, `set-max`, `release` and reclaim
+//!   look at the control and slot Leases only.
 //!
 //! `set-max` accepts at most [`MAX_SLOTS`] slots. `status()` reports the semaphore name as its
 //! group, reads only, and creates nothing (without a control Lease it shows the `max` the first
@@ -50,16 +59,32 @@
 //!
 //! # Waiting
 //!
+//! Waiters queue first come, first served. A waiter that finds no slot for itself creates its
+//! waiter Lease (after a restart it finds and adopts it, keeping its place) and renews it every
+//! third of its TTL while it waits. The queue is ordered by (`acquireTime`, name); a waiter is
+//! *live* while `renewTime` + `leaseDurationSeconds` (+ 2 s for clock skew)
+//! is in the future. A waiter's *rank* is the number of live waiters ahead of it; it goes for a
+//! slot only while the free slots outnumber its rank (and then for the rank-th free slot, so
+//! that the eligible waiters do not race for one Lease). A waiter whose `acquire` was dropped
+//! stops renewing and, after its TTL, no longer counts; a waiter Lease dead for another TTL is
+//! deleted (resourceVersion precondition) by the next waiter that takes a slot. The taker
+//! deletes its own waiter Lease right after taking the slot. Waiters of older rebootd (no
+//! waiter Lease) race for free slots as before, which stays safe: every take is a CAS.
+//!
 //! A waiter never polls. It watches the Leases labelled `rebootd.io/semaphore=<name>` from the
 //! `resourceVersion` of its last list (so no change is lost between the list and the watch),
-//! resumes the watch from the last `resourceVersion` seen (bookmarks included) when the server
-//! ends it, and lists again on 410 Gone. It also watches the Node object of each holder that has
-//! a `rebootd.io/node-uid` (field selector `metadata.name=<node>`), and sleeps until the next
+//! keeps its view of the Leases up to date from the watch events, resumes the watch from the
+//! last `resourceVersion` seen (bookmarks included) when the server ends it, and lists again
+//! only on 410 Gone, when it may take a slot, when it becomes first in the queue, or (first
+//! only) when the holders change: a release costs the waiters behind the first no request. The
+//! first live waiter also watches the Node object of each holder that has a
+//! `rebootd.io/node-uid` (field selector `metadata.name=<node>`), and sleeps until the next
 //! holder would pass `lock.max_hold`.
 //!
 //! # Reclaim
 //!
-//! A waiter that finds no free slot takes over (logged at warn, `leaseTransitions` + 1):
+//! The first live waiter in the queue (any waiter of an older rebootd too) that finds no free
+//! slot takes over (logged at warn, `leaseTransitions` + 1):
 //! - the slot of a holder whose Node object no longer exists: GET node is 404, or the Node now
 //!   has another uid than `rebootd.io/node-uid` (deleted and re-registered). A holder without
 //!   `rebootd.io/node-uid` (it had no Node object, or could not read it) is never reclaimed on
@@ -102,6 +127,10 @@ use tokio::time::Instant;
 use super::{Holder, Identity, LockError, Semaphore, SemaphoreStatus};
 use crate::config;
 
+mod queue;
+use queue::Waiter;
+pub use queue::ANNOTATION_WAITER_NODE;
+
 const BACKEND: &str = "kubernetes";
 
 /// Label on every Lease of a semaphore; its value is the semaphore name.
@@ -112,6 +141,8 @@ pub const ROLE_CONTROL: &str = "control";
 /// Label of a slot Lease: its index.
 pub const LABEL_SLOT: &str = "rebootd.io/slot";
 pub const ROLE_SLOT: &str = "slot";
+/// Role of a waiter Lease `<name>-waiter-<node>` (its place in the queue of waiters).
+pub const ROLE_WAITER: &str = "waiter";
 /// Annotation of the control Lease: the number of slots.
 pub const ANNOTATION_MAX: &str = "rebootd.io/max";
 /// Annotations of a held slot Lease.
@@ -134,6 +165,9 @@ pub const DEFAULT_MAX: u64 = 1;
 pub const MAX_SLOTS: u64 = 1000;
 /// Optimistic-concurrency attempts before an update (other than `acquire`) gives up.
 const MAX_CONFLICTS: usize = 64;
+/// Added to a waiter Lease's expiry before it counts as dead: the clocks of the waiters (who
+/// write `renewTime`) and of the readers may differ by this much.
+const WAITER_CLOCK_SLACK: Duration = Duration::from_secs(2);
 
 /// Time limits of the Kubernetes backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,6 +181,10 @@ pub struct Timeouts {
     /// `backoff_max`.
     pub backoff_min: Duration,
     pub backoff_max: Duration,
+    /// `leaseDurationSeconds` of a waiter Lease (whole seconds, at least 1); the waiter renews
+    /// it every third of that. A waiter not renewed for this (plus a little clock slack) is
+    /// dead and no longer holds its place in the queue.
+    pub waiter_ttl: Duration,
 }
 
 impl Default for Timeouts {
@@ -156,6 +194,7 @@ impl Default for Timeouts {
             watch: Duration::from_secs(290),
             backoff_min: Duration::from_millis(100),
             backoff_max: Duration::from_secs(10),
+            waiter_ttl: Duration::from_secs(30),
         }
     }
 }
@@ -168,6 +207,8 @@ pub struct KubeLeaseSemaphore {
     name: String,
     /// `rebootd.io/semaphore=<name>`
     selector: String,
+    /// `<name>-waiter-`: the names of the waiter Leases.
+    waiter_prefix: String,
     /// What error messages say we talk to.
     target: String,
     /// Why `name` cannot be used, if it cannot.
@@ -258,6 +299,8 @@ struct Snapshot {
     control: Option<Lease>,
     max: u64,
     slots: BTreeMap<u64, Slot>,
+    /// The waiter Leases, by name.
+    waiters: BTreeMap<String, Waiter>,
 }
 
 impl Snapshot {
@@ -292,8 +335,11 @@ enum Round {
     Again,
     /// No slot: wait for a change of the Leases after `resource_version`, for the deletion of
     /// one of `nodes` (name, uid recorded), or until `wake_at` (a holder passing max_hold).
+    /// `view` is the list the round read (kept up to date from the watch); `head` = first
+    /// live waiter in the queue (the one that checks holders for reclaim).
     Wait {
-        resource_version: String,
+        view: Box<Snapshot>,
+        head: bool,
         nodes: Vec<(String, String)>,
         wake_at: Option<Instant>,
     },
@@ -310,10 +356,46 @@ struct AcquireState {
     last_logged: Option<WaitState>,
     /// Nodes whose GET or watch was refused (logged once).
     node_access_warned: bool,
+    /// Our waiter Lease as last read or written; `None`: not queued.
+    waiter: Option<Lease>,
+    /// Waiter Leases found long dead by the last round: deleted once we hold a slot.
+    dead_waiters: Vec<Lease>,
 }
 
-/// What a waiter logs about: max and the holders (node, phase).
-type WaitState = (u64, Vec<(String, Option<String>)>);
+impl AcquireState {
+    /// When our waiter Lease started waiting (our place in the queue); `now` if not queued.
+    fn queued_since(&self, now: jiff::Timestamp) -> jiff::Timestamp {
+        self.waiter
+            .as_ref()
+            .and_then(|l| l.spec.as_ref()?.acquire_time.as_ref())
+            .map_or(now, |t| t.0)
+    }
+}
+
+/// What a waiter logs about: max, the holders (node, phase) and its rank in the queue.
+type WaitState = (u64, Vec<(String, Option<String>)>, usize);
+
+/// What the head of the queue checks for reclaim: (slot, node, node uid, since) of each holder.
+type HeldSignature = Vec<(u64, String, Option<String>, Option<jiff::Timestamp>)>;
+
+fn held_signature(snap: &Snapshot) -> HeldSignature {
+    snap.held()
+        .map(|(s, h)| (s.index, h.node.clone(), h.node_uid.clone(), h.since))
+        .collect()
+}
+
+/// The `Instant` of wall-clock time `t` (now if past).
+fn instant_at(t: jiff::Timestamp) -> Instant {
+    let ahead = t.duration_since(jiff::Timestamp::now());
+    Instant::now() + Duration::try_from(ahead).unwrap_or_default()
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
 
 /// What a GET of a Node said.
 enum NodeLookup {
@@ -398,6 +480,7 @@ impl KubeLeaseSemaphore {
             leases: Api::namespaced(client.clone(), &namespace),
             nodes: Api::all(client),
             selector: format!("{LABEL_SEMAPHORE}={name}"),
+            waiter_prefix: queue::prefix(&name),
             target: format!("the API server (Leases {namespace}/{name}*)"),
             invalid: name_problem(&name),
             namespace,
@@ -441,6 +524,12 @@ impl KubeLeaseSemaphore {
     /// The name of the Lease of slot `index`.
     pub fn slot_name(&self, index: u64) -> String {
         format!("{}-{index}", self.name)
+    }
+
+    /// The name of the waiter Lease of `node`: `<name>-waiter-<node>` (the node escaped if
+    /// need be; never `<name>-<digits>`).
+    pub fn waiter_name(&self, node: &str) -> String {
+        queue::waiter_name(&self.name, node)
     }
 
     fn check(&self) -> Result<(), LockError> {
@@ -536,48 +625,70 @@ impl KubeLeaseSemaphore {
     async fn read(&self) -> Result<Snapshot, LockError> {
         let lp = ListParams::default().labels(&self.selector);
         let list = self.call("listing Leases", self.leases.list(&lp)).await?;
-        let resource_version = list.metadata.resource_version.unwrap_or_default();
-        let mut control = None;
-        let mut slots = BTreeMap::new();
+        let mut snap = Snapshot {
+            resource_version: list.metadata.resource_version.unwrap_or_default(),
+            control: None,
+            max: DEFAULT_MAX,
+            slots: BTreeMap::new(),
+            waiters: BTreeMap::new(),
+        };
         for lease in list.items {
-            let lease_name = lease.metadata.name.clone().unwrap_or_default();
-            if lease_name == self.name {
-                control = Some(lease);
-            } else if let Some(index) = self.slot_index(&lease_name) {
-                let holder = SlotHolder::from_lease(&lease);
-                slots.insert(
-                    index,
-                    Slot {
-                        index,
-                        lease,
-                        holder,
-                    },
-                );
-            } else {
-                tracing::debug!(lease = %lease_name, selector = %self.selector, "ignoring a Lease that is neither the control Lease nor a slot");
-            }
+            self.put_lease(&mut snap, lease);
         }
-        let max = match &control {
-            None => (slots.len() as u64).max(DEFAULT_MAX),
+        snap.max = self.max_of(&snap)?;
+        Ok(snap)
+    }
+
+    /// Put `lease` (listed or seen on the watch) in `snap` as the control Lease, a slot or a
+    /// waiter; anything else is ignored. `snap.max` is not recomputed.
+    fn put_lease(&self, snap: &mut Snapshot, lease: Lease) {
+        let lease_name = lease.metadata.name.clone().unwrap_or_default();
+        if lease_name == self.name {
+            snap.control = Some(lease);
+        } else if let Some(index) = self.slot_index(&lease_name) {
+            let holder = SlotHolder::from_lease(&lease);
+            snap.slots.insert(
+                index,
+                Slot {
+                    index,
+                    lease,
+                    holder,
+                },
+            );
+        } else if lease_name.starts_with(&self.waiter_prefix) {
+            snap.waiters.insert(lease_name, Waiter::from_lease(lease));
+        } else {
+            tracing::debug!(lease = %lease_name, selector = %self.selector, "ignoring a Lease that is neither the control Lease, a slot nor a waiter");
+        }
+    }
+
+    /// Remove the Lease named `lease_name` (deleted) from `snap`.
+    fn drop_lease(&self, snap: &mut Snapshot, lease_name: &str) {
+        if lease_name == self.name {
+            snap.control = None;
+        } else if let Some(index) = self.slot_index(lease_name) {
+            snap.slots.remove(&index);
+        } else {
+            snap.waiters.remove(lease_name);
+        }
+    }
+
+    /// The number of slots `snap` says. A control Lease whose max does not parse is
+    /// [`LockError::Corrupt`].
+    fn max_of(&self, snap: &Snapshot) -> Result<u64, LockError> {
+        match &snap.control {
+            None => Ok((snap.slots.len() as u64).max(DEFAULT_MAX)),
             Some(c) => match annotation(c, ANNOTATION_MAX) {
-                None => {
-                    return Err(self.corrupt(
-                        "",
-                        format!("the control Lease has no {ANNOTATION_MAX} annotation"),
-                    ))
-                }
+                None => Err(self.corrupt(
+                    "",
+                    format!("the control Lease has no {ANNOTATION_MAX} annotation"),
+                )),
                 Some(v) => v
                     .trim()
                     .parse::<u64>()
-                    .map_err(|e| self.corrupt(v, format!("not a number of slots: {e}")))?,
+                    .map_err(|e| self.corrupt(v, format!("not a number of slots: {e}"))),
             },
-        };
-        Ok(Snapshot {
-            resource_version,
-            control,
-            max,
-            slots,
-        })
+        }
     }
 
     fn labels(&self, role: &str, index: Option<u64>) -> BTreeMap<String, String> {
@@ -682,12 +793,17 @@ impl KubeLeaseSemaphore {
     /// Lease belongs to something else.
     #[tracing::instrument(level = "debug", skip(self, lease), fields(namespace = %self.namespace, lease = lease.metadata.name.as_deref().unwrap_or("")))]
     async fn create(&self, what: &str, lease: &Lease) -> Result<bool, LockError> {
+        Ok(self.create_obj(what, lease).await?.is_some())
+    }
+
+    /// [`Self::create`], returning the Lease created.
+    async fn create_obj(&self, what: &str, lease: &Lease) -> Result<Option<Lease>, LockError> {
         let name = lease.metadata.name.as_deref().unwrap_or("");
         match self
             .call(what, self.leases.create(&PostParams::default(), lease))
             .await
         {
-            Ok(_) => Ok(true),
+            Ok(l) => Ok(Some(l)),
             Err(CallError {
                 code: Some(409), ..
             }) => {
@@ -706,7 +822,7 @@ impl KubeLeaseSemaphore {
                     }
                 }
                 tracing::debug!(lease = name, what, "lost a race; reading again");
-                Ok(false)
+                Ok(None)
             }
             Err(e) => Err(e.error),
         }
@@ -715,20 +831,21 @@ impl KubeLeaseSemaphore {
     /// Delete slot `slot` if it did not change since read. `false` = it did (or is gone).
     #[tracing::instrument(level = "debug", skip(self, slot), fields(namespace = %self.namespace, lease = slot.name()))]
     async fn delete_slot(&self, slot: &Slot) -> Result<bool, LockError> {
+        self.delete_lease("deleting a slot Lease", &slot.lease)
+            .await
+    }
+
+    /// Delete `lease` if it did not change since read. `false` = it did (or is gone).
+    async fn delete_lease(&self, what: &str, lease: &Lease) -> Result<bool, LockError> {
         let dp = DeleteParams {
             preconditions: Some(Preconditions {
-                resource_version: slot.lease.metadata.resource_version.clone(),
-                uid: slot.lease.metadata.uid.clone(),
+                resource_version: lease.metadata.resource_version.clone(),
+                uid: lease.metadata.uid.clone(),
             }),
             ..DeleteParams::default()
         };
-        match self
-            .call(
-                "deleting a slot Lease",
-                self.leases.delete(slot.name(), &dp),
-            )
-            .await
-        {
+        let name = lease.metadata.name.as_deref().unwrap_or("");
+        match self.call(what, self.leases.delete(name, &dp)).await {
             Ok(_) => Ok(true),
             Err(CallError {
                 code: Some(409 | 404),
@@ -748,6 +865,103 @@ impl KubeLeaseSemaphore {
                 &Self::freed(&slot.lease, jiff::Timestamp::now()),
             )
             .await
+        }
+    }
+
+    fn waiter_ttl_secs(&self) -> i32 {
+        i32::try_from(self.timeouts.waiter_ttl.as_secs().max(1)).unwrap_or(i32::MAX)
+    }
+
+    /// A new waiter Lease for `me`, waiting since `now`.
+    fn waiter_lease(&self, me: &Identity, now: jiff::Timestamp) -> Lease {
+        Lease {
+            metadata: ObjectMeta {
+                name: Some(self.waiter_name(&me.node)),
+                namespace: Some(self.namespace.clone()),
+                labels: Some(self.labels(ROLE_WAITER, None)),
+                annotations: Some(BTreeMap::from([(
+                    ANNOTATION_WAITER_NODE.to_owned(),
+                    me.node.clone(),
+                )])),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                acquire_time: Some(MicroTime(now)),
+                renew_time: Some(MicroTime(now)),
+                lease_duration_seconds: Some(self.waiter_ttl_secs()),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+
+    /// When our waiter Lease is due for renewal (a third of its TTL after the last renewal).
+    fn renew_due(&self, st: &AcquireState) -> Option<jiff::Timestamp> {
+        let spec = st.waiter.as_ref()?.spec.as_ref()?;
+        let renewed = spec.renew_time.as_ref().or(spec.acquire_time.as_ref())?.0;
+        let every = jiff::SignedDuration::from_secs(i64::from(self.waiter_ttl_secs())) / 3;
+        Some(
+            renewed
+                .saturating_add(every)
+                .unwrap_or(jiff::Timestamp::MAX),
+        )
+    }
+
+    /// Renew our waiter Lease. `false` = it changed or is gone (read again).
+    async fn renew_waiter(&self, st: &mut AcquireState) -> Result<bool, LockError> {
+        let Some(mut lease) = st.waiter.clone() else {
+            return Ok(false);
+        };
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        spec.renew_time = Some(MicroTime(jiff::Timestamp::now()));
+        spec.lease_duration_seconds = Some(self.waiter_ttl_secs());
+        let name = lease.metadata.name.clone().unwrap_or_default();
+        let pp = PostParams::default();
+        match self
+            .call(
+                "renewing the waiter Lease",
+                self.leases.replace(&name, &pp, &lease),
+            )
+            .await
+        {
+            Ok(l) => {
+                st.waiter = Some(l);
+                Ok(true)
+            }
+            Err(CallError {
+                code: Some(409 | 404),
+                ..
+            }) => {
+                tracing::debug!(lease = %name, "the waiter Lease changed or is gone; reading again");
+                st.waiter = None;
+                Ok(false)
+            }
+            Err(e) => Err(e.error),
+        }
+    }
+
+    /// Once holding a slot: delete our waiter Lease and the long-dead ones seen (best effort:
+    /// a waiter Lease left behind expires by itself).
+    async fn leave_queue(&self, st: &mut AcquireState) {
+        if let Some(w) = st.waiter.take() {
+            // Our own Lease: only its uid as precondition (a renewal may be in flight).
+            let mut w = w;
+            w.metadata.resource_version = None;
+            match self.delete_lease("deleting the waiter Lease", &w).await {
+                Ok(_) => {
+                    tracing::debug!(lease = ?w.metadata.name, "left the queue");
+                }
+                Err(e) => {
+                    tracing::info!(lease = ?w.metadata.name, error = %e, "could not delete the waiter Lease; it expires by itself")
+                }
+            }
+        }
+        for dead in std::mem::take(&mut st.dead_waiters) {
+            if let Ok(true) = self
+                .delete_lease("deleting a dead waiter Lease", &dead)
+                .await
+            {
+                tracing::info!(lease = ?dead.metadata.name, "deleted the Lease of a waiter that stopped renewing it");
+            }
         }
     }
 
@@ -800,7 +1014,9 @@ impl KubeLeaseSemaphore {
         Ok(uid)
     }
 
-    /// One round of `acquire`: read; take a free slot, or reclaim one, or say what to wait for.
+    /// One round of `acquire`: read; take a free slot (when fewer live waiters are ahead of
+    /// us in the queue than there are free slots), or reclaim one (first in the queue only),
+    /// or queue and say what to wait for.
     async fn acquire_round(
         &self,
         me: &Identity,
@@ -811,6 +1027,17 @@ impl KubeLeaseSemaphore {
             self.create_control(&snap, snap.max).await?;
             return Ok(Round::Again);
         }
+        let now_ts = jiff::Timestamp::now();
+        let my_waiter = self.waiter_name(&me.node);
+        // Ours from an earlier round, or left by a previous process (adopted: same place).
+        st.waiter = snap.waiters.get(&my_waiter).map(|w| w.lease.clone());
+        let ttl = Duration::from_secs(u64::try_from(self.waiter_ttl_secs()).unwrap_or(1));
+        st.dead_waiters = snap
+            .waiters
+            .values()
+            .filter(|w| w.name != my_waiter && w.deadline(WAITER_CLOCK_SLACK + ttl) <= now_ts)
+            .map(|w| w.lease.clone())
+            .collect();
         if let Some((slot, holder)) = snap.mine(me) {
             if holder.machine_id.as_deref() == Some(me.id.as_str()) {
                 tracing::debug!(lease = slot.name(), id = %me.id, "holding a slot already");
@@ -833,30 +1060,54 @@ impl KubeLeaseSemaphore {
             return Ok(Round::Again);
         }
 
+        let pos = queue::position(
+            snap.waiters.values(),
+            st.queued_since(now_ts),
+            &my_waiter,
+            now_ts,
+            WAITER_CLOCK_SLACK,
+        );
         let holders = snap.holders();
-        if (holders as u64) < snap.max {
+        if (holders as u64) < snap.max && snap.free() > pos.rank as i64 {
             let node_uid = self.own_node_uid(me, st).await?;
             let now = jiff::Timestamp::now();
-            let free = snap
+            // The waiters ahead of us go for the first free slots: we take the one after them,
+            // so that the eligible waiters do not all race for the same Lease.
+            enum Candidate<'a> {
+                Free(&'a Slot),
+                Missing(u64),
+            }
+            let candidates: Vec<Candidate> = snap
                 .slots
                 .values()
-                .find(|s| s.index < snap.max && s.holder.is_none());
-            let (won, lease_name) = if let Some(slot) = free {
-                let lease = Self::taken(&slot.lease, me, now, node_uid.as_deref());
-                (
-                    self.replace("taking a slot", &lease).await?,
-                    slot.name().to_owned(),
+                .filter(|s| s.index < snap.max && s.holder.is_none())
+                .map(Candidate::Free)
+                .chain(
+                    (0..snap.max)
+                        .filter(|i| !snap.slots.contains_key(i))
+                        .map(Candidate::Missing),
                 )
-            } else if let Some(index) = (0..snap.max).find(|i| !snap.slots.contains_key(i)) {
-                let lease = Self::taken(&self.free_slot_lease(index), me, now, node_uid.as_deref());
-                (
-                    self.create("creating a slot", &lease).await?,
-                    self.slot_name(index),
-                )
-            } else {
+                .take(pos.rank + 1)
+                .collect();
+            let (won, lease_name) = match candidates.get(pos.rank).or(candidates.last()) {
+                Some(Candidate::Free(slot)) => {
+                    let lease = Self::taken(&slot.lease, me, now, node_uid.as_deref());
+                    (
+                        self.replace("taking a slot", &lease).await?,
+                        slot.name().to_owned(),
+                    )
+                }
+                Some(&Candidate::Missing(index)) => {
+                    let lease =
+                        Self::taken(&self.free_slot_lease(index), me, now, node_uid.as_deref());
+                    (
+                        self.create("creating a slot", &lease).await?,
+                        self.slot_name(index),
+                    )
+                }
                 // Fewer holders than max yet no slot below max free or missing: impossible
                 // unless the list changed shape under us; read again.
-                return Ok(Round::Again);
+                None => return Ok(Round::Again),
             };
             if won {
                 tracing::info!(
@@ -866,6 +1117,7 @@ impl KubeLeaseSemaphore {
                     node = %me.node,
                     holders = holders + 1,
                     max = snap.max,
+                    waiters_ahead = pos.rank,
                     "took a slot"
                 );
                 return Ok(Round::Held);
@@ -873,74 +1125,99 @@ impl KubeLeaseSemaphore {
             return Ok(Round::Again);
         }
 
-        // No free slot: is a holder's Node gone?
+        // Only the first live waiter checks the holders for reclaim (and watches their Nodes):
+        // the others wait for their turn without a request.
+        let head = pos.rank == 0;
         let mut watch_nodes = Vec::new();
-        for (slot, h) in snap.held() {
-            let Some(uid) = &h.node_uid else { continue };
-            match self.node_lookup(&h.node).await? {
-                NodeLookup::Found(now_uid) if &now_uid == uid => {
-                    watch_nodes.push((h.node.clone(), uid.clone()))
+        let mut wake_at = None;
+        let seen_now = Instant::now();
+        if head {
+            // No free slot: is a holder's Node gone?
+            for (slot, h) in snap.held() {
+                let Some(uid) = &h.node_uid else { continue };
+                match self.node_lookup(&h.node).await? {
+                    NodeLookup::Found(now_uid) if &now_uid == uid => {
+                        watch_nodes.push((h.node.clone(), uid.clone()))
+                    }
+                    NodeLookup::Found(now_uid) => {
+                        let why = format!(
+                            "its Node {} was deleted and registered again (uid {uid} is now {now_uid})",
+                            h.node
+                        );
+                        return self.reclaim(&snap, slot, h, me, &why, st).await;
+                    }
+                    NodeLookup::Missing => {
+                        let why = format!("its Node {} no longer exists", h.node);
+                        return self.reclaim(&snap, slot, h, me, &why, st).await;
+                    }
+                    NodeLookup::Unknown(reason) => {
+                        if !st.node_access_warned {
+                            tracing::warn!(node = %h.node, %reason, "cannot read a holder's Node; it is not checked for deletion");
+                            st.node_access_warned = true;
+                        }
+                    }
                 }
-                NodeLookup::Found(now_uid) => {
+            }
+
+            // Track since when this waiter sees each holder, for holders without a time.
+            st.first_seen
+                .retain(|node, _| snap.held().any(|(_, h)| &h.node == node));
+            for (_, h) in snap.held() {
+                st.first_seen.entry(h.node.clone()).or_insert(seen_now);
+            }
+
+            if let Some(max_hold) = self.max_hold {
+                let now = jiff::Timestamp::now();
+                let mut stalest: Option<(&Slot, &SlotHolder, Duration)> = None;
+                for (slot, h) in snap.held() {
+                    let age = match h.since {
+                        Some(since) => {
+                            Duration::try_from(now.duration_since(since)).unwrap_or_default()
+                        }
+                        None => st
+                            .first_seen
+                            .get(&h.node)
+                            .map(|t| seen_now.saturating_duration_since(*t))
+                            .unwrap_or_default(),
+                    };
+                    if age >= max_hold {
+                        if stalest.is_none_or(|(_, _, a)| age > a) {
+                            stalest = Some((slot, h, age));
+                        }
+                    } else {
+                        let at = seen_now + (max_hold - age);
+                        wake_at = Some(wake_at.map_or(at, |w: Instant| w.min(at)));
+                    }
+                }
+                if let Some((slot, h, age)) = stalest {
                     let why = format!(
-                        "its Node {} was deleted and registered again (uid {uid} is now {now_uid})",
-                        h.node
+                        "no progress for {} (longer than lock.max_hold {})",
+                        humantime::format_duration(Duration::from_secs(age.as_secs())),
+                        humantime::format_duration(max_hold)
                     );
                     return self.reclaim(&snap, slot, h, me, &why, st).await;
                 }
-                NodeLookup::Missing => {
-                    let why = format!("its Node {} no longer exists", h.node);
-                    return self.reclaim(&snap, slot, h, me, &why, st).await;
-                }
-                NodeLookup::Unknown(reason) => {
-                    if !st.node_access_warned {
-                        tracing::warn!(node = %h.node, %reason, "cannot read a holder's Node; it is not checked for deletion");
-                        st.node_access_warned = true;
-                    }
-                }
             }
         }
 
-        // Track since when this waiter sees each holder, for holders without a time.
-        let seen_now = Instant::now();
-        st.first_seen
-            .retain(|node, _| snap.held().any(|(_, h)| &h.node == node));
-        for (_, h) in snap.held() {
-            st.first_seen.entry(h.node.clone()).or_insert(seen_now);
-        }
-
-        let mut wake_at = None;
-        if let Some(max_hold) = self.max_hold {
-            let now = jiff::Timestamp::now();
-            let mut stalest: Option<(&Slot, &SlotHolder, Duration)> = None;
-            for (slot, h) in snap.held() {
-                let age = match h.since {
-                    Some(since) => {
-                        Duration::try_from(now.duration_since(since)).unwrap_or_default()
+        // Join the queue (or stay in it).
+        match self.renew_due(st) {
+            None => {
+                let lease = self.waiter_lease(me, jiff::Timestamp::now());
+                match self.create_obj("joining the queue", &lease).await? {
+                    Some(created) => {
+                        tracing::debug!(lease = %my_waiter, waiters_ahead = pos.rank, "joined the queue of waiters");
+                        st.waiter = Some(created);
                     }
-                    None => st
-                        .first_seen
-                        .get(&h.node)
-                        .map(|t| seen_now.saturating_duration_since(*t))
-                        .unwrap_or_default(),
-                };
-                if age >= max_hold {
-                    if stalest.is_none_or(|(_, _, a)| age > a) {
-                        stalest = Some((slot, h, age));
-                    }
-                } else {
-                    let at = seen_now + (max_hold - age);
-                    wake_at = Some(wake_at.map_or(at, |w: Instant| w.min(at)));
+                    None => return Ok(Round::Again),
                 }
             }
-            if let Some((slot, h, age)) = stalest {
-                let why = format!(
-                    "no progress for {} (longer than lock.max_hold {})",
-                    humantime::format_duration(Duration::from_secs(age.as_secs())),
-                    humantime::format_duration(max_hold)
-                );
-                return self.reclaim(&snap, slot, h, me, &why, st).await;
+            Some(due) if due <= jiff::Timestamp::now() => {
+                if !self.renew_waiter(st).await? {
+                    return Ok(Round::Again);
+                }
             }
+            Some(_) => {}
         }
 
         let state = (
@@ -948,6 +1225,7 @@ impl KubeLeaseSemaphore {
             snap.held()
                 .map(|(_, h)| (h.node.clone(), h.phase.clone()))
                 .collect::<Vec<_>>(),
+            pos.rank,
         );
         if st.last_logged.as_ref() != Some(&state) {
             tracing::info!(
@@ -957,13 +1235,15 @@ impl KubeLeaseSemaphore {
                 free = snap.free(),
                 max = snap.max,
                 holders = ?state.1,
+                waiters_ahead = pos.rank,
                 reclaim_check_in = ?wake_at.map(|w: Instant| w.saturating_duration_since(seen_now)),
                 "waiting for a free slot (watching the Leases)"
             );
             st.last_logged = Some(state);
         }
         Ok(Round::Wait {
-            resource_version: snap.resource_version,
+            view: Box::new(snap),
+            head,
             nodes: watch_nodes,
             wake_at,
         })
@@ -1056,19 +1336,26 @@ impl KubeLeaseSemaphore {
         }
     }
 
-    /// Wait until the semaphore's Leases change after `resource_version` (by watch), one of
-    /// `nodes` (name, uid recorded) is deleted or registered again, or `wake_at`. Watches that
-    /// the server ends are resumed from the last resourceVersion seen; 410 Gone or a watch
-    /// that cannot be resumed returns, so that the caller lists again.
-    #[tracing::instrument(level = "debug", skip(self, nodes, st), fields(namespace = %self.namespace, semaphore = %self.name))]
+    /// Wait until the Leases, as seen on the watch from `view`, let us go for a slot (free
+    /// slots outnumber the live waiters ahead of us), make us first in the queue, or (when
+    /// first: `head`) change holders; until one of `nodes` (name, uid recorded) is deleted or
+    /// registered again, or `wake_at`. Changes that do none of that cost no request. Renews
+    /// our waiter Lease every third of its TTL. Watches that the server ends are resumed from
+    /// the last resourceVersion seen; 410 Gone or a watch that cannot be resumed returns, so
+    /// that the caller lists again.
+    #[tracing::instrument(level = "debug", skip_all, fields(namespace = %self.namespace, semaphore = %self.name))]
     async fn wait_for_change(
         &self,
-        resource_version: String,
+        me: &Identity,
+        mut view: Box<Snapshot>,
+        head: bool,
         nodes: &[(String, String)],
         wake_at: Option<Instant>,
         st: &mut AcquireState,
     ) -> Result<(), LockError> {
-        let mut rv = resource_version;
+        let mut rv = view.resource_version.clone();
+        let my_waiter = self.waiter_name(&me.node);
+        let held_before = held_signature(&view);
         let Some(mut leases) = self.watch_leases(&rv).await? else {
             return Ok(());
         };
@@ -1116,6 +1403,20 @@ impl KubeLeaseSemaphore {
         };
         tokio::pin!(wake);
         loop {
+            if let Some(why) = self.wake_reason(&view, me, &my_waiter, head, &held_before, st) {
+                tracing::debug!(why, "reading the Leases again");
+                return Ok(());
+            }
+            let now = jiff::Timestamp::now();
+            let pos = queue::position(
+                view.waiters.values(),
+                st.queued_since(now),
+                &my_waiter,
+                now,
+                WAITER_CLOCK_SLACK,
+            );
+            let expiry = pos.next_expiry.map(instant_at);
+            let renew_at = self.renew_due(st).map(instant_at);
             let node_deadline = node_opened.values().min().map(|t| *t + silence);
             let node_silence = async {
                 match node_deadline {
@@ -1125,9 +1426,35 @@ impl KubeLeaseSemaphore {
             };
             tokio::select! {
                 () = &mut wake => return Ok(()),
+                // A waiter ahead stops being live: the rank is computed again.
+                () = sleep_until_opt(expiry) => {}
+                () = sleep_until_opt(renew_at) => {
+                    if !self.renew_waiter(st).await? {
+                        return Ok(());
+                    }
+                }
                 ev = leases.next() => match ev {
-                    Some(Ok(WatchEvent::Added(_) | WatchEvent::Modified(_) | WatchEvent::Deleted(_))) => {
-                        return Ok(())
+                    Some(Ok(WatchEvent::Added(l) | WatchEvent::Modified(l))) => {
+                        lease_deadline = Instant::now() + silence;
+                        if let Some(v) = &l.metadata.resource_version {
+                            rv = v.clone();
+                        }
+                        // Our own waiter Lease: what we wrote last is in `st`.
+                        if l.metadata.name.as_deref() != Some(my_waiter.as_str()) {
+                            self.put_lease(&mut view, l);
+                        }
+                    }
+                    Some(Ok(WatchEvent::Deleted(l))) => {
+                        lease_deadline = Instant::now() + silence;
+                        if let Some(v) = &l.metadata.resource_version {
+                            rv = v.clone();
+                        }
+                        let name = l.metadata.name.unwrap_or_default();
+                        if name == my_waiter {
+                            tracing::info!(lease = %name, "our waiter Lease was deleted (taken for dead?); queueing again");
+                            return Ok(());
+                        }
+                        self.drop_lease(&mut view, &name);
                     }
                     Some(Ok(WatchEvent::Bookmark(b))) => {
                         rv = b.metadata.resource_version;
@@ -1203,6 +1530,47 @@ impl KubeLeaseSemaphore {
         }
     }
 
+    /// Why the waiter should read the Leases again after what the watch showed (`view`), if
+    /// it should.
+    fn wake_reason(
+        &self,
+        view: &Snapshot,
+        me: &Identity,
+        my_waiter: &str,
+        head: bool,
+        held_before: &HeldSignature,
+        st: &AcquireState,
+    ) -> Option<&'static str> {
+        if view.control.is_none() {
+            return Some("the control Lease is gone");
+        }
+        let Ok(max) = self.max_of(view) else {
+            return Some("the control Lease does not parse");
+        };
+        if view.mine(me).is_some() {
+            return Some("a slot is held under our name");
+        }
+        let now = jiff::Timestamp::now();
+        let pos = queue::position(
+            view.waiters.values(),
+            st.queued_since(now),
+            my_waiter,
+            now,
+            WAITER_CLOCK_SLACK,
+        );
+        let holders = view.holders() as u64;
+        if holders < max && max - holders > pos.rank as u64 {
+            return Some("a slot is free for us");
+        }
+        if pos.rank == 0 && !head {
+            return Some("first in the queue");
+        }
+        if head && held_signature(view) != *held_before {
+            return Some("the holders changed");
+        }
+        None
+    }
+
     /// Optimistic-concurrency loop for the calls other than `acquire`: `f` does one attempt on
     /// a fresh read and says whether it is done.
     async fn update<'a, F, Fut>(&'a self, what: &str, mut f: F) -> Result<(), LockError>
@@ -1241,17 +1609,21 @@ impl Semaphore for KubeLeaseSemaphore {
         let mut st = AcquireState::default();
         loop {
             let failed = match self.acquire_round(me, &mut st).await {
-                Ok(Round::Held) => return Ok(()),
+                Ok(Round::Held) => {
+                    self.leave_queue(&mut st).await;
+                    return Ok(());
+                }
                 Ok(Round::Again) => {
                     backoff = self.timeouts.backoff_min;
                     continue;
                 }
                 Ok(Round::Wait {
-                    resource_version,
+                    view,
+                    head,
                     nodes,
                     wake_at,
                 }) => match self
-                    .wait_for_change(resource_version, &nodes, wake_at, &mut st)
+                    .wait_for_change(me, view, head, &nodes, wake_at, &mut st)
                     .await
                 {
                     Ok(()) => {
