@@ -112,6 +112,13 @@ per_version!(
     stale_locksmith_holder_is_reclaimed_after_max_hold_of_waiting,
     set_max_below_holders_needs_force,
     paused_etcd_is_unreachable_then_recovers,
+    queued_waiters_take_the_slot_in_queue_order,
+    a_release_wakes_only_the_head_of_the_queue,
+    a_dead_waiter_holds_up_the_queue_at_most_its_lease_ttl,
+    a_cancelled_waiter_leaves_the_queue_at_once,
+    a_restarted_waiter_keeps_its_place,
+    a_locksmith_acquirer_works_beside_the_queue,
+    the_queue_entry_is_gone_after_acquire,
 );
 
 mod tls {
@@ -145,6 +152,7 @@ fn timeouts() -> Timeouts {
         request: Duration::from_secs(3),
         backoff_min: Duration::from_millis(50),
         backoff_max: Duration::from_millis(500),
+        queue_ttl: Duration::from_secs(10),
     }
 }
 
@@ -205,6 +213,111 @@ async fn raw(etcd: &EtcdServer, key: &str) -> Option<(Vec<u8>, i64, i64)> {
     resp.kvs()
         .first()
         .map(|kv| (kv.value().to_vec(), kv.version(), kv.mod_revision()))
+}
+
+/// The key of waiter `id`'s queue entry in the default group.
+fn queue_key(id: &str) -> String {
+    document::waiter_key("default", id)
+}
+
+/// Create revision and lease of `key`.
+async fn entry(etcd: &EtcdServer, key: &str) -> Option<(i64, i64)> {
+    let resp = client(etcd).await.get(key, None).await.expect("get");
+    resp.kvs()
+        .first()
+        .map(|kv| (kv.create_revision(), kv.lease()))
+}
+
+/// Put a queue entry by hand under a new lease of `ttl_secs` that nobody keeps alive, as a
+/// rebootd that died (or was cut off) while waiting leaves it. Returns its create revision.
+async fn hand_queue_entry(etcd: &EtcdServer, id: &str, ttl_secs: i64) -> i64 {
+    let mut c = client(etcd).await;
+    let lease = c.lease_grant(ttl_secs, None).await.expect("grant").id();
+    let record = document::WaiterRecord {
+        node: format!("node-{id}"),
+        boot_id: format!("old-boot-{id}"),
+        since: jiff::Timestamp::now(),
+    };
+    let resp = c
+        .put(
+            queue_key(id),
+            record.to_json(),
+            Some(etcd_client::PutOptions::new().with_lease(lease)),
+        )
+        .await
+        .expect("put");
+    resp.header().unwrap().revision()
+}
+
+/// Start `acquire` for `id` on its own connection; the id is sent on `took` when it returns.
+async fn spawn_waiter(
+    etcd: &EtcdServer,
+    id: &str,
+    took: &tokio::sync::mpsc::UnboundedSender<String>,
+) -> tokio::task::JoinHandle<Result<(), LockError>> {
+    let s = sem(etcd, "default", None).await;
+    let (id, took) = (id.to_owned(), took.clone());
+    tokio::spawn(async move {
+        let r = s.acquire(&me(&id)).await;
+        if r.is_ok() {
+            let _ = took.send(id);
+        }
+        r
+    })
+}
+
+/// Wait for `id` to say it waits at `position` in the queue.
+async fn waits_at(logs: &mut Logs, id: &str, position: usize) -> String {
+    logs.expect(&[
+        "waiting for a free slot",
+        &format!("id={id} "),
+        &format!("position={position} "),
+    ])
+    .await
+}
+
+/// etcd's request counters (its `/metrics` on the plain client URL): unary calls started by
+/// method, and messages received on streams (`Watch(msgs)`: watch creates and cancels).
+async fn etcd_requests(etcd: &EtcdServer) -> std::collections::BTreeMap<String, f64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let endpoint = etcd.endpoint();
+    let addr = endpoint
+        .strip_prefix("http://")
+        .expect("plain http endpoint");
+    let mut conn = tokio::net::TcpStream::connect(addr).await.expect("metrics");
+    conn.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut body = String::new();
+    conn.read_to_string(&mut body).await.unwrap();
+    let mut counts = std::collections::BTreeMap::new();
+    for line in body.lines() {
+        let (suffix, rest) = if let Some(r) = line.strip_prefix("grpc_server_started_total{") {
+            ("", r)
+        } else if let Some(r) = line.strip_prefix("grpc_server_msg_received_total{") {
+            ("(msgs)", r)
+        } else {
+            continue;
+        };
+        let Some(method) = rest.split("grpc_method=\"").nth(1) else {
+            continue;
+        };
+        let method = method.split('"').next().unwrap_or_default();
+        let value: f64 = rest.rsplit(' ').next().unwrap().parse().unwrap();
+        *counts.entry(format!("{method}{suffix}")).or_insert(0.0) += value;
+    }
+    counts
+}
+
+fn minus(
+    after: &std::collections::BTreeMap<String, f64>,
+    before: &std::collections::BTreeMap<String, f64>,
+) -> std::collections::BTreeMap<String, f64> {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, v)| *v != 0.0)
+        .collect()
 }
 
 async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
@@ -655,6 +768,351 @@ async fn paused_etcd_is_unreachable_then_recovers(mut env: Env) {
     s.acquire(&me("a")).await.unwrap();
 }
 
+/// Four waiters that queue up in a known order (each starts once the one before is in the
+/// queue) take the slot in that order, whatever their ids, one release after the other.
+async fn queued_waiters_take_the_slot_in_queue_order(mut env: Env) {
+    let etcd = &env.etcd;
+    let admin = sem(etcd, "default", None).await;
+    admin.acquire(&me("h")).await.unwrap();
+    let (took_tx, mut took) = tokio::sync::mpsc::unbounded_channel();
+    let order = ["w3", "w1", "w0", "w2"];
+    let mut tasks = Vec::new();
+    for (i, id) in order.iter().enumerate() {
+        tasks.push(spawn_waiter(etcd, id, &took_tx).await);
+        waits_at(&mut env.logs, id, i + 1).await;
+    }
+    let mut holder = "h".to_owned();
+    let mut served = Vec::new();
+    for _ in order {
+        admin.release(&holder).await.unwrap();
+        holder = within("next holder", took.recv()).await.unwrap();
+        assert_eq!(
+            admin.status().await.unwrap().holders.len(),
+            1,
+            "one holder at a time"
+        );
+        served.push(holder.clone());
+    }
+    assert_eq!(served, order, "served in queue order");
+    for t in tasks {
+        within("waiter", t).await.unwrap().unwrap();
+    }
+}
+
+/// With a holder and eight queued waiters, one release and hand-off costs etcd a handful of
+/// requests (the release's read and CAS, the head's CAS), not some per waiter: the others learn
+/// about it from their watch and neither read nor try the CAS.
+async fn a_release_wakes_only_the_head_of_the_queue(mut env: Env) {
+    let etcd = &env.etcd;
+    let admin = sem(etcd, "default", None).await;
+    admin.acquire(&me("h")).await.unwrap();
+    let (took_tx, mut took) = tokio::sync::mpsc::unbounded_channel();
+    let ids: Vec<String> = (0..8).map(|i| format!("w{i}")).collect();
+    let mut tasks = Vec::new();
+    for (i, id) in ids.iter().enumerate() {
+        tasks.push(spawn_waiter(etcd, id, &took_tx).await);
+        waits_at(&mut env.logs, id, i + 1).await;
+    }
+
+    let before = etcd_requests(etcd).await;
+    admin.release("h").await.unwrap();
+    let first = within("head of the queue", took.recv()).await.unwrap();
+    assert_eq!(first, "w0");
+    // Every other waiter has seen the hand-off (and, without a queue, would have read and tried).
+    let mut seen = std::collections::BTreeSet::new();
+    while seen.len() < ids.len() - 1 {
+        let line = env
+            .logs
+            .expect(&["waiting for a free slot", "holders=[\"w0\"]"])
+            .await;
+        let id = line.split("id=").nth(1).unwrap().split(' ').next().unwrap();
+        seen.insert(id.to_owned());
+    }
+    let after = etcd_requests(etcd).await;
+    let used = minus(&after, &before);
+    eprintln!("etcd requests for one release + hand-off with 8 waiters: {used:?}");
+    let count = |k: &str| used.get(k).copied().unwrap_or(0.0);
+    assert!(count("Txn") <= 4.0, "Txn requests: {used:?}");
+    assert_eq!(count("Range"), 0.0, "{used:?}");
+    assert_eq!(count("Put"), 0.0, "{used:?}");
+    assert_eq!(count("LeaseGrant"), 0.0, "{used:?}");
+    assert_eq!(count("Watch(msgs)"), 0.0, "no watch created: {used:?}");
+    assert_eq!(count("Watch"), 0.0, "no watch stream opened: {used:?}");
+    for t in tasks.iter().skip(1) {
+        assert!(!t.is_finished());
+    }
+    // The rest follow, in order.
+    let mut holder = first;
+    for id in ids.iter().skip(1) {
+        admin.release(&holder).await.unwrap();
+        holder = within("next holder", took.recv()).await.unwrap();
+        assert_eq!(&holder, id);
+    }
+}
+
+/// A waiter that died without a word (its entry under a lease nobody keeps alive) holds up the
+/// queue until its lease expires, no longer.
+async fn a_dead_waiter_holds_up_the_queue_at_most_its_lease_ttl(mut env: Env) {
+    let etcd = &env.etcd;
+    let admin = sem(etcd, "default", None).await;
+    admin.acquire(&me("h")).await.unwrap();
+    let ttl = Duration::from_secs(2);
+    let granted = Instant::now();
+    hand_queue_entry(etcd, "dead", ttl.as_secs() as i64).await;
+    let (took_tx, mut took) = tokio::sync::mpsc::unbounded_channel();
+    let waiter = spawn_waiter(etcd, "w", &took_tx).await;
+    waits_at(&mut env.logs, "w", 2).await;
+
+    admin.release("h").await.unwrap();
+    // A free slot, but "dead" is first in the queue: w waits.
+    env.logs
+        .expect(&["waiting for a free slot", "id=w ", "free=1 ", "position=2 "])
+        .await;
+    assert!(!waiter.is_finished());
+    within("w", took.recv()).await.unwrap();
+    let after = granted.elapsed();
+    eprintln!("took the slot {after:?} after the dead waiter's lease ({ttl:?}) was granted");
+    assert!(after >= ttl - Duration::from_millis(500), "{after:?}");
+    assert!(after <= ttl + Duration::from_secs(3), "{after:?}");
+    assert_eq!(entry(etcd, &queue_key("dead")).await, None);
+    within("w", waiter).await.unwrap().unwrap();
+}
+
+/// A waiter whose `acquire` is cancelled (its future dropped, as at shutdown) revokes its lease:
+/// the next waiter moves up at once, not after the lease's time to live.
+async fn a_cancelled_waiter_leaves_the_queue_at_once(mut env: Env) {
+    let etcd = &env.etcd;
+    let admin = sem(etcd, "default", None).await;
+    admin.acquire(&me("h")).await.unwrap();
+    let (took_tx, mut took) = tokio::sync::mpsc::unbounded_channel();
+    let a = spawn_waiter(etcd, "a", &took_tx).await;
+    waits_at(&mut env.logs, "a", 1).await;
+    let b = spawn_waiter(etcd, "b", &took_tx).await;
+    waits_at(&mut env.logs, "b", 2).await;
+    assert!(entry(etcd, &queue_key("a")).await.is_some());
+
+    let cancelled = Instant::now();
+    a.abort();
+    waits_at(&mut env.logs, "b", 1).await;
+    let moved_up = cancelled.elapsed();
+    eprintln!(
+        "b moved up {moved_up:?} after a was cancelled (queue ttl {:?})",
+        timeouts().queue_ttl
+    );
+    assert!(moved_up < timeouts().queue_ttl / 2, "{moved_up:?}");
+    assert_eq!(entry(etcd, &queue_key("a")).await, None);
+
+    admin.release("h").await.unwrap();
+    assert_eq!(within("b", took.recv()).await.unwrap(), "b");
+    within("b", b).await.unwrap().unwrap();
+}
+
+/// A rebootd restarted while waiting finds the entry of its previous run (under that run's
+/// lease, still alive) and takes it over under its own lease: same create revision, same place.
+async fn a_restarted_waiter_keeps_its_place(mut env: Env) {
+    let etcd = &env.etcd;
+    let admin = sem(etcd, "default", None).await;
+    admin.acquire(&me("h")).await.unwrap();
+    // "a" waited before "b" came, then its rebootd died (lease still alive).
+    let created = hand_queue_entry(etcd, "a", 60).await;
+    let (_, old_lease) = entry(etcd, &queue_key("a")).await.unwrap();
+    let (took_tx, mut took) = tokio::sync::mpsc::unbounded_channel();
+    let b = spawn_waiter(etcd, "b", &took_tx).await;
+    waits_at(&mut env.logs, "b", 2).await;
+
+    // "a" starts again: it is first, as before.
+    let a = spawn_waiter(etcd, "a", &took_tx).await;
+    waits_at(&mut env.logs, "a", 1).await;
+    let (revision, lease) = entry(etcd, &queue_key("a")).await.unwrap();
+    assert_eq!(revision, created, "the entry kept its create revision");
+    assert_ne!(lease, old_lease, "the entry is under the new run's lease");
+
+    admin.release("h").await.unwrap();
+    assert_eq!(within("a", took.recv()).await.unwrap(), "a");
+    admin.release("a").await.unwrap();
+    assert_eq!(within("b", took.recv()).await.unwrap(), "b");
+    within("a", a).await.unwrap().unwrap();
+    within("b", b).await.unwrap().unwrap();
+}
+
+/// locksmith (and rebootd before the queue) only knows the document: its CAS takes a slot the
+/// queue does not know about, queued waiters wait on, and everyone gets a turn with never more
+/// than `max` holders.
+async fn a_locksmith_acquirer_works_beside_the_queue(mut env: Env) {
+    let etcd = &env.etcd;
+    let admin = sem(etcd, "default", None).await;
+    admin.acquire(&me("h")).await.unwrap();
+    let (took_tx, mut took) = tokio::sync::mpsc::unbounded_channel();
+    let a = spawn_waiter(etcd, "a", &took_tx).await;
+    waits_at(&mut env.logs, "a", 1).await;
+    let b = spawn_waiter(etcd, "b", &took_tx).await;
+    waits_at(&mut env.logs, "b", 2).await;
+
+    // `locksmithctl unlock h` and a locksmith node taking the slot at once: one CAS.
+    let mut c = client(etcd).await;
+    let cas = |from: &'static str, to: &'static str| {
+        let (from, to) = (from.to_owned(), to.to_owned());
+        async move {
+            let mut c = client(etcd).await;
+            let (value, version, _) = raw(etcd, DEFAULT_KEY).await.unwrap();
+            assert_eq!(String::from_utf8(value).unwrap(), from);
+            let txn = etcd_client::Txn::new()
+                .when([etcd_client::Compare::version(
+                    DEFAULT_KEY,
+                    etcd_client::CompareOp::Equal,
+                    version,
+                )])
+                .and_then([etcd_client::TxnOp::put(DEFAULT_KEY, to, None)]);
+            assert!(c.txn(txn).await.unwrap().succeeded());
+        }
+    };
+    cas(
+        r#"{"semaphore":0,"max":1,"holders":["h"]}"#,
+        r#"{"semaphore":0,"max":1,"holders":["ls"]}"#,
+    )
+    .await;
+    env.logs
+        .expect(&[
+            "waiting for a free slot",
+            "id=a ",
+            "holders=[\"ls\"]",
+            "position=1 ",
+        ])
+        .await;
+    assert!(!a.is_finished() && !b.is_finished());
+
+    // A locksmith acquirer: read, CAS when a slot is free, else watch the document. It races
+    // the head of the queue for each free slot.
+    let ls = tokio::spawn({
+        let endpoint = etcd.endpoint();
+        async move {
+            let mut c = etcd_client::Client::connect([endpoint], None)
+                .await
+                .unwrap();
+            loop {
+                let resp = c.get(DEFAULT_KEY, None).await.unwrap();
+                let kv = resp.kvs()[0].clone();
+                let mut doc = SemaphoreDoc::parse(kv.value()).unwrap();
+                if doc.lock("ls2").is_ok() {
+                    let txn = etcd_client::Txn::new()
+                        .when([etcd_client::Compare::version(
+                            DEFAULT_KEY,
+                            etcd_client::CompareOp::Equal,
+                            kv.version(),
+                        )])
+                        .and_then([etcd_client::TxnOp::put(DEFAULT_KEY, doc.to_json(), None)]);
+                    if c.txn(txn).await.unwrap().succeeded() {
+                        return;
+                    }
+                    continue;
+                }
+                let opts = etcd_client::WatchOptions::new()
+                    .with_start_revision(resp.header().unwrap().revision() + 1);
+                let mut w = c.watch(DEFAULT_KEY, Some(opts)).await.unwrap();
+                w.message().await.unwrap(); // created
+                w.message().await.unwrap(); // a change
+            }
+        }
+    });
+    cas(
+        r#"{"semaphore":0,"max":1,"holders":["ls"]}"#,
+        r#"{"semaphore":1,"max":1,"holders":[]}"#,
+    )
+    .await;
+    // Serve everyone: a before b; ls2 whenever it wins a race.
+    let mut served = Vec::new();
+    let mut ls = Some(ls);
+    while served.len() < 3 {
+        let holders = admin.status().await.unwrap().holders;
+        assert!(holders.len() <= 1, "{holders:?}");
+        match holders.first().map(|h| h.id.clone()) {
+            Some(id) => {
+                if id == "ls2" {
+                    ls.take().unwrap().await.unwrap();
+                } else {
+                    assert_eq!(within("waiter", took.recv()).await.unwrap(), id);
+                }
+                served.push(id.clone());
+                admin.release(&id).await.unwrap();
+            }
+            None => {
+                // The slot is free: someone is taking it; wait for whoever reports first.
+                tokio::select! {
+                    id = took.recv() => {
+                        let id = id.unwrap();
+                        served.push(id.clone());
+                        admin.release(&id).await.unwrap();
+                    }
+                    r = async { ls.as_mut().unwrap().await }, if ls.is_some() => {
+                        r.unwrap();
+                        ls = None;
+                        served.push("ls2".into());
+                        admin.release("ls2").await.unwrap();
+                    }
+                    () = tokio::time::sleep(WAIT) => panic!("nobody took the free slot: {served:?}"),
+                }
+            }
+        }
+    }
+    eprintln!("served: {served:?}");
+    let queued: Vec<&String> = served.iter().filter(|s| *s != "ls2").collect();
+    assert_eq!(
+        queued,
+        ["a", "b"],
+        "queued waiters in queue order: {served:?}"
+    );
+    drop(c.get(DEFAULT_KEY, None).await.unwrap());
+    within("a", a).await.unwrap().unwrap();
+    within("b", b).await.unwrap().unwrap();
+}
+
+/// No free slot: a queue entry under a lease while waiting; the transaction that takes the slot
+/// deletes it, and the lease is revoked. A free slot at once: no entry, no lease at all.
+async fn the_queue_entry_is_gone_after_acquire(mut env: Env) {
+    let etcd = &env.etcd;
+    let mut c = client(etcd).await;
+    let leases = |c: &mut etcd_client::Client| {
+        let mut c = c.clone();
+        async move { c.leases().await.unwrap().leases().len() }
+    };
+    let admin = sem(etcd, "default", None).await;
+    admin.acquire(&me("h")).await.unwrap();
+    let queue = document::waiter_queue_prefix("default");
+    let in_queue = |c: &mut etcd_client::Client| {
+        let (mut c, queue) = (c.clone(), queue.clone());
+        async move {
+            let opts = etcd_client::GetOptions::new()
+                .with_prefix()
+                .with_count_only();
+            c.get(queue, Some(opts)).await.unwrap().count()
+        }
+    };
+    assert_eq!(in_queue(&mut c).await, 0, "uncontended: no queue entry");
+    assert_eq!(leases(&mut c).await, 0, "uncontended: no lease");
+
+    let (took_tx, mut took) = tokio::sync::mpsc::unbounded_channel();
+    let w = spawn_waiter(etcd, "w", &took_tx).await;
+    waits_at(&mut env.logs, "w", 1).await;
+    let (_, lease) = entry(etcd, &queue_key("w")).await.expect("queued");
+    assert_ne!(lease, 0, "the entry is under a lease");
+    assert_eq!(leases(&mut c).await, 1);
+
+    admin.release("h").await.unwrap();
+    within("w", took.recv()).await.unwrap();
+    // Deleted by the very transaction that took the slot.
+    assert_eq!(entry(etcd, &queue_key("w")).await, None);
+    assert_eq!(in_queue(&mut c).await, 0);
+    assert!(admin.holds("w").await.unwrap());
+    within("w", w).await.unwrap().unwrap();
+    // The lease is revoked soon after (best effort, from a spawned task).
+    within("lease revoked", async {
+        while leases(&mut c).await > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
 async fn tls_and_password_auth(mut env: Env) {
     let prefix = "coreos.com/updateengine/rebootlock/";
     env.etcd.enable_auth("rootpw").unwrap();
@@ -767,5 +1225,60 @@ async fn closed_port_is_unreachable_naming_the_endpoint() {
             assert!(e.is_transient());
         }
         other => panic!("expected Unreachable, got {other:?}"),
+    }
+}
+
+/// A responder on a loopback port that answers every connection with an HTTP/1.1 page, then
+/// closes it (`keep_open = false`) or keeps it open a while.
+async fn http1_server(keep_open: bool) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                let _ = tokio::time::timeout(Duration::from_millis(200), s.read(&mut buf)).await;
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+                    .await;
+                if keep_open {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                }
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn an_http1_server_is_said_not_to_speak_etcds_protocol() {
+    for keep_open in [false, true] {
+        let endpoint = http1_server(keep_open).await;
+        let s = config::Etcd {
+            endpoints: vec![endpoint.clone()],
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            username: None,
+            password_file: None,
+        };
+        match EtcdSemaphore::connect_with(&s, "default", None, timeouts()).await {
+            Err(e @ LockError::Unreachable { .. }) => {
+                let m = e.to_string();
+                eprintln!("keep_open {keep_open}: {m}");
+                assert!(m.contains(&endpoint), "{m}");
+                assert!(
+                    m.contains("does not speak etcd's gRPC (HTTP/2) protocol"),
+                    "{m}"
+                );
+                assert!(m.contains("usually port 2379"), "{m}");
+                if !keep_open {
+                    assert!(m.contains("HTTP/1.1 200 OK"), "{m}");
+                }
+                assert!(e.is_transient(), "still retried: {m}");
+            }
+            other => panic!("expected Unreachable, got {other:?}"),
+        }
     }
 }

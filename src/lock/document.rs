@@ -7,6 +7,7 @@
 //! |------------------------------|---------------------------------------------------|--------------------------------------------------------------|
 //! | locksmith's document         | `coreos.com/updateengine/rebootlock/semaphore`    | `coreos.com/updateengine/rebootlock/groups/<g>/semaphore`    |
 //! | rebootd's record of holder h | `coreos.com/updateengine/rebootlock/rebootd/holders/<h>` | `coreos.com/updateengine/rebootlock/groups/<g>/rebootd/holders/<h>` |
+//! | rebootd's queue entry of waiter w | `coreos.com/updateengine/rebootlock/rebootd/waiters/<w>` | `coreos.com/updateengine/rebootlock/groups/<g>/rebootd/waiters/<w>` |
 //!
 //! `<g>` and `<h>` are escaped as Go's `url.QueryEscape` does (space becomes `+`), so neither can
 //! contain a `/`. The document holds exactly what locksmith stores
@@ -17,6 +18,12 @@
 //! compares the document's version and finds its holder in the document, so a record whose
 //! holder is gone from the document (unlocked by `locksmithctl`) is an orphan that may be
 //! deleted in any later transaction guarded by the document's version.
+//!
+//! A rebootd waiting for a slot keeps a queue entry ([`WaiterRecord`]) attached to an etcd lease;
+//! the entries' create revisions order the waiters (see `super::etcd`). locksmith never reads them.
+//! Sorted, the keys of one group run: holder records < queue entries < the document, with nothing
+//! of locksmith's in between, so one watch of the range [`holder_records_prefix`] ..= document
+//! sees all three.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -74,6 +81,23 @@ pub fn holder_records_prefix(group: &str) -> String {
 /// The key of rebootd's record about holder `id` in `group`.
 pub fn holder_record_key(group: &str, id: &str) -> String {
     format!("{}{}", holder_records_prefix(group), query_escape(id))
+}
+
+/// The prefix under which rebootd's waiters for a slot of `group` keep one [`WaiterRecord`] each.
+pub fn waiter_queue_prefix(group: &str) -> String {
+    if is_default_group(group) {
+        format!("{KEY_PREFIX}/rebootd/waiters/")
+    } else {
+        format!(
+            "{KEY_PREFIX}/groups/{}/rebootd/waiters/",
+            query_escape(group)
+        )
+    }
+}
+
+/// The key of waiter `id`'s queue entry in `group`.
+pub fn waiter_key(group: &str, id: &str) -> String {
+    format!("{}{}", waiter_queue_prefix(group), query_escape(id))
 }
 
 /// Why a document was refused or an operation on it is not possible.
@@ -320,6 +344,27 @@ impl HolderRecord {
     }
 }
 
+/// A rebootd waiting for a slot, stored as JSON at [`waiter_key`] under an etcd lease that the
+/// waiter keeps alive. locksmith never reads it. Its place in the queue is the key's create
+/// revision, not anything in the value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaiterRecord {
+    pub node: String,
+    pub boot_id: String,
+    /// When it started waiting (kept when a restarted rebootd takes its entry over).
+    pub since: jiff::Timestamp,
+}
+
+impl WaiterRecord {
+    pub fn parse(bytes: &[u8]) -> Result<Self, String> {
+        serde_json::from_slice(bytes).map_err(|e| e.to_string())
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
 fn kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
@@ -384,6 +429,41 @@ mod tests {
         // Records never live under the document's key nor under locksmith's old holders prefix.
         assert!(!holder_records_prefix("default").starts_with(&semaphore_key("default")));
         assert!(!holder_records_prefix("default").starts_with(&format!("{KEY_PREFIX}/holders")));
+        assert_eq!(
+            waiter_key("default", "abc"),
+            "coreos.com/updateengine/rebootlock/rebootd/waiters/abc"
+        );
+        assert_eq!(
+            waiter_key("db workers/eu", "a/b"),
+            "coreos.com/updateengine/rebootlock/groups/db+workers%2Feu/rebootd/waiters/a%2Fb"
+        );
+    }
+
+    #[test]
+    fn one_key_range_holds_records_queue_and_document() {
+        for group in ["default", "g1", "db workers/eu", "z"] {
+            let (records, queue, doc) = (
+                holder_records_prefix(group),
+                waiter_queue_prefix(group),
+                semaphore_key(group),
+            );
+            // The range [records, doc] holds the queue, and ends at the document.
+            assert!(records < queue && queue < doc, "{group}");
+            assert!(waiter_key(group, "~~~~") < doc, "{group}");
+            assert!(holder_record_key(group, "~~~~") < queue, "{group}");
+            // locksmith's own keys of that group and other groups are outside it.
+            let dir = doc.strip_suffix("semaphore").unwrap();
+            assert!(format!("{dir}holders") < records, "{group}");
+            for other in ["default", "g0", "g1-x", "g1.x", "g2", "db workers", "zz"] {
+                if other != group {
+                    let k = semaphore_key(other);
+                    assert!(
+                        !(records.as_str() <= k.as_str() && k <= doc),
+                        "{group} {other}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
