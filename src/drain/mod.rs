@@ -25,6 +25,7 @@
 //!    naming the pods still there (the node stays cordoned: the caller decides).
 
 mod budget;
+mod order;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,7 +35,7 @@ use std::time::Duration;
 use futures_util::stream::FuturesUnordered;
 use futures_util::{pin_mut, StreamExt};
 use k8s_openapi::api::core::v1::{Event, EventSource, Node, ObjectReference, Pod};
-use k8s_openapi::api::policy::v1::Eviction;
+use k8s_openapi::api::policy::v1::{Eviction, PodDisruptionBudget};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     DeleteOptions, ObjectMeta, Preconditions, Time,
 };
@@ -464,6 +465,21 @@ impl KubeDrainer {
                 .filter_map(|p| p.metadata.uid)
                 .collect(),
         };
+        // Pods on the critical path first (see `order`); budgets that cannot be read only
+        // cost the ordering.
+        let budgets = match Api::<PodDisruptionBudget>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+        {
+            Ok(list) => list.items,
+            Err(e) => {
+                tracing::debug!(
+                    "cannot list PodDisruptionBudgets ({e}); evicting by grace period only"
+                );
+                Vec::new()
+            }
+        };
+        let grace_override = self.pod_grace_period.map(|d| d.as_secs_f64().ceil() as i64);
         let mut evict = Vec::new();
         let mut left_alone = Vec::new();
         for p in &all.items {
@@ -489,12 +505,17 @@ impl KubeDrainer {
                     "pod has no controller: evicting it deletes it for good"
                 );
             }
-            evict.push(PodRef {
-                namespace,
-                name,
-                uid,
-            });
+            evict.push((
+                order::urgency(p, &budgets, grace_override),
+                PodRef {
+                    namespace,
+                    name,
+                    uid,
+                },
+            ));
         }
+        evict.sort_by(|a, b| b.0.cmp(&a.0));
+        let evict: Vec<PodRef> = evict.into_iter().map(|(_, p)| p).collect();
         if !left_alone.is_empty() {
             tracing::info!(
                 "leaving {} pod(s) on node {}: {}",
