@@ -800,7 +800,8 @@ async fn a_budget_that_cannot_be_watched_falls_back_to_the_timer() {
         .requests()
         .count(|r| r.path.contains("/poddisruptionbudgets") && r.status == 403);
     assert_eq!(
-        forbidden, 1,
-        "one refused list, then the timer alone (no retry loop)"
+        forbidden, 2,
+        "one refused list for the eviction order, one for the budget watch, then the timer \
+         alone (no retry loop)"
     );
 }
