@@ -514,7 +514,7 @@ impl KubeDrainer {
                 },
             ));
         }
-        evict.sort_by(|a, b| b.0.cmp(&a.0));
+        evict.sort_by_key(|(u, _)| std::cmp::Reverse(*u));
         let evict: Vec<PodRef> = evict.into_iter().map(|(_, p)| p).collect();
         if !left_alone.is_empty() {
             tracing::info!(

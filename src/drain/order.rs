@@ -133,7 +133,7 @@ mod tests {
         assert!(db > slow && slow > default_grace && default_grace > quick);
         assert!(!other_ns.budgeted, "a budget only covers its own namespace");
         let mut order = vec![quick, other_ns, db, slow];
-        order.sort_by(|a, b| b.cmp(a));
+        order.sort_by_key(|u| std::cmp::Reverse(*u));
         assert_eq!(order, vec![db, slow, other_ns, quick]);
         // The drain's override replaces every pod's own grace period.
         assert_eq!(

@@ -146,7 +146,8 @@ impl EtcdCounters {
             .filter(|(k, _)| is_stream(k))
             .map(|(_, v)| v)
             .sum();
-        unary + streamed
+        // `+ 0.0`: the sum of no floats is -0.0, printed "-0".
+        unary + streamed + 0.0
     }
 
     /// `Range=12 Txn=4 Watch(streams)=1 Watch(msgs)=2`.
