@@ -38,15 +38,22 @@ struct Lab {
 /// A stand-in with nodes `nodes` (Ready), a hundredth of real time (a 30 s grace period is
 /// 0.3 s) and pods Ready 0.3 s after they land, and a no-retry client for it.
 async fn lab(nodes: &[&str]) -> Lab {
-    init_tracing();
-    let api = KubeApi::start(Options {
-        time_scale: 0.01,
-        pod_ready_delay: Duration::from_secs(30),
-        bookmark_interval: Duration::from_millis(500),
-        ..Options::default()
-    })
+    lab_with(
+        nodes,
+        Options {
+            time_scale: 0.01,
+            pod_ready_delay: Duration::from_secs(30),
+            bookmark_interval: Duration::from_millis(500),
+            ..Options::default()
+        },
+    )
     .await
-    .expect("start the stand-in");
+}
+
+/// A stand-in with these options and nodes `nodes` (Ready), and a no-retry client for it.
+async fn lab_with(nodes: &[&str], options: Options) -> Lab {
+    init_tracing();
+    let api = KubeApi::start(options).await.expect("start the stand-in");
     for n in nodes {
         api.cluster().add(&NodeBuilder::new(n)).expect("add node");
     }
@@ -688,24 +695,16 @@ async fn wait_ready_with_boot_id_ignores_a_stale_ready() {
 /// one on `b` under a budget with maxUnavailable 1, so the second pod on `a` can only go once
 /// the first one's replacement is Ready. Returns the lab and the two pods on `a`.
 async fn budget_lab() -> (Lab, Vec<Value>) {
-    init_tracing();
-    let api = KubeApi::start(Options {
-        time_scale: 1.0,
-        pod_ready_delay: Duration::from_millis(3500),
-        ..Options::default()
-    })
-    .await
-    .expect("start the stand-in");
-    for n in ["a", "b"] {
-        api.cluster().add(&NodeBuilder::new(n)).expect("add node");
-    }
-    let dir = tempfile::tempdir().expect("temp dir");
-    let kubeconfig = dir.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig).expect("kubeconfig");
-    let client = kube_client::connect(Some(&kubeconfig))
-        .await
-        .expect("connect");
-    let c = api.cluster();
+    let lab = lab_with(
+        &["a", "b"],
+        Options {
+            time_scale: 1.0,
+            pod_ready_delay: Duration::from_millis(3500),
+            ..Options::default()
+        },
+    )
+    .await;
+    let c = lab.api.cluster();
     let (_, pods) = c
         .add_replicaset(
             &ReplicaSetBuilder::new("default", "db").grace_period(1),
@@ -722,12 +721,6 @@ async fn budget_lab() -> (Lab, Vec<Value>) {
         .into_iter()
         .filter(|p| s(p, "/spec/nodeName") == "a")
         .collect();
-    let lab = Lab {
-        api,
-        _dir: dir,
-        kubeconfig,
-        client,
-    };
     (lab, on_a)
 }
 

@@ -69,10 +69,18 @@ pub(super) async fn etcd(endpoint: String, ids: Vec<(String, String)>, shared: A
     }
 }
 
-/// The outside watcher of the Lease semaphore (a kube-rs watch, over HTTP).
-pub(super) async fn leases(client: kube::Client, shared: Arc<Shared>) {
-    let api: Api<Lease> = Api::namespaced(client, "kube-system");
-    let mut holders: BTreeMap<String, String> = BTreeMap::new();
+/// Follow every object of `api` from outside rebootd with a kube-rs watch, resumed from the
+/// last resourceVersion seen, keeping `name -> value` for the objects where `value_of` gives
+/// one; after every event `seen` gets the map and whether that event changed it.
+async fn follow<K>(
+    api: Api<K>,
+    shared: &Shared,
+    value_of: impl Fn(&K) -> Option<String>,
+    mut seen: impl FnMut(&BTreeMap<String, String>, bool),
+) where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let mut values: BTreeMap<String, String> = BTreeMap::new();
     let mut rv = "0".to_string();
     while !shared.stopped() {
         let Ok(stream) = api.watch(&WatchParams::default(), &rv).await else {
@@ -81,70 +89,57 @@ pub(super) async fn leases(client: kube::Client, shared: Arc<Shared>) {
         };
         let mut stream = stream.boxed();
         while let Some(Ok(e)) = stream.next().await {
-            let (lease, gone) = match e {
-                WatchEvent::Added(l) | WatchEvent::Modified(l) => (l, false),
-                WatchEvent::Deleted(l) => (l, true),
+            let (obj, gone) = match e {
+                WatchEvent::Added(o) | WatchEvent::Modified(o) => (o, false),
+                WatchEvent::Deleted(o) => (o, true),
                 WatchEvent::Bookmark(b) => {
                     rv = b.metadata.resource_version;
                     continue;
                 }
                 WatchEvent::Error(_) => break,
             };
-            if let Some(v) = &lease.metadata.resource_version {
+            if let Some(v) = obj.meta().resource_version.as_ref() {
                 rv = v.clone();
             }
-            let name = lease.metadata.name.clone().unwrap_or_default();
-            match lease
-                .spec
-                .and_then(|s| s.holder_identity)
-                .filter(|h| !h.is_empty() && !gone)
-            {
-                Some(h) => holders.insert(name, h),
-                None => holders.remove(&name),
+            let name = obj.meta().name.clone().unwrap_or_default();
+            let changed = match value_of(&obj).filter(|_| !gone) {
+                Some(v) => values.insert(name, v.clone()).as_ref() != Some(&v),
+                None => values.remove(&name).is_some(),
             };
-            shared.record_holders(holders.values().cloned().collect());
+            seen(&values, changed);
         }
     }
 }
 
-/// The outside watcher of cordons: the most Nodes unschedulable at once.
+/// The outside watcher of the Lease semaphore: the holders after every Lease event.
+pub(super) async fn leases(client: kube::Client, shared: Arc<Shared>) {
+    let api: Api<Lease> = Api::namespaced(client, "kube-system");
+    let holder = |l: &Lease| {
+        l.spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.clone())
+            .filter(|h| !h.is_empty())
+    };
+    follow(api, &shared, holder, |holders, _| {
+        shared.record_holders(holders.values().cloned().collect());
+    })
+    .await;
+}
+
+/// The outside watcher of cordons: the Nodes unschedulable, after every change.
 pub(super) async fn cordons(client: kube::Client, shared: Arc<Shared>) {
     let api: Api<KubeNode> = Api::all(client);
-    let mut cordoned = BTreeSet::new();
-    let mut rv = "0".to_string();
-    while !shared.stopped() {
-        let Ok(stream) = api.watch(&WatchParams::default(), &rv).await else {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            continue;
-        };
-        let mut stream = stream.boxed();
-        while let Some(Ok(e)) = stream.next().await {
-            let (node, gone) = match e {
-                WatchEvent::Added(n) | WatchEvent::Modified(n) => (n, false),
-                WatchEvent::Deleted(n) => (n, true),
-                WatchEvent::Bookmark(b) => {
-                    rv = b.metadata.resource_version;
-                    continue;
-                }
-                WatchEvent::Error(_) => break,
-            };
-            if let Some(v) = &node.metadata.resource_version {
-                rv = v.clone();
-            }
-            let name = node.metadata.name.clone().unwrap_or_default();
-            let unschedulable = node
-                .spec
-                .as_ref()
-                .and_then(|s| s.unschedulable)
-                .unwrap_or(false);
-            let changed = if unschedulable && !gone {
-                cordoned.insert(name)
-            } else {
-                cordoned.remove(&name)
-            };
-            if changed {
-                shared.record_cordoned(cordoned.clone());
-            }
+    let cordoned = |n: &KubeNode| {
+        n.spec
+            .as_ref()
+            .and_then(|s| s.unschedulable)
+            .unwrap_or(false)
+            .then(String::new)
+    };
+    follow(api, &shared, cordoned, |nodes, changed| {
+        if changed {
+            shared.record_cordoned(nodes.keys().cloned().collect());
         }
-    }
+    })
+    .await;
 }
