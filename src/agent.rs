@@ -4,6 +4,7 @@
 //! its outcome into an [`Event`], steps, and persists the new state before the next action, so
 //! every side effect is guarded by a state written before it.
 
+use crate::inhibitor::{self, Inhibitor};
 use crate::state::{Phase, RebootRequest, State};
 use jiff::Timestamp;
 use std::time::Duration;
@@ -32,6 +33,9 @@ pub enum Event {
     WindowClosed { next_open: Option<Timestamp> },
     /// This node holds a slot.
     SlotAcquired,
+    /// A fence (right before cordoning or rebooting) found that this node no longer holds its
+    /// slot (released by hand, reclaimed, or held by another host with the same machine id).
+    SlotLost { why: String },
     /// Talking to the lock backend or the API server failed (retried after a back-off).
     Transient { error: String },
     /// Pods matching `blocking_pods` run on the node.
@@ -48,6 +52,8 @@ pub enum Event {
     RebootAccepted,
     /// logind refused (inhibitor, error).
     RebootRefused { error: String },
+    /// The block inhibitors on shutdown held right before the reboot (empty: none any more).
+    Inhibited { by: Vec<Inhibitor> },
     /// An accepted reboot did not happen within the timeout.
     RebootTimedOut,
     /// The node is back and healthy after the reboot.
@@ -81,8 +87,10 @@ pub enum Action {
     Drain,
     /// Check once more that the reboot may happen now (window, blockers).
     PrepareReboot,
-    /// Ask logind to reboot.
+    /// Ask logind to reboot (after listing its block inhibitors, when they are respected).
     CallReboot,
+    /// Wait until the block inhibitors held differ from these.
+    AwaitInhibitors { known: Vec<Inhibitor> },
     /// Wait for the host to go down, until the deadline.
     AwaitReboot { deadline: Timestamp },
     /// Wait for the node to be healthy after boot.
@@ -115,6 +123,9 @@ pub fn next_action(s: &State, policy: &Policy) -> Action {
         Phase::AcquiringSlot => Action::AcquireSlot,
         Phase::Draining if !s.cordon_recorded => Action::RecordCordon,
         Phase::Draining => Action::Drain,
+        Phase::Rebooting if !s.inhibited_by.is_empty() => Action::AwaitInhibitors {
+            known: s.inhibited_by.clone(),
+        },
         Phase::Rebooting => match &s.reboot {
             None => Action::PrepareReboot,
             Some(r) if !r.called => Action::CallReboot,
@@ -139,6 +150,7 @@ fn enter(s: &mut State, phase: Phase, now: Timestamp) {
     if s.phase != phase {
         s.phase = phase;
         s.since = now;
+        s.inhibited_by.clear();
     }
     s.waiting_for = None;
 }
@@ -271,6 +283,23 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
             enter(&mut s, after_slot(policy), now);
             why = "slot acquired".into();
         }
+        Event::SlotLost { why: lost } => {
+            // Back out of what was done for this slot, then wait for a slot again: uncordon if
+            // rebootd cordoned, and no release (there is nothing to give back).
+            s.slot_held = false;
+            s.reboot = None;
+            s.last_error = Some(format!("slot lost: {lost}"));
+            if s.cordoned_by_us {
+                enter(&mut s, Phase::Uncordoning, now);
+                why = format!(
+                    "the slot was lost ({lost}); uncordoning, then waiting for a slot again"
+                );
+            } else {
+                s.cordon_recorded = false;
+                enter(&mut s, Phase::RebootNeeded, now);
+                why = format!("the slot was lost ({lost}); waiting for a slot again");
+            }
+        }
         Event::Transient { error } => {
             s.retry_at = Some(add(now, policy.retry_interval));
             why = format!("{error}; retrying");
@@ -343,6 +372,28 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
             why = format!("reboot refused: {error}");
             s.last_error = Some(why.clone());
         }
+        Event::Inhibited { by } => match s.phase {
+            // Not asked: logind is called once none blocks, after the window and the blockers
+            // are checked again (time may have passed).
+            Phase::Rebooting => {
+                s.reboot = None;
+                if by.is_empty() {
+                    let was = inhibitor::describe(&s.inhibited_by);
+                    why = if was.is_empty() {
+                        "no block inhibitor held".into()
+                    } else {
+                        format!("block inhibitors released ({was}); asking logind again")
+                    };
+                    s.waiting_for = None;
+                } else {
+                    let list = inhibitor::describe(&by);
+                    why = format!("block inhibitors on shutdown held: {list}; not asking logind until they are released");
+                    s.waiting_for = Some(format!("block inhibitors to be released: {list}"));
+                }
+                s.inhibited_by = by;
+            }
+            _ => why = "inhibitors seen outside the rebooting phase (no change)".into(),
+        },
         Event::RebootTimedOut => {
             s.failed_attempts += 1;
             let at = s
@@ -376,8 +427,14 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
         Event::Uncordoned => {
             s.cordoned_by_us = false;
             s.cordon_recorded = false;
-            enter(&mut s, Phase::Releasing, now);
-            why = "node uncordoned".into();
+            if s.slot_held {
+                enter(&mut s, Phase::Releasing, now);
+                why = "node uncordoned".into();
+            } else {
+                // Backing out of a lost slot: nothing to release.
+                enter(&mut s, Phase::RebootNeeded, now);
+                why = "node uncordoned; waiting for a slot again".into();
+            }
         }
         Event::Released => {
             s.slot_held = false;
@@ -577,6 +634,69 @@ mod tests {
         assert_eq!(next_action(&s, &policy()), Action::PrepareReboot);
     }
 
+    fn inhibitor(who: &str, uid: u32) -> Inhibitor {
+        Inhibitor {
+            what: "shutdown".into(),
+            who: who.into(),
+            why: "nightly dump".into(),
+            mode: "block".into(),
+            uid,
+            pid: 42,
+        }
+    }
+
+    #[test]
+    fn block_inhibitors_hold_the_call_until_released_then_everything_is_checked_again() {
+        let s = run(
+            &State::new("b", t(0)),
+            vec![
+                Event::RebootNeeded { reason: "x".into() },
+                Event::WindowOpen,
+                Event::SlotAcquired,
+                Event::ReadyToReboot,
+            ],
+        );
+        assert_eq!(next_action(&s, &policy()), Action::CallReboot);
+        let held = vec![inhibitor("backup", 0)];
+        let s = run(&s, vec![Event::Inhibited { by: held.clone() }]);
+        assert_eq!(s.phase, Phase::Rebooting);
+        assert!(s.slot_held);
+        assert_eq!(s.reboot, None, "logind was not asked");
+        assert_eq!(
+            next_action(&s, &policy()),
+            Action::AwaitInhibitors {
+                known: held.clone()
+            }
+        );
+        let waiting = s.waiting_for.clone().unwrap();
+        assert!(
+            waiting.contains("backup (nightly dump; uid 0, pid 42)"),
+            "{waiting}"
+        );
+        // A restart in the same boot keeps waiting for them.
+        let s = run(
+            &s,
+            vec![Event::Started {
+                boot_id: "b".into(),
+            }],
+        );
+        assert_eq!(s.failed_attempts, 0);
+        assert!(matches!(
+            next_action(&s, &policy()),
+            Action::AwaitInhibitors { .. }
+        ));
+        // Released: the window and the blockers are checked again before logind is asked.
+        let s = run(&s, vec![Event::Inhibited { by: vec![] }]);
+        assert!(s.inhibited_by.is_empty());
+        assert_eq!(s.waiting_for, None);
+        assert_eq!(next_action(&s, &policy()), Action::PrepareReboot);
+        // Backing out (the window closed meanwhile) forgets them.
+        let s = run(&s, vec![Event::Inhibited { by: held }]);
+        let s = run(&s, vec![Event::WindowClosed { next_open: None }]);
+        assert_eq!(s.phase, Phase::Releasing);
+        assert!(s.inhibited_by.is_empty());
+    }
+
     #[test]
     fn closed_window_waits_then_opens() {
         let s = run(
@@ -766,6 +886,59 @@ mod tests {
         assert!(matches!(next_action(&s, &policy()), Action::Sleep { .. }));
         let s = run(&s, vec![Event::RetryDue]);
         assert_eq!(next_action(&s, &policy()), Action::AcquireSlot);
+    }
+
+    #[test]
+    fn a_lost_slot_backs_out_uncordoning_only_what_rebootd_cordoned() {
+        let p = Policy {
+            drain: true,
+            ..policy()
+        };
+        let held = |by_us| {
+            let mut s = State::new("b", t(0));
+            for e in [
+                Event::RebootNeeded { reason: "x".into() },
+                Event::WindowOpen,
+                Event::SlotAcquired,
+                Event::Cordoned { by_us },
+            ] {
+                s = step(&s, e, t(1), &p).state;
+            }
+            s
+        };
+        let lost = |s: &State| {
+            step(
+                s,
+                Event::SlotLost {
+                    why: "reclaimed".into(),
+                },
+                t(2),
+                &p,
+            )
+            .state
+        };
+        // Cordoned by rebootd: uncordon, then back to waiting for a slot (no release).
+        let s = lost(&held(true));
+        assert_eq!(s.phase, Phase::Uncordoning);
+        assert!(!s.slot_held);
+        assert!(s.last_error.as_deref().unwrap().contains("reclaimed"));
+        let s = step(&s, Event::Uncordoned, t(3), &p).state;
+        assert_eq!(s.phase, Phase::RebootNeeded);
+        assert_eq!(next_action(&s, &p), Action::CheckWindow);
+        let s = step(&s, Event::WindowOpen, t(4), &p).state;
+        assert_eq!(next_action(&s, &p), Action::AcquireSlot);
+        // Cordoned by someone else: leave it, back to waiting for a slot at once.
+        let s = lost(&held(false));
+        assert_eq!(s.phase, Phase::RebootNeeded);
+        assert!(!s.cordon_recorded && !s.slot_held);
+        // Right before the logind call: the request on record is dropped.
+        let mut s = held(false);
+        s = step(&s, Event::Drained, t(3), &p).state;
+        s = step(&s, Event::ReadyToReboot, t(4), &p).state;
+        assert_eq!(next_action(&s, &p), Action::CallReboot);
+        let s = lost(&s);
+        assert_eq!(s.reboot, None);
+        assert_eq!(s.phase, Phase::RebootNeeded);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! is reported with the file, line and key), then the fragments are merged key by key (later
 //! wins), then cross-field rules are checked, naming the file that set the offending key.
 
+mod bounds;
 mod input;
 mod values;
 
@@ -67,6 +68,8 @@ pub struct Config {
     pub reboot: Reboot,
     /// Where to serve Prometheus metrics; None = not served.
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Where to POST notifications (`[webhook]`); None = none sent.
+    pub webhook: Option<crate::notify_webhook::WebhookSettings>,
     /// The fragments this came from, in merge order (empty = embedded default).
     pub sources: Vec<PathBuf>,
 }
@@ -87,33 +90,37 @@ pub struct Triggers {
     pub sentinel_interval: Duration,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
+/// The lock backend, with its settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockBackend {
+    /// No semaphore: reboot as soon as the window allows.
     None,
-    Etcd,
-    Kubernetes,
-    FleetLock,
+    /// locksmith's semaphore in etcd.
+    Etcd(Etcd),
+    /// Lease objects in a Kubernetes namespace.
+    Kubernetes(KubeLease),
+    /// A FleetLock server (Zincati's protocol).
+    FleetLock(FleetLock),
 }
 
-impl Backend {
-    pub fn as_str(self) -> &'static str {
+impl LockBackend {
+    /// The name `lock.backend` gives it.
+    pub fn name(&self) -> &'static str {
         match self {
-            Backend::None => "none",
-            Backend::Etcd => "etcd",
-            Backend::Kubernetes => "kubernetes",
-            Backend::FleetLock => "fleetlock",
+            LockBackend::None => "none",
+            LockBackend::Etcd(_) => "etcd",
+            LockBackend::Kubernetes(_) => "kubernetes",
+            LockBackend::FleetLock(_) => "fleetlock",
         }
     }
 }
 
 #[derive(Debug, Clone)]
 pub struct Lock {
-    pub backend: Backend,
-    /// A holder older than this, showing no progress, may be reclaimed. Off when `None`.
+    pub backend: LockBackend,
+    /// A holder that shows no sign of life (no heartbeat) for this long may be reclaimed. Off
+    /// when `None`.
     pub max_hold: Option<Duration>,
-    pub etcd: Option<Etcd>,
-    pub kubernetes: Option<KubeLease>,
-    pub fleetlock: Option<FleetLock>,
 }
 
 /// A FleetLock server (Zincati's protocol: airlock, poseidon/fleetlock).
@@ -121,10 +128,32 @@ pub struct Lock {
 pub struct FleetLock {
     pub url: String,
     pub ca_file: Option<PathBuf>,
+    /// The id sent to the server; `None` = Zincati's: the machine id made app-specific with
+    /// Zincati's application id (see `app_id`).
+    pub id: Option<String>,
+}
+
+/// Which of etcd's two keyspaces holds the semaphore (`[lock.etcd] api`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EtcdApi {
+    /// The v2 keys API, where locksmith keeps its semaphore (etcd <= 3.5 with `--enable-v2`).
+    V2,
+    /// The v3 API (the default).
+    V3,
+}
+
+impl EtcdApi {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EtcdApi::V2 => "v2",
+            EtcdApi::V3 => "v3",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Etcd {
+    pub api: EtcdApi,
     pub endpoints: Vec<String>,
     pub ca_file: Option<PathBuf>,
     pub cert_file: Option<PathBuf>,
@@ -157,6 +186,31 @@ pub struct Kubernetes {
     pub skip_pods: Option<String>,
     pub blocking_pods: Option<String>,
     pub ready_timeout: Duration,
+    /// Pods with emptyDir volumes (`delete_emptydir_data`, as `kubectl drain`).
+    pub emptydir_pods: EmptyDirPods,
+    /// Pods no controller owns (`force`, as `kubectl drain`).
+    pub unmanaged_pods: UnmanagedPods,
+    /// Delete (not evict) a pod its PodDisruptionBudget still refuses this long after the drain
+    /// began; `None` = never.
+    pub force_delete_after: Option<Duration>,
+}
+
+/// What a drain does with a pod that has emptyDir volumes (their data is lost).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EmptyDirPods {
+    /// The drain fails before evicting anything, naming the pods (the default).
+    Refuse,
+    /// Evicted like the others (`delete_emptydir_data = true`).
+    Evict,
+}
+
+/// What a drain does with a pod that no controller owns (nothing recreates it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnmanagedPods {
+    /// The drain fails before evicting anything, naming the pods (the default).
+    Refuse,
+    /// Evicted like the others, and gone for good (`force = true`).
+    Evict,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -186,14 +240,29 @@ impl Config {
 
     /// Load and merge the given fragments in order (later wins) and validate the result.
     pub fn load(files: &[PathBuf]) -> Result<Config, ConfigError> {
-        let mut merged = toml::Table::new();
-        let mut origin = BTreeMap::new();
+        let mut texts = Vec::new();
         for path in files {
             let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
                 path: path.clone(),
                 source,
             })?;
-            let table = parse_fragment(path, &text)?;
+            texts.push((path.clone(), text));
+        }
+        Config::from_texts(&texts)
+    }
+
+    /// Validate one fragment on its own, as if it were the only file (`rebootctl import`).
+    pub fn check_fragment(label: &Path, text: &str) -> Result<Config, ConfigError> {
+        Config::from_texts(&[(label.to_path_buf(), text.to_string())])
+    }
+
+    /// Merge and validate fragments already read, in order.
+    fn from_texts(texts: &[(PathBuf, String)]) -> Result<Config, ConfigError> {
+        let files: Vec<PathBuf> = texts.iter().map(|(p, _)| p.clone()).collect();
+        let mut merged = toml::Table::new();
+        let mut origin = BTreeMap::new();
+        for (path, text) in texts {
+            let table = parse_fragment(path, text)?;
             merge(&mut merged, table, path, "", &mut origin);
         }
         let input: ConfigInput =
@@ -334,14 +403,6 @@ fn validate(
             });
         }
     }
-    if triggers.sentinel_interval.is_zero() {
-        return Err(ConfigError::Invalid {
-            path: file_of(origin, "triggers.sentinel_interval"),
-            key: "triggers.sentinel_interval".into(),
-            value: "\"0s\"".into(),
-            reason: "the interval must be longer than zero".into(),
-        });
-    }
 
     let windows = Windows(
         input
@@ -365,89 +426,7 @@ fn validate(
             .collect(),
     );
 
-    let lock_in = input.lock.unwrap_or_default();
-    let backend = lock_in.backend.unwrap_or(input::BackendInput::None);
-    let lock = Lock {
-        backend: match backend {
-            input::BackendInput::None => Backend::None,
-            input::BackendInput::Etcd => Backend::Etcd,
-            input::BackendInput::Kubernetes => Backend::Kubernetes,
-            input::BackendInput::Fleetlock => Backend::FleetLock,
-        },
-        max_hold: lock_in.max_hold.map(|d| d.0),
-        etcd: lock_in.etcd.map(|e| Etcd {
-            endpoints: e.endpoints.unwrap_or_default(),
-            ca_file: e.ca_file,
-            cert_file: e.cert_file,
-            key_file: e.key_file,
-            username: e.username,
-            password_file: e.password_file,
-        }),
-        kubernetes: lock_in.kubernetes.map(|k| KubeLease {
-            namespace: k
-                .namespace
-                .unwrap_or_else(|| DEFAULT_LEASE_NAMESPACE.into()),
-            name: k.name.unwrap_or_else(|| "rebootd".into()),
-            kubeconfig: k
-                .kubeconfig
-                .or_else(|| input.kubernetes.as_ref().and_then(|k| k.kubeconfig.clone())),
-        }),
-        fleetlock: lock_in.fleetlock.and_then(|f| {
-            f.url.map(|url| FleetLock {
-                url,
-                ca_file: f.ca_file,
-            })
-        }),
-    };
-    match lock.backend {
-        Backend::Etcd => {
-            let endpoints = lock.etcd.as_ref().map(|e| e.endpoints.len()).unwrap_or(0);
-            if endpoints == 0 {
-                return Err(ConfigError::Missing {
-                    key: "lock.etcd.endpoints".into(),
-                    because: format!(
-                        "lock.backend = \"etcd\" (set in {})",
-                        file_of(origin, "lock.backend").display()
-                    ),
-                });
-            }
-            if let Some(e) = &lock.etcd {
-                if e.cert_file.is_some() != e.key_file.is_some() {
-                    return Err(ConfigError::Missing {
-                        key: if e.cert_file.is_some() {
-                            "lock.etcd.key_file".into()
-                        } else {
-                            "lock.etcd.cert_file".into()
-                        },
-                        because: "a client certificate needs both cert_file and key_file".into(),
-                    });
-                }
-                if e.username.is_some() != e.password_file.is_some() {
-                    return Err(ConfigError::Missing {
-                        key: if e.username.is_some() {
-                            "lock.etcd.password_file".into()
-                        } else {
-                            "lock.etcd.username".into()
-                        },
-                        because: "etcd authentication needs both username and password_file".into(),
-                    });
-                }
-            }
-        }
-        Backend::FleetLock => {
-            if lock.fleetlock.is_none() {
-                return Err(ConfigError::Missing {
-                    key: "lock.fleetlock.url".into(),
-                    because: format!(
-                        "lock.backend = \"fleetlock\" (set in {})",
-                        file_of(origin, "lock.backend").display()
-                    ),
-                });
-            }
-        }
-        Backend::None | Backend::Kubernetes => {}
-    }
-
+    let lock = validate_lock(input.lock.unwrap_or_default(), &input.kubernetes, origin)?;
     let kubernetes = input.kubernetes.map(|k| Kubernetes {
         kubeconfig: k.kubeconfig,
         drain_timeout: k
@@ -468,7 +447,50 @@ fn validate(
             .ready_timeout
             .map(|d| d.0)
             .unwrap_or(Duration::from_secs(15 * 60)),
+        emptydir_pods: if k.delete_emptydir_data == Some(true) {
+            EmptyDirPods::Evict
+        } else {
+            EmptyDirPods::Refuse
+        },
+        unmanaged_pods: if k.force == Some(true) {
+            UnmanagedPods::Evict
+        } else {
+            UnmanagedPods::Refuse
+        },
+        force_delete_after: k.force_delete_after.map(|d| d.0),
     });
+    if let Some(k) = &kubernetes {
+        if let Some(after) = k.force_delete_after.filter(|a| *a >= k.drain_timeout) {
+            return Err(ConfigError::Invalid {
+                path: file_of(origin, "kubernetes.force_delete_after"),
+                key: "kubernetes.force_delete_after".into(),
+                value: humantime::format_duration(after).to_string(),
+                reason: format!(
+                    "must be shorter than drain_timeout ({}), or the drain stops before it",
+                    humantime::format_duration(k.drain_timeout)
+                ),
+            });
+        }
+    }
+
+    let webhook = match input.webhook {
+        None => None,
+        Some(w) => Some(crate::notify_webhook::WebhookSettings {
+            url: match w.url {
+                Some(u) if u.starts_with("http://") || u.starts_with("https://") => u,
+                other => {
+                    return Err(ConfigError::Invalid {
+                        path: file_of(origin, "webhook.url"),
+                        key: "webhook.url".into(),
+                        value: format!("{:?}", other.unwrap_or_default()),
+                        reason: "[webhook] needs an http:// or https:// url".into(),
+                    })
+                }
+            },
+            ca_file: w.ca_file,
+            timeout: w.timeout.map(|d| d.0).unwrap_or(Duration::from_secs(10)),
+        }),
+    };
 
     let reboot_in = input.reboot.unwrap_or_default();
     let reboot = Reboot {
@@ -485,21 +507,7 @@ fn validate(
             .map(|d| d.0)
             .unwrap_or(DEFAULT_REBOOT_RETRY),
     };
-    for (key, value) in [
-        ("reboot.timeout", reboot.timeout),
-        ("reboot.retry_interval", reboot.retry_interval),
-    ] {
-        if value.is_zero() {
-            return Err(ConfigError::Invalid {
-                path: file_of(origin, key),
-                key: key.into(),
-                value: "\"0s\"".into(),
-                reason: "must be longer than zero".into(),
-            });
-        }
-    }
-
-    Ok(Config {
+    let config = Config {
         identity,
         triggers,
         windows,
@@ -507,7 +515,150 @@ fn validate(
         kubernetes,
         reboot,
         metrics_listen: input.metrics.and_then(|m| m.listen),
+        webhook,
         sources,
+    };
+    bounds::check(&config, origin)?;
+    check_max_hold(
+        &config.lock,
+        config.kubernetes.as_ref(),
+        &config.reboot,
+        origin,
+    )?;
+    Ok(config)
+}
+
+fn validate_lock(
+    lock_in: input::LockInput,
+    kubernetes: &Option<input::KubernetesInput>,
+    origin: &BTreeMap<String, PathBuf>,
+) -> Result<Lock, ConfigError> {
+    let backend_file = || file_of(origin, "lock.backend").display().to_string();
+    let backend = match lock_in.backend.unwrap_or(input::BackendInput::None) {
+        input::BackendInput::None => LockBackend::None,
+        input::BackendInput::Etcd => {
+            let e = lock_in.etcd.unwrap_or_default();
+            let endpoints = e.endpoints.unwrap_or_default();
+            if endpoints.is_empty() {
+                return Err(ConfigError::Missing {
+                    key: "lock.etcd.endpoints".into(),
+                    because: format!("lock.backend = \"etcd\" (set in {})", backend_file()),
+                });
+            }
+            if e.cert_file.is_some() != e.key_file.is_some() {
+                return Err(ConfigError::Missing {
+                    key: if e.cert_file.is_some() {
+                        "lock.etcd.key_file".into()
+                    } else {
+                        "lock.etcd.cert_file".into()
+                    },
+                    because: "a client certificate needs both cert_file and key_file".into(),
+                });
+            }
+            if e.username.is_some() != e.password_file.is_some() {
+                return Err(ConfigError::Missing {
+                    key: if e.username.is_some() {
+                        "lock.etcd.password_file".into()
+                    } else {
+                        "lock.etcd.username".into()
+                    },
+                    because: "etcd authentication needs both username and password_file".into(),
+                });
+            }
+            LockBackend::Etcd(Etcd {
+                api: match e.api {
+                    Some(input::EtcdApiInput::V2) => EtcdApi::V2,
+                    Some(input::EtcdApiInput::V3) | None => EtcdApi::V3,
+                },
+                endpoints,
+                ca_file: e.ca_file,
+                cert_file: e.cert_file,
+                key_file: e.key_file,
+                username: e.username,
+                password_file: e.password_file,
+            })
+        }
+        input::BackendInput::Kubernetes => {
+            let k = lock_in.kubernetes.unwrap_or_default();
+            LockBackend::Kubernetes(KubeLease {
+                namespace: k
+                    .namespace
+                    .unwrap_or_else(|| DEFAULT_LEASE_NAMESPACE.into()),
+                name: k.name.unwrap_or_else(|| "rebootd".into()),
+                kubeconfig: k
+                    .kubeconfig
+                    .or_else(|| kubernetes.as_ref().and_then(|k| k.kubeconfig.clone())),
+            })
+        }
+        input::BackendInput::Fleetlock => {
+            let f = lock_in.fleetlock.unwrap_or_default();
+            if let Some(id) = &f.id {
+                if id.is_empty() || id.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                    return Err(ConfigError::Invalid {
+                        path: file_of(origin, "lock.fleetlock.id"),
+                        key: "lock.fleetlock.id".into(),
+                        value: format!("{id:?}"),
+                        reason: "the id must be a non-empty word (e.g. Zincati's node_uuid)".into(),
+                    });
+                }
+            }
+            let Some(url) = f.url else {
+                return Err(ConfigError::Missing {
+                    key: "lock.fleetlock.url".into(),
+                    because: format!("lock.backend = \"fleetlock\" (set in {})", backend_file()),
+                });
+            };
+            LockBackend::FleetLock(FleetLock {
+                url,
+                ca_file: f.ca_file,
+                id: f.id,
+            })
+        }
+    };
+    Ok(Lock {
+        backend,
+        max_hold: lock_in.max_hold.map(|d| d.0),
+    })
+}
+
+/// `lock.max_hold` must outlast everything a live holder may do without beating: the drain,
+/// the reboot (the host is down, nothing beats) and the wait for Ready. Shorter, a slow but
+/// live holder could lose its slot to a waiter.
+fn check_max_hold(
+    lock: &Lock,
+    kubernetes: Option<&Kubernetes>,
+    reboot: &Reboot,
+    origin: &BTreeMap<String, PathBuf>,
+) -> Result<(), ConfigError> {
+    let Some(max_hold) = lock.max_hold else {
+        return Ok(());
+    };
+    let fmt = |d: Duration| humantime::format_duration(d).to_string();
+    let mut parts = vec![("reboot.timeout", reboot.timeout)];
+    if let Some(k) = kubernetes {
+        parts.insert(0, ("kubernetes.drain_timeout", k.drain_timeout));
+        parts.push(("kubernetes.ready_timeout", k.ready_timeout));
+    }
+    let total = parts
+        .iter()
+        .fold(Duration::ZERO, |t, (_, d)| t.saturating_add(*d));
+    if max_hold >= total {
+        return Ok(());
+    }
+    let sum = parts
+        .iter()
+        .map(|(k, d)| format!("{k} ({})", fmt(*d)))
+        .collect::<Vec<_>>()
+        .join(" + ");
+    Err(ConfigError::Invalid {
+        path: file_of(origin, "lock.max_hold"),
+        key: "lock.max_hold".into(),
+        value: format!("\"{}\"", fmt(max_hold)),
+        reason: format!(
+            "must be at least {sum} = {}: a holder that is draining, rebooting or waiting for \
+             Ready is alive, and a shorter max_hold would let another node take its slot",
+            fmt(total)
+        ),
     })
 }
 

@@ -5,13 +5,21 @@
 //! logind and, after boot, checks health and gives the slot back. See `docs/DESIGN.md`.
 
 pub mod agent;
+pub mod app_id;
+pub mod check;
 pub mod config;
 pub mod drain;
+pub mod etcd_v2;
+pub mod gate;
+pub mod http;
+pub mod import;
+pub mod inhibitor;
 pub mod kube_client;
 pub mod lock;
 pub mod logging;
 pub mod metrics;
 pub mod notify;
+pub mod notify_webhook;
 pub mod reboot;
 pub mod runtime;
 pub mod state;

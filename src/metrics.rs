@@ -1,15 +1,15 @@
 //! Prometheus metrics on an optional local address (`[metrics] listen`): what the agent is
 //! doing, what it waited for, and what went wrong. Served as the text exposition format by a
-//! minimal HTTP/1.1 responder, since the only client is a scraper.
+//! minimal HTTP/1.1 responder (`serve.rs`), since the only client is a scraper.
+
+mod serve;
+pub use serve::{serve, serve_with, Limits};
 
 use crate::state::{Phase, State};
 use jiff::Timestamp;
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tracing::{debug, info, warn};
 
 const PHASES: [Phase; 9] = [
     Phase::Idle,
@@ -33,9 +33,13 @@ struct Values {
     /// Seconds spent in finished waits, by what was waited for.
     waited: BTreeMap<&'static str, f64>,
     evictions_blocked: u64,
+    /// Slots found lost by a fence (before a cordon or a reboot) and backed out of.
+    slots_lost: u64,
     reboots: u64,
     last_reboot: Option<Timestamp>,
     errors: BTreeMap<&'static str, u64>,
+    /// Failed `accept`s of the metrics listener itself (e.g. out of file descriptors).
+    accept_errors: u64,
 }
 
 /// Shared, cheap to clone; updated by the runtime.
@@ -85,6 +89,16 @@ impl Metrics {
         self.with(|v| *v.errors.entry(what).or_default() += 1);
     }
 
+    /// Count a failed `accept` of the metrics listener.
+    pub fn accept_error(&self) {
+        self.with(|v| v.accept_errors += 1);
+    }
+
+    /// Count a slot found lost by a fence.
+    pub fn slot_lost(&self) {
+        self.with(|v| v.slots_lost += 1);
+    }
+
     /// Count evictions a PodDisruptionBudget refused.
     pub fn evictions_blocked(&self, n: u64) {
         self.with(|v| v.evictions_blocked += n);
@@ -112,6 +126,7 @@ impl Metrics {
                 let _ = writeln!(out, "rebootd_wait_seconds_total{{what=\"{what}\"}} {secs:.3}");
             }
             let _ = writeln!(out, "# HELP rebootd_evictions_blocked_total Evictions refused by a PodDisruptionBudget.\n# TYPE rebootd_evictions_blocked_total counter\nrebootd_evictions_blocked_total {}", v.evictions_blocked);
+            let _ = writeln!(out, "# HELP rebootd_slot_lost_total Times this node found, right before cordoning or rebooting, that it no longer held its slot, and backed out.\n# TYPE rebootd_slot_lost_total counter\nrebootd_slot_lost_total {}", v.slots_lost);
             let _ = writeln!(out, "# HELP rebootd_reboots_total Coordinated reboots completed on this host.\n# TYPE rebootd_reboots_total counter\nrebootd_reboots_total {}", v.reboots);
             let last = v.last_reboot.map_or(0.0, |t| t.as_millisecond() as f64 / 1000.0);
             let _ = writeln!(out, "# HELP rebootd_last_reboot_timestamp_seconds When the last coordinated reboot was seen to complete.\n# TYPE rebootd_last_reboot_timestamp_seconds gauge\nrebootd_last_reboot_timestamp_seconds {last:.3}");
@@ -119,52 +134,10 @@ impl Metrics {
             for what in ["lock", "kubernetes", "logind"] {
                 let _ = writeln!(out, "rebootd_errors_total{{service=\"{what}\"}} {}", v.errors.get(what).copied().unwrap_or(0));
             }
+            let _ = writeln!(out, "# HELP rebootd_metrics_accept_errors_total Connections the metrics listener failed to accept (e.g. out of file descriptors).\n# TYPE rebootd_metrics_accept_errors_total counter\nrebootd_metrics_accept_errors_total {}", v.accept_errors);
             out
         })
     }
-}
-
-/// Serve `metrics` on `addr` until the task is dropped. Binding errors are returned at once so
-/// a wrong address stops start-up with a clear message.
-pub async fn serve(
-    addr: SocketAddr,
-    metrics: Metrics,
-) -> std::io::Result<tokio::task::JoinHandle<()>> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    info!(%addr, "serving metrics at /metrics");
-    Ok(tokio::spawn(async move {
-        loop {
-            let (mut conn, peer) = match listener.accept().await {
-                Ok(c) => c,
-                Err(e) => {
-                    warn!(error = %e, "metrics: accept failed");
-                    continue;
-                }
-            };
-            let metrics = metrics.clone();
-            tokio::spawn(async move {
-                let mut buf = [0u8; 2048];
-                let n = match conn.read(&mut buf).await {
-                    Ok(n) => n,
-                    Err(_) => return,
-                };
-                let request = String::from_utf8_lossy(&buf[..n]);
-                let path = request.split_whitespace().nth(1).unwrap_or("/");
-                let (status, body) = if path == "/metrics" || path.starts_with("/metrics?") {
-                    ("200 OK", metrics.render(Timestamp::now()))
-                } else {
-                    ("404 Not Found", "see /metrics\n".to_string())
-                };
-                let response = format!(
-                    "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                if let Err(e) = conn.write_all(response.as_bytes()).await {
-                    debug!(%peer, error = %e, "metrics: write failed");
-                }
-            });
-        }
-    }))
 }
 
 #[cfg(test)]
@@ -192,7 +165,9 @@ mod tests {
         s.phase = Phase::Rebooting;
         m.observe(&s, t(75));
         m.error("lock");
+        m.slot_lost();
         let text = m.render(t(80));
+        assert!(text.contains("rebootd_slot_lost_total 1"), "{text}");
         assert!(
             text.contains("rebootd_phase{phase=\"rebooting\"} 1"),
             "{text}"

@@ -1,15 +1,37 @@
-//! Rebooting the host through systemd-logind: `RebootWithFlags` (flag 1 makes root respect block
-//! inhibitors too), falling back to `Reboot(false)` on a logind that lacks it. A refusal because
-//! of a block inhibitor names who holds it.
+//! Rebooting the host through systemd-logind: `RebootWithFlags` (flag 1 makes root respect other
+//! users' block inhibitors too), falling back to `Reboot(false)` on a logind that lacks it. A
+//! refusal because of a block inhibitor names who holds it.
+//!
+//! logind lets a caller through the block inhibitors of its own uid, so for root the flag only
+//! counts other users' inhibitors (see [`crate::inhibitor`]). With inhibitors respected, the
+//! agent therefore asks [`Rebooter::blockers`] first and waits with
+//! [`Rebooter::blockers_changed`] while any is held; the flag stays as the last word for one
+//! taken between the check and the call.
 
+use crate::inhibitor::{self, Inhibitor};
 use async_trait::async_trait;
-use tracing::{info, instrument, warn};
+use futures_util::StreamExt;
+use std::time::Duration;
+use tracing::{debug, info, instrument, warn};
 
 /// `SD_LOGIND_ROOT_CHECK_INHIBITORS`: root also honours block inhibitors.
 pub const FLAG_ROOT_CHECK_INHIBITORS: u64 = 1;
 
 const BLOCKED: &str = "org.freedesktop.login1.BlockedByInhibitorLock";
+const ACCESS_DENIED: &str = "org.freedesktop.DBus.Error.AccessDenied";
 const UNKNOWN_METHOD: &str = "org.freedesktop.DBus.Error.UnknownMethod";
+/// What logind (systemd 248 and later, `verify_shutdown_creds`) says when root asked with
+/// [`FLAG_ROOT_CHECK_INHIBITORS`] and another user holds a block inhibitor; the error is
+/// `org.freedesktop.DBus.Error.AccessDenied` (seen with systemd 252).
+pub const ROOT_BLOCKED_MESSAGE: &str = "Access denied to root due to active block inhibitor";
+
+/// How long one `ListInhibitors` call may take: a wait that lists must not hang on a logind
+/// that stopped answering while the watchdog is fed (the call's duty is to answer).
+const LIST_TIMEOUT: Duration = Duration::from_secs(25);
+/// While inhibitors block, the list is read again when logind signals a change of its
+/// `BlockInhibited` property (it does at every inhibitor taken or released, whatever the value)
+/// and, in case a signal was missed, at least this often.
+pub const INHIBITOR_RECHECK: Duration = Duration::from_secs(300);
 
 #[zbus::proxy(
     interface = "org.freedesktop.login1.Manager",
@@ -38,6 +60,18 @@ pub enum RebootError {
 pub trait Rebooter: Send + Sync {
     /// Ask for a reboot. Ok means the request was accepted, not that the host went down.
     async fn reboot(&self) -> Result<(), RebootError>;
+
+    /// The block inhibitors on shutdown held now, whoever holds them (none when inhibitors are
+    /// ignored, or for a rebooter without any).
+    async fn blockers(&self) -> Result<Vec<Inhibitor>, RebootError> {
+        Ok(Vec::new())
+    }
+
+    /// Wait until the blocking inhibitors are no longer `known`; the new list (empty: none
+    /// blocks any more).
+    async fn blockers_changed(&self, _known: &[Inhibitor]) -> Result<Vec<Inhibitor>, RebootError> {
+        Ok(Vec::new())
+    }
 }
 
 /// Reboots through systemd-logind on the system bus.
@@ -56,30 +90,57 @@ fn error_name(e: &zbus::Error) -> Option<String> {
         zbus::Error::MethodError(name, _, _) => Some(name.to_string()),
         zbus::Error::FDO(fdo) => match **fdo {
             zbus::fdo::Error::UnknownMethod(_) => Some(UNKNOWN_METHOD.to_string()),
+            zbus::fdo::Error::AccessDenied(_) => Some(ACCESS_DENIED.to_string()),
             _ => None,
         },
         _ => None,
     }
 }
 
-/// Describe the block inhibitors on shutdown, e.g. `backup (nightly dump, pid 42)`.
-async fn blockers(proxy: &Login1ManagerProxy<'_>) -> String {
-    match proxy.list_inhibitors().await {
-        Ok(list) => {
-            let held: Vec<String> = list
-                .into_iter()
-                .filter(|(what, _, _, mode, _, _)| {
-                    mode == "block" && what.split(':').any(|w| w == "shutdown")
-                })
-                .map(|(_, who, why, _, uid, pid)| format!("{who} ({why}, uid {uid}, pid {pid})"))
-                .collect();
-            if held.is_empty() {
-                "an inhibitor that is gone now".into()
-            } else {
-                held.join(", ")
-            }
-        }
-        Err(e) => format!("unknown (ListInhibitors failed: {e})"),
+fn error_message(e: &zbus::Error) -> String {
+    match e {
+        zbus::Error::MethodError(_, msg, _) => msg.clone().unwrap_or_default(),
+        zbus::Error::FDO(fdo) => match &**fdo {
+            zbus::fdo::Error::AccessDenied(m) => m.clone(),
+            other => other.to_string(),
+        },
+        other => other.to_string(),
+    }
+}
+
+/// Whether logind refused because of a block inhibitor: `BlockedByInhibitorLock`, or the
+/// `AccessDenied` with [`ROOT_BLOCKED_MESSAGE`] that root gets.
+pub fn refused_by_inhibitor(name: &str, message: &str) -> bool {
+    name == BLOCKED || (name == ACCESS_DENIED && message.contains("block inhibitor"))
+}
+
+/// The block inhibitors on shutdown, read with a bounded call.
+async fn list_blockers(proxy: &Login1ManagerProxy<'_>) -> Result<Vec<Inhibitor>, RebootError> {
+    match tokio::time::timeout(LIST_TIMEOUT, proxy.list_inhibitors()).await {
+        Ok(Ok(list)) => Ok(inhibitor::blocking(list)),
+        Ok(Err(e)) => Err(RebootError::Bus(format!("ListInhibitors: {e}"))),
+        Err(_) => Err(RebootError::Bus(format!(
+            "ListInhibitors did not answer within {LIST_TIMEOUT:?}"
+        ))),
+    }
+}
+
+async fn connect() -> Result<(zbus::Connection, Login1ManagerProxy<'static>), RebootError> {
+    let conn = zbus::Connection::system()
+        .await
+        .map_err(|e| RebootError::Bus(e.to_string()))?;
+    let proxy = Login1ManagerProxy::new(&conn)
+        .await
+        .map_err(|e| RebootError::Bus(e.to_string()))?;
+    Ok((conn, proxy))
+}
+
+/// Describe the block inhibitors on shutdown, e.g. `backup (nightly dump; uid 0, pid 42)`.
+async fn describe_blockers(proxy: &Login1ManagerProxy<'_>) -> String {
+    match list_blockers(proxy).await {
+        Ok(held) if held.is_empty() => "an inhibitor that is gone now".into(),
+        Ok(held) => inhibitor::describe(&held),
+        Err(e) => format!("unknown ({e})"),
     }
 }
 
@@ -87,12 +148,7 @@ async fn blockers(proxy: &Login1ManagerProxy<'_>) -> String {
 impl Rebooter for Logind {
     #[instrument(skip(self), fields(respect_inhibitors = self.respect_inhibitors))]
     async fn reboot(&self) -> Result<(), RebootError> {
-        let conn = zbus::Connection::system()
-            .await
-            .map_err(|e| RebootError::Bus(e.to_string()))?;
-        let proxy = Login1ManagerProxy::new(&conn)
-            .await
-            .map_err(|e| RebootError::Bus(e.to_string()))?;
+        let (_conn, proxy) = connect().await?;
         let flags = if self.respect_inhibitors {
             FLAG_ROOT_CHECK_INHIBITORS
         } else {
@@ -110,14 +166,79 @@ impl Rebooter for Logind {
                 info!(flags, "logind accepted the reboot");
                 Ok(())
             }
-            Err(e) if error_name(&e).as_deref() == Some(BLOCKED) => Err(RebootError::Blocked {
-                holders: blockers(&proxy).await,
-            }),
+            Err(e)
+                if error_name(&e)
+                    .is_some_and(|name| refused_by_inhibitor(&name, &error_message(&e))) =>
+            {
+                Err(RebootError::Blocked {
+                    holders: describe_blockers(&proxy).await,
+                })
+            }
             Err(zbus::Error::MethodError(name, msg, _)) => Err(RebootError::Refused(format!(
                 "{name}: {}",
                 msg.unwrap_or_default()
             ))),
             Err(e) => Err(RebootError::Bus(e.to_string())),
         }
+    }
+
+    async fn blockers(&self) -> Result<Vec<Inhibitor>, RebootError> {
+        if !self.respect_inhibitors {
+            return Ok(Vec::new());
+        }
+        let (_conn, proxy) = connect().await?;
+        list_blockers(&proxy).await
+    }
+
+    #[instrument(skip_all)]
+    async fn blockers_changed(&self, known: &[Inhibitor]) -> Result<Vec<Inhibitor>, RebootError> {
+        if !self.respect_inhibitors {
+            return Ok(Vec::new());
+        }
+        let (conn, proxy) = connect().await?;
+        // Subscribed before listing, so a release between the two is not missed.
+        let rule = zbus::MatchRule::builder()
+            .msg_type(zbus::message::Type::Signal)
+            .sender("org.freedesktop.login1")
+            .and_then(|b| b.path("/org/freedesktop/login1"))
+            .and_then(|b| b.interface("org.freedesktop.DBus.Properties"))
+            .and_then(|b| b.member("PropertiesChanged"))
+            .and_then(|b| b.add_arg("org.freedesktop.login1.Manager"))
+            .map_err(|e| RebootError::Bus(e.to_string()))?
+            .build();
+        let mut changes = zbus::MessageStream::for_match_rule(rule, &conn, Some(16))
+            .await
+            .map_err(|e| RebootError::Bus(format!("subscribing to logind's changes: {e}")))?;
+        loop {
+            let now = list_blockers(&proxy).await?;
+            if now != known {
+                return Ok(now);
+            }
+            tokio::select! {
+                got = changes.next() => match got {
+                    Some(_) => debug!("logind's inhibitors changed"),
+                    None => return Err(RebootError::Bus("the system bus connection closed".into())),
+                },
+                _ = tokio::time::sleep(INHIBITOR_RECHECK) => {
+                    debug!("no change signalled in {INHIBITOR_RECHECK:?}; listing again");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_for_an_inhibitor_is_told_from_other_refusals() {
+        assert!(refused_by_inhibitor(ACCESS_DENIED, ROOT_BLOCKED_MESSAGE));
+        assert!(refused_by_inhibitor(BLOCKED, "Operation inhibited by ..."));
+        assert!(!refused_by_inhibitor(ACCESS_DENIED, "Access denied"));
+        assert!(!refused_by_inhibitor(
+            "org.freedesktop.login1.OperationInProgress",
+            "block inhibitor"
+        ));
     }
 }

@@ -4,9 +4,9 @@
 use crate::agent::{self, Action, Event, Policy};
 use crate::config::{Config, DrainFailure};
 use crate::drain::{Drainer, KubeDrainer};
-use crate::lock::{self, LockError, Semaphore};
+use crate::lock::{self, Fence, LockError, Semaphore};
 use crate::metrics::Metrics;
-use crate::notify;
+use crate::notify::{self, Duty, Watchdog};
 use crate::reboot::{Logind, RebootError, Rebooter};
 use crate::state::{State, StateError, StateStore};
 use crate::trigger::{self, Need};
@@ -39,6 +39,8 @@ pub enum RuntimeError {
     Kubernetes(String),
     #[error("metrics: {0}")]
     Metrics(String),
+    #[error("webhook: {0}")]
+    Webhook(String),
 }
 
 /// Read a one-line id file (machine id, boot id), trimmed and checked non-empty.
@@ -56,12 +58,38 @@ pub fn read_id(what: &'static str, path: &Path) -> Result<String, RuntimeError> 
     Ok(id)
 }
 
-/// This node's identity in the semaphore, from the configured files.
-pub fn identity(config: &Config) -> Result<lock::Identity, RuntimeError> {
+/// This node's holder id in the semaphore: the machine id (locksmith's holder id) for the
+/// stores rebootd keeps; for a FleetLock server, the configured id or else Zincati's
+/// app-specific id, so a node keeps its slot when it moves from Zincati and poseidon/fleetlock
+/// can map it to its Node.
+pub fn holder_id(config: &Config) -> Result<String, RuntimeError> {
+    let path = &config.identity.machine_id_file;
+    let machine_id = read_id("the machine id", path)?;
+    match &config.lock.backend {
+        crate::config::LockBackend::FleetLock(f) => match &f.id {
+            Some(id) => Ok(id.clone()),
+            None => crate::app_id::zincati_node_id(&machine_id).map_err(|reason| {
+                RuntimeError::Identity {
+                    what: "the machine id",
+                    path: path.display().to_string(),
+                    reason: format!(
+                        "{reason}; set [lock.fleetlock] id to send another id to the FleetLock server"
+                    ),
+                }
+            }),
+        },
+        _ => Ok(machine_id),
+    }
+}
+
+/// This node's identity in the semaphore, from the configured files and the holder token in
+/// the state directory (made there if it is not yet).
+pub fn identity(config: &Config, store: &StateStore) -> Result<lock::Identity, RuntimeError> {
     Ok(lock::Identity {
-        id: read_id("the machine id", &config.identity.machine_id_file)?,
+        id: holder_id(config)?,
         node: config.identity.node_name.clone(),
         boot_id: read_id("the boot id", &config.identity.boot_id_file)?,
+        token: store.holder_token()?,
     })
 }
 
@@ -76,6 +104,7 @@ pub async fn open_semaphore(config: &Config) -> Result<Box<dyn Semaphore>, LockE
 pub async fn open_drainer(
     config: &Config,
     boot_id: &str,
+    metrics: &Metrics,
 ) -> Result<Option<Box<dyn Drainer>>, RuntimeError> {
     let Some(settings) = &config.kubernetes else {
         return Ok(None);
@@ -85,7 +114,8 @@ pub async fn open_drainer(
         .map_err(|e| RuntimeError::Kubernetes(e.to_string()))?;
     let drainer = KubeDrainer::new(client, &config.identity.node_name, settings)
         .map_err(|e| RuntimeError::Kubernetes(e.to_string()))?
-        .with_boot_id(boot_id);
+        .with_boot_id(boot_id)
+        .with_metrics(metrics.clone());
     Ok(Some(Box::new(drainer)))
 }
 
@@ -108,6 +138,7 @@ pub struct Runtime {
     me: lock::Identity,
     policy: Policy,
     metrics: Metrics,
+    webhook: Option<crate::notify_webhook::Webhook>,
 }
 
 /// The one-line status systemd shows: the phase and what it waits for.
@@ -115,6 +146,27 @@ fn status_line(s: &State) -> String {
     match &s.waiting_for {
         Some(w) => format!("{}: waiting for {w}", s.phase),
         None => s.phase.to_string(),
+    }
+}
+
+/// Whether an action waits for something with no bound in time (the watchdog is fed meanwhile)
+/// or calls something that must answer within `WatchdogSec=` (it is not).
+fn duty(action: &Action) -> Duty {
+    match action {
+        Action::WaitForTrigger
+        | Action::Sleep { .. }
+        | Action::WaitForWindow
+        | Action::AcquireSlot
+        | Action::Drain
+        | Action::AwaitReboot { .. }
+        | Action::AwaitInhibitors { .. }
+        | Action::WaitHealthy => Duty::Wait,
+        Action::CheckWindow
+        | Action::PrepareReboot
+        | Action::RecordCordon
+        | Action::CallReboot
+        | Action::Uncordon
+        | Action::ReleaseSlot => Duty::Call,
     }
 }
 
@@ -146,7 +198,14 @@ impl Runtime {
             me,
             policy,
             metrics: Metrics::default(),
+            webhook: None,
         }
+    }
+
+    /// Send notifications of state changes to this webhook (`[webhook]`).
+    pub fn with_webhook(mut self, webhook: crate::notify_webhook::Webhook) -> Runtime {
+        self.webhook = Some(webhook);
+        self
     }
 
     /// Reboot through this instead of logind (the lab's in-process nodes).
@@ -191,7 +250,7 @@ impl Runtime {
         match self.blockers().await {
             Ok(pods) if pods.is_empty() => None,
             Ok(pods) => {
-                info!(pods = ?pods, "blocking pods run on this node");
+                info!(pods = ?pods, "blocking pods run on this node: {}", pods.join(", "));
                 Some(Event::Blocked { pods })
             }
             Err(error) => Some(Event::Transient {
@@ -234,7 +293,8 @@ impl Runtime {
             Some(state) => state,
             None => {
                 let state = State::new(&self.me.boot_id, now);
-                info!(path = %self.store.path().display(), "no state file yet; starting idle");
+                let path = self.store.path().display().to_string();
+                info!(%path, "no state file yet at {path}; starting idle");
                 self.store.save(&state)?;
                 state
             }
@@ -248,13 +308,18 @@ impl Runtime {
             )
             .await?;
         notify::ready(&status_line(&state));
-        let watchdog = notify::spawn_watchdog();
+        let watchdog = Watchdog::from_env();
         tokio::pin!(shutdown);
         let result = loop {
+            // The loop came round: it is alive. While an action waits the watchdog is fed from
+            // here too; a call that hangs is not fed, so systemd restarts the daemon.
+            watchdog.feed();
             let action = agent::next_action(&state, &self.policy);
             let span = info_span!("action", phase = %state.phase, action = ?action);
+            let perform = self.perform(&action, &mut needs).instrument(span);
             let event = tokio::select! {
-                event = self.perform(&action, &mut needs).instrument(span) => event,
+                event = watchdog.run(duty(&action), perform) => event,
+                never = self.heartbeat(state.slot_held) => match never {},
                 _ = &mut shutdown => break Ok(()),
             };
             let consumed_request = matches!(
@@ -272,12 +337,9 @@ impl Runtime {
             }
         };
         notify::stopping();
-        info!(phase = %state.phase, "stopping");
+        info!(phase = %state.phase, "stopping in phase {}", state.phase);
         for t in triggers.tasks {
             t.abort();
-        }
-        if let Some(w) = watchdog {
-            w.abort();
         }
         result
     }
@@ -288,12 +350,19 @@ impl Runtime {
         let step = agent::step(&state, event, Timestamp::now(), &self.policy);
         let next = step.state;
         if next.phase != state.phase {
-            info!(from = %state.phase, to = %next.phase, why = %step.why, "phase change");
+            // The message says it all ("idle → reboot_needed: why"); the fields are for filtering.
+            info!(from = %state.phase, to = %next.phase, why = %step.why, "{} → {}: {}", state.phase, next.phase, step.why);
         } else if next != state {
-            info!(phase = %next.phase, why = %step.why, "state change");
+            info!(phase = %next.phase, why = %step.why, "still {}: {}", next.phase, step.why);
         }
         if next != state {
             self.store.save(&next)?;
+            if let Some(w) = &self.webhook {
+                for n in crate::notify_webhook::notices(&state, &next) {
+                    let group = &self.config.identity.group;
+                    w.send(crate::notify_webhook::body(&n, &self.me.node, group, &next));
+                }
+            }
             if next.phase != state.phase {
                 if let Some(d) = &self.drainer {
                     if let Err(e) = d
@@ -332,7 +401,7 @@ impl Runtime {
                 }
             }
             Action::Sleep { until } => {
-                info!(until = %until, "backing off");
+                info!(until = %until, "backing off until {until}");
                 sleep_until(*until).await;
                 Event::RetryDue
             }
@@ -346,7 +415,8 @@ impl Runtime {
                 }
                 match windows.next_open(now) {
                     Some(at) => {
-                        info!(opens = %at, windows = %windows.describe(), "waiting for the maintenance window");
+                        let windows = windows.describe();
+                        info!(opens = %at, %windows, "waiting for the maintenance window: it opens at {at} ({windows})");
                         let cap = jiff::SignedDuration::try_from(WINDOW_RECHECK)
                             .ok()
                             .and_then(|d| now.checked_add(d).ok())
@@ -354,7 +424,8 @@ impl Runtime {
                         sleep_until(at.min(cap)).await;
                     }
                     None => {
-                        error!(windows = %windows.describe(), "no maintenance window can ever open; not rebooting");
+                        let windows = windows.describe();
+                        error!(%windows, "no maintenance window can ever open ({windows}); not rebooting");
                         std::future::pending::<()>().await;
                     }
                 }
@@ -366,7 +437,7 @@ impl Runtime {
                 }
                 event
             }
-            Action::ReleaseSlot => match self.semaphore.release(&self.me.id).await {
+            Action::ReleaseSlot => match self.semaphore.release(&self.me).await {
                 Ok(()) => Event::Released,
                 Err(e) => {
                     self.metrics.error("lock");
@@ -376,6 +447,14 @@ impl Runtime {
                 }
             },
             Action::CallReboot => self.call_reboot().await,
+            Action::AwaitInhibitors { known } => {
+                match self.rebooter.blockers_changed(known).await {
+                    Ok(by) => Event::Inhibited { by },
+                    Err(e) => Event::Transient {
+                        error: format!("cannot follow logind's inhibitors: {e}"),
+                    },
+                }
+            }
             Action::RecordCordon => match &self.drainer {
                 // Time may have passed waiting for the slot: look at the blockers again before
                 // touching the node.
@@ -392,6 +471,10 @@ impl Runtime {
             },
             Action::Drain => match &self.drainer {
                 Some(d) => {
+                    // The cordon comes first in a drain: prove the slot is still ours.
+                    if let Some(lost) = self.fence("cordoning").await {
+                        return lost;
+                    }
                     self.event(
                         "DrainStarted",
                         "rebootd is draining the node for a reboot",
@@ -419,14 +502,14 @@ impl Runtime {
                 None => Event::Drained,
             },
             Action::AwaitReboot { deadline } => {
-                info!(deadline = %deadline, "waiting for the host to go down");
+                info!(deadline = %deadline, "waiting for the host to go down (until {deadline})");
                 sleep_until(*deadline).await;
-                error!(deadline = %deadline, "the reboot did not happen in time");
+                error!(deadline = %deadline, "the reboot did not happen by {deadline}");
                 Event::RebootTimedOut
             }
             Action::WaitHealthy => match (&self.drainer, &self.config.kubernetes) {
                 (Some(d), Some(k)) => {
-                    info!(timeout = ?k.ready_timeout, "waiting for the node to be Ready");
+                    info!(timeout = ?k.ready_timeout, "waiting for the node to be Ready (at most {:?})", k.ready_timeout);
                     match d.wait_ready(k.ready_timeout).await {
                         Ok(()) => Event::Healthy,
                         Err(e) => {
@@ -467,7 +550,8 @@ impl Runtime {
     }
 
     async fn acquire(&self) -> Event {
-        info!(backend = self.semaphore.backend(), group = %self.config.identity.group, "waiting for a reboot slot");
+        let (backend, group) = (self.semaphore.backend(), &self.config.identity.group);
+        info!(backend, %group, "waiting for a reboot slot ({backend} semaphore, group {group})");
         match self.semaphore.acquire(&self.me).await {
             Ok(()) => Event::SlotAcquired,
             Err(e) => Event::Transient {
@@ -476,8 +560,62 @@ impl Runtime {
         }
     }
 
+    /// Prove right before `what` that this node still holds its slot: `None` when it does, else
+    /// the event that backs out ([`Event::SlotLost`]) or retries (the store could not tell).
+    async fn fence(&self, what: &str) -> Option<Event> {
+        match self.semaphore.fence(&self.me).await {
+            Ok(Fence::Held) => None,
+            Ok(Fence::Lost { why }) => {
+                error!(before = what, %why, "this node no longer holds its slot; backing out");
+                self.metrics.slot_lost();
+                Some(Event::SlotLost { why })
+            }
+            Err(e) => {
+                self.metrics.error("lock");
+                Some(Event::Transient {
+                    error: format!("cannot prove the slot is still held before {what}: {e}"),
+                })
+            }
+        }
+    }
+
+    /// Keep the slot's record fresh while holding it, so `lock.max_hold` never takes this node
+    /// for dead. Runs beside the current action; never ends.
+    async fn heartbeat(&self, held: bool) -> std::convert::Infallible {
+        let Some(every) = self.semaphore.heartbeat_every().filter(|_| held) else {
+            return std::future::pending().await;
+        };
+        loop {
+            tokio::time::sleep(every).await;
+            match self.semaphore.heartbeat(&self.me).await {
+                Ok(Fence::Held) => debug!("heartbeat"),
+                Ok(Fence::Lost { why }) => {
+                    warn!(%why, "heartbeat: this node no longer holds its slot (the next fence backs out)")
+                }
+                Err(e) => {
+                    self.metrics.error("lock");
+                    warn!(error = %e, "heartbeat failed; trying again at the next one")
+                }
+            }
+        }
+    }
+
     async fn call_reboot(&self) -> Event {
+        if let Some(lost) = self.fence("the reboot").await {
+            return lost;
+        }
+        // logind lets root through root's own block inhibitors: look at every one first.
+        match self.rebooter.blockers().await {
+            Ok(by) if !by.is_empty() => return Event::Inhibited { by },
+            Ok(_) => {}
+            Err(e) => {
+                warn!(error = %e, "cannot list logind's inhibitors; asking logind, which checks other users' block inhibitors itself")
+            }
+        }
         // Before the call: once logind accepts, the host may go down at any moment.
+        if let Some(w) = &self.webhook {
+            w.flush().await;
+        }
         self.event(
             "Rebooting",
             "rebootd is asking logind to reboot the node",
@@ -487,6 +625,12 @@ impl Runtime {
         match self.rebooter.reboot().await {
             Ok(()) => Event::RebootAccepted,
             Err(e @ RebootError::Blocked { .. }) => {
+                // Taken between the check and the call: wait for it like any other.
+                if let Ok(by) = self.rebooter.blockers().await {
+                    if !by.is_empty() {
+                        return Event::Inhibited { by };
+                    }
+                }
                 warn!(error = %e, "the reboot is blocked; will ask again");
                 Event::RebootRefused {
                     error: e.to_string(),

@@ -16,6 +16,9 @@ pub const STATE_FILE: &str = "state.json";
 /// Name of the file `rebootctl reboot` writes to ask for a coordinated reboot.
 pub const REQUEST_FILE: &str = "reboot-request";
 
+/// Name of the file holding this host's holder token (see [`StateStore::holder_token`]).
+pub const TOKEN_FILE: &str = "holder-token";
+
 /// Version of the state file layout; bumped on incompatible changes.
 pub const STATE_VERSION: u32 = 1;
 
@@ -115,6 +118,10 @@ pub struct State {
     /// Coordinated reboots seen to have happened on this host.
     #[serde(default)]
     pub reboots: u64,
+    /// The block inhibitors on shutdown that hold off the reboot now (phase rebooting, logind
+    /// not asked yet).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inhibited_by: Vec<crate::inhibitor::Inhibitor>,
 }
 
 impl State {
@@ -137,6 +144,7 @@ impl State {
             cordoned_by_us: false,
             last_reboot: None,
             reboots: 0,
+            inhibited_by: Vec::new(),
         }
     }
 }
@@ -193,6 +201,54 @@ impl StateStore {
         self.dir.join(REQUEST_FILE)
     }
 
+    pub fn token_path(&self) -> PathBuf {
+        self.dir.join(TOKEN_FILE)
+    }
+
+    /// This host's holder token: 32 random hex digits made once (by the daemon or `rebootctl
+    /// lock`, whichever comes first) and kept in the state directory. It goes on the holder
+    /// record with the machine id, so a restarted rebootd knows its own slot, and another host
+    /// with the same machine id (a cloned image) is told apart and never admitted beside it.
+    /// A file that is not such a token is an error naming it, and is left as it is.
+    pub fn holder_token(&self) -> Result<String, StateError> {
+        let path = self.token_path();
+        match std::fs::read(&path) {
+            Ok(bytes) => return parse_token(&path, &bytes),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => return Err(StateError::Read { path, source }),
+        }
+        let token = random_token().map_err(|source| StateError::Write {
+            path: path.clone(),
+            source,
+        })?;
+        // Made by whoever comes first: a second maker reads the first one's.
+        let err = |source| StateError::Write {
+            path: path.clone(),
+            source,
+        };
+        std::fs::create_dir_all(&self.dir).map_err(err)?;
+        let tmp = self
+            .dir
+            .join(format!(".{TOKEN_FILE}.{}.tmp", std::process::id()));
+        let mut f = std::fs::File::create(&tmp).map_err(err)?;
+        f.write_all(format!("{token}\n").as_bytes()).map_err(err)?;
+        f.sync_all().map_err(err)?;
+        drop(f);
+        let linked = std::fs::hard_link(&tmp, &path);
+        let _ = std::fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => Ok(token),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let bytes = std::fs::read(&path).map_err(|source| StateError::Read {
+                    path: path.clone(),
+                    source,
+                })?;
+                parse_token(&path, &bytes)
+            }
+            Err(source) => Err(StateError::Write { path, source }),
+        }
+    }
+
     /// The saved state, or None when there is none yet.
     pub fn load(&self) -> Result<Option<State>, StateError> {
         let path = self.path();
@@ -218,6 +274,27 @@ impl StateStore {
         })?;
         write_atomic(&self.path(), &bytes)
     }
+}
+
+fn parse_token(path: &Path, bytes: &[u8]) -> Result<String, StateError> {
+    let text = String::from_utf8_lossy(bytes);
+    let token = text.trim();
+    if token.len() >= 16 && token.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Ok(token.to_owned());
+    }
+    Err(StateError::Corrupt {
+        path: path.to_path_buf(),
+        reason: "expected a holder token of at least 16 hex digits".into(),
+        content: token.chars().take(100).collect(),
+    })
+}
+
+/// 128 random bits as hex, from the kernel.
+fn random_token() -> std::io::Result<String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// Parse a state file, refusing an unknown layout version.
@@ -293,6 +370,31 @@ mod tests {
         assert_eq!(
             std::fs::read(store.path()).unwrap(),
             b"{\"phase\": \"idle\", trunc"
+        );
+    }
+
+    #[test]
+    fn the_holder_token_is_made_once_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path().join("sub"));
+        let t = store.holder_token().unwrap();
+        assert_eq!(t.len(), 32);
+        assert_eq!(store.holder_token().unwrap(), t);
+        assert_ne!(
+            StateStore::new(dir.path().join("other"))
+                .holder_token()
+                .unwrap(),
+            t
+        );
+        std::fs::write(store.token_path(), "not a token").unwrap();
+        let e = store.holder_token().unwrap_err().to_string();
+        assert!(
+            e.contains("holder-token") && e.contains("not a token"),
+            "{e}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(store.token_path()).unwrap(),
+            "not a token"
         );
     }
 

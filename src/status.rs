@@ -32,6 +32,11 @@ pub struct Status {
     pub state_present: bool,
     pub semaphore: Option<SemaphoreStatus>,
     pub semaphore_error: Option<String>,
+    /// The block inhibitors on shutdown holding off the reboot now (`waiting for` names them).
+    pub inhibited_by: Vec<crate::inhibitor::Inhibitor>,
+    /// What the operator must know about the semaphore (e.g. two semaphores: etcd v2 still
+    /// holds locksmith's while this node uses v3).
+    pub warnings: Vec<String>,
 }
 
 /// Gather the local part of the status.
@@ -62,6 +67,8 @@ pub fn local(
         state_present: state.is_some(),
         semaphore: None,
         semaphore_error: None,
+        inhibited_by: state.map(|s| s.inhibited_by.clone()).unwrap_or_default(),
+        warnings: Vec::new(),
     }
 }
 
@@ -197,6 +204,9 @@ pub fn render(s: &Status, now: Timestamp, style: Style) -> String {
     }
     if let Some(e) = &s.semaphore_error {
         row("semaphore", style.paint("31", &format!("unavailable: {e}")));
+    }
+    for w in &s.warnings {
+        row("WARNING", style.paint("31", w));
     }
     out
 }

@@ -108,30 +108,87 @@ async fn nothing_happens_outside_the_window_until_it_opens() {
     );
 }
 
+/// rebootd lists logind's inhibitors itself: a block inhibitor holds off the reboot whoever
+/// holds it (the fake, like logind, lets root through root's own), `rebootctl status` names
+/// each, and the last one's release, which logind signals, lets the reboot through within
+/// WAIT, far sooner than the re-check that backs up the signal (INHIBITOR_RECHECK).
 #[tokio::test]
-async fn block_inhibitor_delays_the_reboot_until_released() {
+async fn block_inhibitors_of_any_uid_delay_the_reboot_until_released() {
+    assert!(WAIT < rebootd::reboot::INHIBITOR_RECHECK);
     let node = node("n4", "").await;
     let mut reboots = node.logind.subscribe();
-    let guard = node
+    let root = node
         .logind
         .hold_block_inhibitor("backup-job", "nightly dump");
+    let user = node
+        .logind
+        .hold_block_inhibitor_as(1000, "user-sync", "syncing photos");
     idle(&node).await;
     node.update_engine.set_status(NEED, "3.0").await.unwrap();
     let s = node
-        .wait_state("the refusal to be recorded", WAIT, |s| {
-            s.last_error
-                .as_deref()
-                .is_some_and(|e| e.contains("blocked"))
+        .wait_state("both inhibitors to be named", WAIT, |s| {
+            s.inhibited_by.len() == 2
         })
         .await
         .unwrap();
-    let err = s.last_error.unwrap();
-    assert!(err.contains("backup-job"), "names who blocks: {err}");
+    assert_eq!(s.phase, Phase::Rebooting);
+    assert!(s.slot_held);
+    let waiting = s.waiting_for.unwrap();
+    assert!(
+        waiting.contains("backup-job (nightly dump; uid 0, pid "),
+        "{waiting}"
+    );
+    assert!(
+        waiting.contains("user-sync (syncing photos; uid 1000"),
+        "{waiting}"
+    );
+    let (code, out, err) = rebootctl(&node, &["status"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("backup-job (nightly dump"), "{out}");
+    assert!(out.contains("user-sync (syncing photos"), "{out}");
+    let (_, json, _) = rebootctl(&node, &["status", "--json"]).await;
+    let st: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let whos: Vec<&str> = st["inhibited_by"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["who"].as_str().unwrap())
+        .collect();
+    assert_eq!(whos, ["backup-job", "user-sync"], "{json}");
+    // rebootd did not ask: nothing for logind to refuse.
     assert!(node.logind.reboot_calls().is_empty());
-    assert!(node.logind.refused_calls() >= 1);
-    guard.release();
+    assert_eq!(node.logind.refused_calls(), 0);
+
+    // Root's own inhibitor, which logind would let root through, still holds it off.
+    drop(user);
+    node.wait_state("only root's inhibitor left", WAIT, |s| {
+        s.inhibited_by.len() == 1 && s.inhibited_by[0].who == "backup-job"
+    })
+    .await
+    .unwrap();
+    assert!(node.logind.reboot_calls().is_empty());
+    root.release();
     let call = next_reboot(&node, &mut reboots, WAIT).await;
-    assert_eq!(call.flags, 1);
+    assert_eq!(call.flags, 1, "logind keeps the last word");
+    assert!(
+        node.log().contains("block inhibitors released"),
+        "{}",
+        node.log()
+    );
+}
+
+#[tokio::test]
+async fn ignored_inhibitors_do_not_delay_the_reboot() {
+    let node = node("n4i", "[reboot]\ninhibitors = \"ignore\"\n").await;
+    let mut reboots = node.logind.subscribe();
+    let _held = node
+        .logind
+        .hold_block_inhibitor_as(1000, "user-sync", "syncing photos");
+    idle(&node).await;
+    node.update_engine.set_status(NEED, "3.1").await.unwrap();
+    let call = next_reboot(&node, &mut reboots, WAIT).await;
+    assert_eq!(call.flags, 0, "root overrides inhibitors");
+    assert!(node.state().unwrap().inhibited_by.is_empty());
 }
 
 #[tokio::test]
@@ -516,7 +573,9 @@ async fn fleetlock_backend_takes_turns_through_a_fleetlock_server() {
     a.wait_state("a holds", WAIT, |s| s.slot_held)
         .await
         .unwrap();
-    assert_eq!(server.holders(), std::slice::from_ref(&a.machine_id));
+    // The id sent is Zincati's for the machine (tests/fleetlock_id.rs checks it with systemd).
+    let id = |m: &str| rebootd::app_id::zincati_node_id(m).unwrap();
+    assert_eq!(server.holders(), [id(&a.machine_id)]);
     b.update_engine.set_status(NEED, "1").await.unwrap();
     b.wait_state("b waits", WAIT, |s| s.phase == Phase::AcquiringSlot)
         .await
@@ -526,7 +585,7 @@ async fn fleetlock_backend_takes_turns_through_a_fleetlock_server() {
     assert!(b.logind.reboot_calls().is_empty(), "b waits while a holds");
     a.reboot().await.unwrap();
     next_reboot(&b, &mut rb, WAIT).await;
-    assert_eq!(server.holders(), std::slice::from_ref(&b.machine_id));
+    assert_eq!(server.holders(), [id(&b.machine_id)]);
     assert!(server.state().peak("default") <= 1);
 }
 
@@ -553,4 +612,232 @@ async fn the_watchdog_is_fed_when_systemd_asks_for_it() {
         .await
         .expect("READY=1 and repeated WATCHDOG=1")
         .unwrap();
+}
+
+/// The metrics listener defends the daemon: 8 connections at most (one more is told 503 at
+/// once), a connection that sends no request is closed after the read timeout (5 s), and while
+/// `accept` fails (here: out of file descriptors, by lowering rebootd's limit with prlimit) it
+/// backs off instead of spinning, then serves again.
+#[tokio::test]
+async fn metrics_listener_caps_connections_times_out_idle_ones_and_backs_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let node = node("n17", &format!("[metrics]\nlisten = \"{addr}\"\n")).await;
+    idle(&node).await;
+
+    let mut quiet = Vec::new();
+    for _ in 0..8 {
+        quiet.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    let mut ninth = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(WAIT, ninth.read_to_string(&mut answer))
+        .await
+        .expect("the ninth connection is answered at once")
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    for mut c in quiet {
+        let mut buf = Vec::new();
+        let n = tokio::time::timeout(WAIT, c.read_to_end(&mut buf))
+            .await
+            .expect("an idle connection is closed by the server")
+            .unwrap();
+        assert_eq!(n, 0, "closed without an answer");
+    }
+    assert!(scrape(addr)
+        .await
+        .contains("rebootd_metrics_accept_errors_total 0"));
+
+    // No file descriptor left for rebootd: accept fails until the limit is raised again.
+    let pid = node.daemon_pid().unwrap().to_string();
+    // The lowest free descriptor number: a limit of that leaves no number a new one could get.
+    let used: Vec<usize> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    let open = (0..).find(|n| !used.contains(n)).unwrap();
+    let prlimit = |soft: &str| {
+        let out = std::process::Command::new("prlimit")
+            .args(["--pid", &pid, &format!("--nofile={soft}:")])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    prlimit(&open.to_string());
+    let client = tokio::spawn(async move {
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).await.unwrap();
+        out
+    });
+    log_line(&node, &["accept failed; backing off"], WAIT).await;
+    log_line(&node, &["accept failed again", "failures=6"], WAIT).await;
+    prlimit("1024");
+    let out = tokio::time::timeout(WAIT, client)
+        .await
+        .expect("served once the limit is raised")
+        .unwrap();
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    log_line(&node, &["accepting connections again"], WAIT).await;
+    let m = scrape(addr).await;
+    let errors: u64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("rebootd_metrics_accept_errors_total "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    // A busy loop fails thousands of times in the time six back-offs take.
+    assert!((6..50).contains(&errors), "{errors} failed accepts");
+}
+
+/// `rebootd --check-config` applies what connecting would, without connecting: TLS rules and
+/// files parsed, the password file, kubeconfigs, selectors, the identity files and the sentinel
+/// command; each problem named, exit 2. A good TLS setup passes.
+#[test]
+fn check_config_checks_what_connecting_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let out = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+        ])
+        .args(["-nodes", "-days", "1", "-subj", "/CN=rebootd-test"])
+        .arg("-keyout")
+        .arg(d.join("key.pem"))
+        .arg("-out")
+        .arg(d.join("cert.pem"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(d.join("garbage.pem"), "not a certificate\n").unwrap();
+    std::fs::write(d.join("password"), "s3cret\n").unwrap();
+    let p = |name: &str| d.join(name).display().to_string();
+    let etcd = |endpoint: &str, extra: &str| {
+        format!("[lock]\nbackend = \"etcd\"\n\n[lock.etcd]\nendpoints = [\"{endpoint}\"]\n{extra}")
+    };
+    let tls = |ca: &str, cert: &str, key: &str| {
+        format!(
+            "ca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}\n",
+            p(ca),
+            p(cert),
+            p(key)
+        )
+    };
+    let identity = format!(
+        "[identity]\nmachine_id_file = {:?}\nboot_id_file = \"/proc/sys/kernel/random/boot_id\"\n",
+        "/etc/machine-id"
+    );
+    let cases: Vec<(String, Vec<String>)> = vec![
+        (etcd("https://127.0.0.1:2379", ""), vec!["ca_file".into()]),
+        (
+            etcd("http://127.0.0.1:2379", &tls("cert.pem", "cert.pem", "key.pem")),
+            vec!["plain http".into()],
+        ),
+        (
+            etcd("https://127.0.0.1:2379", &tls("missing.pem", "cert.pem", "key.pem")),
+            vec!["lock.etcd.ca_file".into(), p("missing.pem")],
+        ),
+        (
+            etcd("https://127.0.0.1:2379", &tls("garbage.pem", "cert.pem", "key.pem")),
+            vec!["lock.etcd.ca_file".into(), "no certificate".into()],
+        ),
+        (
+            etcd("https://127.0.0.1:2379", &tls("cert.pem", "cert.pem", "garbage.pem")),
+            vec!["lock.etcd.key_file".into(), p("garbage.pem")],
+        ),
+        (
+            etcd(
+                "http://127.0.0.1:2379",
+                &format!("username = \"u\"\npassword_file = {:?}\n", p("nope")),
+            ),
+            vec!["lock.etcd.password_file".into(), p("nope")],
+        ),
+        (etcd("etcd.example:2379", ""), vec!["lock.etcd.endpoints".into()]),
+        (
+            format!(
+                "[lock]\nbackend = \"fleetlock\"\n\n[lock.fleetlock]\nurl = \"http://fl.example\"\nca_file = {:?}\n",
+                p("cert.pem")
+            ),
+            vec!["plain http".into()],
+        ),
+        (
+            format!("[kubernetes]\nkubeconfig = {:?}\n", p("no-kubeconfig")),
+            vec!["[kubernetes]".into(), p("no-kubeconfig")],
+        ),
+        (
+            "[triggers]\nsentinel_command = [\"/nonexistent/reboot-needed\"]\n".into(),
+            vec!["sentinel_command".into(), "/nonexistent/reboot-needed".into()],
+        ),
+        (
+            format!("[identity]\nmachine_id_file = {:?}\n", p("no-machine-id")),
+            vec!["machine id".into(), p("no-machine-id")],
+        ),
+    ];
+    for (i, (text, needles)) in cases.iter().enumerate() {
+        let path = d.join(format!("case-{i}.toml"));
+        let text = if text.starts_with("[identity]") {
+            text.clone()
+        } else {
+            format!("{identity}\n{text}")
+        };
+        std::fs::write(&path, &text).unwrap();
+        let out = std::process::Command::new(REBOOTD)
+            .arg("--check-config")
+            .arg("--config")
+            .arg(&path)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "case {i}: {text}\n{err}");
+        for n in needles {
+            assert!(
+                err.contains(n.as_str()),
+                "case {i}: expected {n:?} in: {err}"
+            );
+        }
+    }
+    let good = d.join("good.toml");
+    std::fs::write(
+        &good,
+        format!(
+            "{identity}\n{}username = \"u\"\npassword_file = {:?}\n",
+            etcd(
+                "https://127.0.0.1:2379",
+                &tls("cert.pem", "cert.pem", "key.pem")
+            ),
+            p("password")
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(REBOOTD)
+        .arg("--check-config")
+        .arg("--config")
+        .arg(&good)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

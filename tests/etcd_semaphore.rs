@@ -10,10 +10,20 @@ use std::time::{Duration, Instant};
 use rebootd::config;
 use rebootd::lock::document::{self, HolderRecord, SemaphoreDoc};
 use rebootd::lock::etcd::{EtcdSemaphore, Timeouts};
-use rebootd::lock::{Identity, LockError, Semaphore};
+use rebootd::lock::{Admin, Identity, LockError, Semaphore};
 use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::Layer;
+
+/// Whether `id` (a machine id or a node name) holds a slot, as `rebootctl status` shows it.
+async fn holds(s: &impl Admin, id: &str) -> bool {
+    s.status()
+        .await
+        .expect("status")
+        .holders
+        .iter()
+        .any(|h| h.id == id || h.node.as_deref() == Some(id))
+}
 
 mod common;
 use common::logs::{self, Logs};
@@ -124,19 +134,26 @@ per_version!(
 mod tls {
     #[tokio::test(flavor = "current_thread")]
     async fn etcd_3_4_client_certificate_and_password() {
-        let tls = super::EtcdOptions { tls: true };
+        let tls = super::EtcdOptions {
+            tls: true,
+            ..Default::default()
+        };
         super::run_with(super::EtcdVersion::V34, tls, super::tls_and_password_auth).await
     }
 
     #[tokio::test(flavor = "current_thread")]
     async fn etcd_3_5_client_certificate_and_password() {
-        let tls = super::EtcdOptions { tls: true };
+        let tls = super::EtcdOptions {
+            tls: true,
+            ..Default::default()
+        };
         super::run_with(super::EtcdVersion::V35, tls, super::tls_and_password_auth).await
     }
 }
 
 fn settings(etcd: &EtcdServer) -> config::Etcd {
     config::Etcd {
+        api: config::EtcdApi::V3,
         endpoints: vec![etcd.endpoint()],
         ca_file: None,
         cert_file: None,
@@ -167,6 +184,7 @@ fn me(id: &str) -> Identity {
         id: id.into(),
         node: format!("node-{id}"),
         boot_id: format!("boot-{id}"),
+        token: format!("t-{id}"),
     }
 }
 
@@ -236,6 +254,7 @@ async fn hand_queue_entry(etcd: &EtcdServer, id: &str, ttl_secs: i64) -> i64 {
     let record = document::WaiterRecord {
         node: format!("node-{id}"),
         boot_id: format!("old-boot-{id}"),
+        token: Some(format!("t-{id}")),
         since: jiff::Timestamp::now(),
     };
     let resp = c
@@ -375,7 +394,7 @@ async fn create_if_absent_writes_locksmiths_document(env: Env) {
     assert_eq!(h.boot_id.as_deref(), Some("boot-a"));
     assert_eq!(h.since, Some(record.since));
 
-    s.release("a").await.unwrap();
+    s.unlock("a").await.unwrap();
     assert_eq!(
         ctl_get(etcd, DEFAULT_KEY).unwrap(),
         r#"{"semaphore":1,"max":1,"holders":[]}"#
@@ -433,7 +452,7 @@ async fn hand_written_holder_makes_acquire_wait_until_released_by_hand(mut env: 
         .expect(&["waiting for a free slot", "id=w2", "\"w\""])
         .await;
     let released = Instant::now();
-    s.release("w").await.unwrap();
+    s.unlock("w").await.unwrap();
     within("next waiter", next).await.unwrap().unwrap();
     let took = released.elapsed();
     eprintln!("next waiter took the slot {took:?} after release() was called");
@@ -460,10 +479,10 @@ async fn corrupt_documents_are_refused_and_left_untouched(env: Env) {
             eprintln!("acquire on {bad:?}: {e}");
         }
         check("acquire", acquired);
-        check("release", s.release("a").await);
+        check("release", s.unlock("a").await);
         check("set_max", s.set_max(3, true).await);
         check("report_phase", s.report_phase(&me("a"), "Rebooting").await);
-        check("holds", s.holds("a").await.map(|_| ()));
+        check("fence", s.fence(&me("a")).await.map(|_| ()));
         check("status", s.status().await.map(|_| ()));
 
         let after = raw(etcd, DEFAULT_KEY).await.unwrap();
@@ -519,7 +538,7 @@ async fn five_acquirers_never_exceed_max_two(env: Env) {
             s.acquire(&me(&id)).await.unwrap();
             // Hold until the outside watcher has seen us holding.
             seen.wait_for(|h| h.contains(&id)).await.unwrap();
-            s.release(&id).await.unwrap();
+            s.unlock(&id).await.unwrap();
         }));
     }
     for t in tasks {
@@ -547,15 +566,15 @@ async fn acquire_twice_and_release_twice_are_no_ops(env: Env) {
     let before = raw(etcd, DEFAULT_KEY).await.unwrap();
     within("second acquire", s.acquire(&me("a"))).await.unwrap();
     assert_eq!(raw(etcd, DEFAULT_KEY).await.unwrap(), before, "no write");
-    assert!(s.holds("a").await.unwrap());
-    assert!(!s.holds("b").await.unwrap());
+    assert!(holds(&s, "a").await);
+    assert!(!holds(&s, "b").await);
 
-    s.release("a").await.unwrap();
+    s.unlock("a").await.unwrap();
     let before = raw(etcd, DEFAULT_KEY).await.unwrap();
-    s.release("a").await.unwrap();
-    s.release("never-held").await.unwrap();
+    s.unlock("a").await.unwrap();
+    s.unlock("never-held").await.unwrap();
     assert_eq!(raw(etcd, DEFAULT_KEY).await.unwrap(), before, "no write");
-    assert!(!s.holds("a").await.unwrap());
+    assert!(!holds(&s, "a").await);
 
     // Reporting a phase without a slot records nothing.
     s.report_phase(&me("a"), "Idle").await.unwrap();
@@ -638,6 +657,7 @@ async fn stale_holders_are_reclaimed_only_with_max_hold(mut env: Env) {
         phase: Some("Rebooting".into()),
         since: two_hours_ago,
         acquired: two_hours_ago,
+        token: Some("t-dead".into()),
     };
     let dead_key = document::holder_record_key("default", "dead");
     ctl_put(etcd, &dead_key, &record.to_json());
@@ -661,14 +681,14 @@ async fn stale_holders_are_reclaimed_only_with_max_hold(mut env: Env) {
         r#"{"semaphore":0,"max":1,"holders":["eager"]}"#
     );
     assert_eq!(ctl_get(etcd, &dead_key), None, "the stale record is gone");
-    assert!(!eager.holds("dead").await.unwrap());
+    assert!(!holds(&eager, "dead").await);
 
     // The patient waiter saw the change and waits on, for the new (fresh) holder.
     env.logs
         .expect(&["waiting for a free slot", "id=patient", "eager"])
         .await;
     assert!(!patient.is_finished());
-    eager.release("eager").await.unwrap();
+    eager.unlock("eager").await.unwrap();
     within("patient", patient).await.unwrap().unwrap();
 }
 
@@ -725,7 +745,7 @@ async fn set_max_below_holders_needs_force(env: Env) {
         r#"{"semaphore":-1,"max":1,"holders":["a","b"]}"#
     );
     assert_eq!(s.status().await.unwrap().free, -1);
-    s.release("a").await.unwrap();
+    s.unlock("a").await.unwrap();
     assert_eq!(
         ctl_get(etcd, DEFAULT_KEY).unwrap(),
         r#"{"semaphore":0,"max":1,"holders":["b"]}"#
@@ -784,7 +804,7 @@ async fn queued_waiters_take_the_slot_in_queue_order(mut env: Env) {
     let mut holder = "h".to_owned();
     let mut served = Vec::new();
     for _ in order {
-        admin.release(&holder).await.unwrap();
+        admin.unlock(&holder).await.unwrap();
         holder = within("next holder", took.recv()).await.unwrap();
         assert_eq!(
             admin.status().await.unwrap().holders.len(),
@@ -815,7 +835,7 @@ async fn a_release_wakes_only_the_head_of_the_queue(mut env: Env) {
     }
 
     let before = etcd_requests(etcd).await;
-    admin.release("h").await.unwrap();
+    admin.unlock("h").await.unwrap();
     let first = within("head of the queue", took.recv()).await.unwrap();
     assert_eq!(first, "w0");
     // Every other waiter has seen the hand-off (and, without a queue, would have read and tried).
@@ -844,7 +864,7 @@ async fn a_release_wakes_only_the_head_of_the_queue(mut env: Env) {
     // The rest follow, in order.
     let mut holder = first;
     for id in ids.iter().skip(1) {
-        admin.release(&holder).await.unwrap();
+        admin.unlock(&holder).await.unwrap();
         holder = within("next holder", took.recv()).await.unwrap();
         assert_eq!(&holder, id);
     }
@@ -863,7 +883,7 @@ async fn a_dead_waiter_holds_up_the_queue_at_most_its_lease_ttl(mut env: Env) {
     let waiter = spawn_waiter(etcd, "w", &took_tx).await;
     waits_at(&mut env.logs, "w", 2).await;
 
-    admin.release("h").await.unwrap();
+    admin.unlock("h").await.unwrap();
     // A free slot, but "dead" is first in the queue: w waits.
     env.logs
         .expect(&["waiting for a free slot", "id=w ", "free=1 ", "position=2 "])
@@ -902,7 +922,7 @@ async fn a_cancelled_waiter_leaves_the_queue_at_once(mut env: Env) {
     assert!(moved_up < timeouts().queue_ttl / 2, "{moved_up:?}");
     assert_eq!(entry(etcd, &queue_key("a")).await, None);
 
-    admin.release("h").await.unwrap();
+    admin.unlock("h").await.unwrap();
     assert_eq!(within("b", took.recv()).await.unwrap(), "b");
     within("b", b).await.unwrap().unwrap();
 }
@@ -927,9 +947,9 @@ async fn a_restarted_waiter_keeps_its_place(mut env: Env) {
     assert_eq!(revision, created, "the entry kept its create revision");
     assert_ne!(lease, old_lease, "the entry is under the new run's lease");
 
-    admin.release("h").await.unwrap();
+    admin.unlock("h").await.unwrap();
     assert_eq!(within("a", took.recv()).await.unwrap(), "a");
-    admin.release("a").await.unwrap();
+    admin.unlock("a").await.unwrap();
     assert_eq!(within("b", took.recv()).await.unwrap(), "b");
     within("a", a).await.unwrap().unwrap();
     within("b", b).await.unwrap().unwrap();
@@ -1033,7 +1053,7 @@ async fn a_locksmith_acquirer_works_beside_the_queue(mut env: Env) {
                     assert_eq!(within("waiter", took.recv()).await.unwrap(), id);
                 }
                 served.push(id.clone());
-                admin.release(&id).await.unwrap();
+                admin.unlock(&id).await.unwrap();
             }
             None => {
                 // The slot is free: someone is taking it; wait for whoever reports first.
@@ -1041,13 +1061,13 @@ async fn a_locksmith_acquirer_works_beside_the_queue(mut env: Env) {
                     id = took.recv() => {
                         let id = id.unwrap();
                         served.push(id.clone());
-                        admin.release(&id).await.unwrap();
+                        admin.unlock(&id).await.unwrap();
                     }
                     r = async { ls.as_mut().unwrap().await }, if ls.is_some() => {
                         r.unwrap();
                         ls = None;
                         served.push("ls2".into());
-                        admin.release("ls2").await.unwrap();
+                        admin.unlock("ls2").await.unwrap();
                     }
                     () = tokio::time::sleep(WAIT) => panic!("nobody took the free slot: {served:?}"),
                 }
@@ -1097,12 +1117,12 @@ async fn the_queue_entry_is_gone_after_acquire(mut env: Env) {
     assert_ne!(lease, 0, "the entry is under a lease");
     assert_eq!(leases(&mut c).await, 1);
 
-    admin.release("h").await.unwrap();
+    admin.unlock("h").await.unwrap();
     within("w", took.recv()).await.unwrap();
     // Deleted by the very transaction that took the slot.
     assert_eq!(entry(etcd, &queue_key("w")).await, None);
     assert_eq!(in_queue(&mut c).await, 0);
-    assert!(admin.holds("w").await.unwrap());
+    assert!(holds(&admin, "w").await);
     within("w", w).await.unwrap().unwrap();
     // The lease is revoked soon after (best effort, from a spawned task).
     within("lease revoked", async {
@@ -1128,6 +1148,7 @@ async fn tls_and_password_auth(mut env: Env) {
     let password_file = dir.path().join("etcd-password");
     std::fs::write(&password_file, "s3cret\n").unwrap();
     let good = config::Etcd {
+        api: config::EtcdApi::V3,
         endpoints: vec![etcd.endpoint()],
         ca_file: Some(files.ca.clone()),
         cert_file: Some(files.client_cert.clone()),
@@ -1150,7 +1171,7 @@ async fn tls_and_password_auth(mut env: Env) {
         s.status().await.unwrap().holders[0].phase.as_deref(),
         Some("Rebooting")
     );
-    s.release("a").await.unwrap();
+    s.unlock("a").await.unwrap();
 
     // A wrong password is refused by etcd, and said so.
     let wrong = dir.path().join("wrong-password");
@@ -1207,6 +1228,7 @@ async fn closed_port_is_unreachable_naming_the_endpoint() {
     };
     let endpoint = format!("http://127.0.0.1:{port}");
     let s = config::Etcd {
+        api: config::EtcdApi::V3,
         endpoints: vec![endpoint.clone()],
         ca_file: None,
         cert_file: None,
@@ -1222,7 +1244,7 @@ async fn closed_port_is_unreachable_naming_the_endpoint() {
     match EtcdSemaphore::connect_with(&s, "default", None, short).await {
         Err(e @ LockError::Unreachable { .. }) => {
             assert!(e.to_string().contains(&endpoint), "{e}");
-            assert!(e.is_transient());
+            assert!(rebootd::lock::retry::is_transient(&e));
         }
         other => panic!("expected Unreachable, got {other:?}"),
     }
@@ -1256,6 +1278,7 @@ async fn an_http1_server_is_said_not_to_speak_etcds_protocol() {
     for keep_open in [false, true] {
         let endpoint = http1_server(keep_open).await;
         let s = config::Etcd {
+            api: config::EtcdApi::V3,
             endpoints: vec![endpoint.clone()],
             ca_file: None,
             cert_file: None,
@@ -1276,7 +1299,7 @@ async fn an_http1_server_is_said_not_to_speak_etcds_protocol() {
                 if !keep_open {
                     assert!(m.contains("HTTP/1.1 200 OK"), "{m}");
                 }
-                assert!(e.is_transient(), "still retried: {m}");
+                assert!(rebootd::lock::retry::is_transient(&e), "still retried: {m}");
             }
             other => panic!("expected Unreachable, got {other:?}"),
         }

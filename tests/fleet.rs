@@ -170,11 +170,11 @@ async fn killing_rebootd_while_it_holds_the_slot_keeps_the_slot() {
     let mut node = fleet.nodes[0].lock().await;
     let guard = node.logind.hold_block_inhibitor("db-backup", "dumping");
     node.update_engine.set_status(NEED, "1").await.unwrap();
-    node.wait_state("the slot, then the inhibitor's refusal", WAIT, |s| {
+    node.wait_state("the slot, then waiting for the inhibitor", WAIT, |s| {
         s.slot_held
-            && s.last_error
+            && s.waiting_for
                 .as_deref()
-                .is_some_and(|e| e.contains("db-backup"))
+                .is_some_and(|w| w.contains("db-backup"))
     })
     .await
     .unwrap();

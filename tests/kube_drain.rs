@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Once;
 use std::time::{Duration, Instant};
 
-use rebootd::config::{DrainFailure, Kubernetes};
+use rebootd::config::{DrainFailure, EmptyDirPods, Kubernetes, UnmanagedPods};
 use rebootd::drain::{DrainError, Drainer, KubeDrainer};
 use rebootd::kube_client;
 use rebootd_lab::kube_api::{
@@ -80,6 +80,9 @@ fn settings() -> Kubernetes {
         skip_pods: None,
         blocking_pods: None,
         ready_timeout: Duration::from_secs(60),
+        emptydir_pods: EmptyDirPods::Refuse,
+        unmanaged_pods: UnmanagedPods::Refuse,
+        force_delete_after: None,
     }
 }
 
@@ -213,6 +216,8 @@ async fn drain_evicts_under_a_budget_and_leaves_the_exempt_pods() {
             pod_grace_period: Some(Duration::from_secs(2)),
             skip_pods: Some("rebootd.io/skip in (true,yes)".into()),
             drain_timeout: Duration::from_secs(25),
+            // "bare" has no controller.
+            unmanaged_pods: UnmanagedPods::Evict,
             ..settings()
         },
     );
@@ -322,6 +327,7 @@ async fn drain_blocked_by_a_budget_times_out_listing_the_pod() {
         .find(|p| s(p, "/spec/nodeName") == "a")
         .expect("pod on a");
 
+    let metrics = rebootd::metrics::Metrics::default();
     let d = drainer(
         &lab,
         "a",
@@ -329,7 +335,8 @@ async fn drain_blocked_by_a_budget_times_out_listing_the_pod() {
             drain_timeout: Duration::from_secs(3),
             ..settings()
         },
-    );
+    )
+    .with_metrics(metrics.clone());
     let started = Instant::now();
     let err = d.drain().await.expect_err("the budget never allows");
     let took = started.elapsed();
@@ -356,6 +363,12 @@ async fn drain_blocked_by_a_budget_times_out_listing_the_pod() {
     assert!(c.pod("default", &name(on_a)).is_some());
     assert!(d.is_unschedulable().await.expect("read node"));
     assert_eq!(events_on(&lab, "a", "EvictionBlocked").len(), 1);
+    // Each refusal is counted in the metric.
+    let text = metrics.render(jiff::Timestamp::now());
+    assert!(
+        text.contains(&format!("rebootd_evictions_blocked_total {refused}\n")),
+        "{refused} refusals: {text}"
+    );
 }
 
 /// is_unschedulable before and after; uncordon is idempotent; an operator's cordon is seen.
@@ -641,7 +654,14 @@ async fn eviction_failures_retried_or_reported() {
         .inject(FaultRule::status("/pods/x/eviction", 500, 1).method("POST"));
     c.faults()
         .inject(FaultRule::status("/pods/x/eviction", 409, 1).method("POST"));
-    let d = drainer(&lab, "a", &settings());
+    let d = drainer(
+        &lab,
+        "a",
+        &Kubernetes {
+            unmanaged_pods: UnmanagedPods::Evict,
+            ..settings()
+        },
+    );
     d.drain().await.expect("drain");
     assert_eq!(evictions_of(&lab, "x"), 3, "500, 409, then accepted");
     assert!(c.pod("default", "x").is_none());
@@ -797,4 +817,169 @@ async fn a_budget_that_cannot_be_watched_falls_back_to_the_timer() {
         "one refused list for the eviction order, one for the budget watch, then the timer \
          alone (no retry loop)"
     );
+}
+
+/// As `kubectl drain` without `--force` / `--delete-emptydir-data`: a pod no controller owns and
+/// a pod with emptyDir data make the drain fail before anything is evicted, naming each pod and
+/// the setting that allows it; with the settings, both are evicted.
+#[tokio::test]
+async fn unmanaged_and_emptydir_pods_refuse_the_drain_unless_allowed() {
+    let lab = lab(&["a", "b"]).await;
+    let c = lab.api.cluster();
+    c.add_replicaset(
+        &ReplicaSetBuilder::new("default", "web")
+            .replicas(2)
+            .labels(&[("app", "web")])
+            .grace_period(1),
+        &["a", "a"],
+    )
+    .expect("replicaset");
+    let web: Vec<String> = c
+        .pods_on_node("a")
+        .iter()
+        .map(|p| p["metadata"]["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(web.len(), 2);
+    // One of the ReplicaSet's pods keeps scratch data in an emptyDir volume.
+    let scratch = web[0].clone();
+    c.update(Kind::Pod, "default", &scratch, |p| {
+        p["spec"]["volumes"] = serde_json::json!([{"name": "scratch", "emptyDir": {}}]);
+    })
+    .expect("emptyDir volume");
+    c.add(
+        &PodBuilder::new("default", "bare")
+            .on_node("a")
+            .grace_period(1),
+    )
+    .expect("bare pod");
+
+    let err = drainer(&lab, "a", &settings())
+        .drain()
+        .await
+        .expect_err("refused");
+    let DrainError::Refused { pods } = &err else {
+        panic!("not a refusal: {err}");
+    };
+    assert_eq!(pods.len(), 2, "{pods:?}");
+    assert!(pods[0].starts_with("default/bare (no controller") && pods[0].contains("force = true"));
+    assert!(
+        pods[1].starts_with(&format!("default/{scratch} (emptyDir data"))
+            && pods[1].contains("delete_emptydir_data = true"),
+        "{pods:?}"
+    );
+    let evictions = c.requests().count(|r| r.path.ends_with("/eviction"));
+    assert_eq!(evictions, 0, "nothing evicted");
+    for p in web.iter().map(String::as_str).chain(["bare"]) {
+        assert!(c.pod("default", p).is_some(), "{p} still there");
+    }
+
+    // One allowed is not enough.
+    let err = drainer(
+        &lab,
+        "a",
+        &Kubernetes {
+            emptydir_pods: EmptyDirPods::Evict,
+            ..settings()
+        },
+    )
+    .drain()
+    .await
+    .expect_err("bare still refused");
+    assert!(err.to_string().contains("default/bare"), "{err}");
+    assert!(!err.to_string().contains(&scratch), "{err}");
+
+    drainer(
+        &lab,
+        "a",
+        &Kubernetes {
+            emptydir_pods: EmptyDirPods::Evict,
+            unmanaged_pods: UnmanagedPods::Evict,
+            ..settings()
+        },
+    )
+    .drain()
+    .await
+    .expect("drain with both allowed");
+    for p in web.iter().map(String::as_str).chain(["bare"]) {
+        assert!(c.pod("default", p).is_none(), "{p} evicted");
+        assert_eq!(evictions_of(&lab, p), 1, "{p}");
+    }
+}
+
+/// A PodDisruptionBudget that never allows (its pods cannot be rescheduled anywhere): with
+/// `force_delete_after`, the pod is deleted once that much time has passed since the drain began,
+/// not before, logged and recorded as a Warning Event; without it the drain times out.
+#[tokio::test]
+async fn force_delete_after_deletes_past_a_budget_that_never_allows() {
+    let lab = lab(&["a"]).await;
+    let c = lab.api.cluster();
+    c.add_replicaset(
+        &ReplicaSetBuilder::new("db", "primary")
+            .replicas(1)
+            .labels(&[("app", "primary")])
+            .grace_period(1),
+        &["a"],
+    )
+    .expect("replicaset");
+    c.add(
+        &PdbBuilder::new("db", "primary")
+            .selector("app", "primary")
+            .min_available(1),
+    )
+    .expect("pdb");
+
+    // Without it: the budget holds until the drain deadline.
+    let err = drainer(
+        &lab,
+        "a",
+        &Kubernetes {
+            drain_timeout: Duration::from_secs(2),
+            ..settings()
+        },
+    )
+    .drain()
+    .await
+    .expect_err("the budget never allows");
+    assert!(matches!(err, DrainError::Timeout { .. }), "{err}");
+    let deletes = |c: &rebootd_lab::kube_api::Cluster| {
+        c.requests()
+            .count(|r| r.method == "DELETE" && r.path.contains("/namespaces/db/pods/"))
+    };
+    assert_eq!(deletes(c), 0);
+
+    let after = Duration::from_millis(1500);
+    let started = std::time::SystemTime::now();
+    drainer(
+        &lab,
+        "a",
+        &Kubernetes {
+            drain_timeout: Duration::from_secs(20),
+            force_delete_after: Some(after),
+            pod_grace_period: Some(Duration::from_secs(1)),
+            ..settings()
+        },
+    )
+    .drain()
+    .await
+    .expect("drained past the budget");
+    assert_eq!(deletes(c), 1, "one delete");
+    let deleted_at = c
+        .requests()
+        .all()
+        .into_iter()
+        .find(|r| r.method == "DELETE" && r.path.contains("/namespaces/db/pods/"))
+        .expect("the delete")
+        .at;
+    assert!(
+        deleted_at.duration_since(started).unwrap_or_default() >= after,
+        "deleted before force_delete_after"
+    );
+    assert!(
+        c.requests()
+            .count(|r| r.path.ends_with("/eviction") && r.status == 429)
+            >= 1,
+        "evicted first"
+    );
+    let events = events_on(&lab, "a", "DeletedPastBudget");
+    assert_eq!(events.len(), 1, "{events:?}");
 }

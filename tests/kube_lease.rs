@@ -15,12 +15,22 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, ListParams, WatchEvent, WatchParams};
 use rebootd::config;
 use rebootd::lock::kube_lease::{self, KubeLeaseSemaphore, Timeouts};
-use rebootd::lock::{Identity, LockError, Semaphore};
+use rebootd::lock::{Admin, Identity, LockError, Semaphore};
 use rebootd_lab::kube_api::{FaultRule, Kind, KubeApi, KubeApiHandle, NodeBuilder, Options};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::Layer;
+
+/// Whether `id` (a machine id or a node name) holds a slot, as `rebootctl status` shows it.
+async fn holds(s: &impl Admin, id: &str) -> bool {
+    s.status()
+        .await
+        .expect("status")
+        .holders
+        .iter()
+        .any(|h| h.id == id || h.node.as_deref() == Some(id))
+}
 
 mod common;
 use common::logs::{self, Logs};
@@ -113,6 +123,7 @@ fn me(x: &str) -> Identity {
         id: format!("m-{x}"),
         node: format!("node-{x}"),
         boot_id: format!("boot-{x}"),
+        token: format!("t-{x}"),
     }
 }
 
@@ -210,7 +221,7 @@ async fn spawn_acquirer(
         s.acquire(&me(x)).await.expect("acquire");
         acquired.send(x).unwrap();
         let _ = release_rx.await;
-        s.release(&me(x).id).await.expect("release");
+        s.unlock(&me(x).id).await.expect("release");
     });
     Acquirer { release, task }
 }
@@ -424,8 +435,8 @@ mod scenarios {
         assert_eq!(st.holders[0].node.as_deref(), Some("node-a"));
         assert_eq!(st.holders[0].boot_id.as_deref(), Some("boot-a"));
         assert!(st.holders[0].since.is_some());
-        assert!(a.holds("m-a").await.unwrap());
-        assert!(a.holds("node-a").await.unwrap());
+        assert!(holds(&a, "m-a").await);
+        assert!(holds(&a, "node-a").await);
 
         // A phase report (after a "reboot": new boot id) lands on the Lease.
         let mut rebooted = me("a");
@@ -443,12 +454,12 @@ mod scenarios {
         b.report_phase(&me("b"), "draining").await.expect("no-op");
         assert_eq!(holders(&env).len(), 1);
 
-        a.release("m-a").await.expect("release");
+        a.unlock("m-a").await.expect("release");
         let s0 = lease(&env, &slot(0)).expect("the slot Lease stays, free");
         assert_eq!(holder_of(&s0), None);
         assert_eq!(ann(&s0, kube_lease::ANNOTATION_MACHINE_ID), None);
         assert_eq!(ann(&s0, kube_lease::ANNOTATION_PHASE), None);
-        assert!(!a.holds("m-a").await.unwrap());
+        assert!(!holds(&a, "m-a").await);
     }
 
     pub async fn five_acquirers_with_max_two_never_exceed_two(mut env: Env) {
@@ -474,7 +485,7 @@ mod scenarios {
                 s.acquire(&id).await.expect("acquire");
                 tx.send(i).unwrap();
                 release_rx.await.unwrap();
-                s.release(&id.id).await.expect("release");
+                s.unlock(&id.id).await.expect("release");
             }));
         }
 
@@ -532,7 +543,7 @@ mod scenarios {
                 s.acquire(&me(x)).await.expect("acquire");
                 tx.send(x).unwrap();
                 release_rx.await.unwrap();
-                s.release(&me(x).id).await.expect("release");
+                s.unlock(&me(x).id).await.expect("release");
             }));
         }
         let winner = within("a winner", acquired.recv()).await.unwrap();
@@ -575,23 +586,23 @@ mod scenarios {
             .unwrap();
         assert_eq!(requests_by(&env, "node-a", is_write), writes);
 
-        a.release("m-a").await.unwrap();
+        a.unlock("m-a").await.unwrap();
         let after_release = env.api.cluster().resource_version();
-        a.release("m-a").await.unwrap();
+        a.unlock("m-a").await.unwrap();
         assert_eq!(
             env.api.cluster().resource_version(),
             after_release,
             "second release writes nothing"
         );
-        assert!(!a.holds("m-a").await.unwrap());
+        assert!(!holds(&a, "m-a").await);
 
         // Release by node name (rebootctl unlock node-a) works too.
         within("acquire", a.acquire(&me("a"))).await.unwrap();
         let operator = sem(&env, "operator").await;
-        operator.release("node-a").await.unwrap();
-        assert!(!a.holds("m-a").await.unwrap());
-        operator.release("node-a").await.unwrap();
-        operator.release("nobody").await.unwrap();
+        operator.unlock("node-a").await.unwrap();
+        assert!(!holds(&a, "m-a").await);
+        operator.unlock("node-a").await.unwrap();
+        operator.unlock("nobody").await.unwrap();
     }
 
     pub async fn waiter_is_woken_by_the_watch_and_never_polls(mut env: Env) {
@@ -649,7 +660,7 @@ mod scenarios {
         }
 
         let released = Instant::now();
-        a.release("m-a").await.unwrap();
+        a.unlock("m-a").await.unwrap();
         within("b after the release", &mut waiter).await.unwrap();
         let latency = released.elapsed();
         assert!(
@@ -758,11 +769,11 @@ mod scenarios {
         assert_eq!(holder_of(&l), Some("node-b"));
         assert_eq!(ann(&l, kube_lease::ANNOTATION_MACHINE_ID), Some("m-b"));
         assert_eq!(l.pointer("/spec/leaseTransitions"), Some(&json!(2)));
-        assert!(!a.holds("m-a").await.unwrap());
-        assert!(b.holds("m-b").await.unwrap());
+        assert!(!holds(&a, "m-a").await);
+        assert!(holds(&b, "m-b").await);
         // The old holder's release does not touch the new holder's slot.
-        a.release("m-a").await.unwrap();
-        assert!(b.holds("m-b").await.unwrap());
+        a.unlock("m-a").await.unwrap();
+        assert!(holds(&b, "m-b").await);
     }
 
     pub async fn holder_without_a_node_is_never_reclaimed_for_it(mut env: Env) {
@@ -786,7 +797,7 @@ mod scenarios {
         )
         .await;
         assert_eq!(holders(&env)[&slot(0)], "node-ghost");
-        ghost.release("m-ghost").await.unwrap();
+        ghost.unlock("m-ghost").await.unwrap();
         within("b after the release", &mut waiter).await.unwrap();
     }
 
@@ -885,7 +896,7 @@ mod scenarios {
         })
         .await;
         // b's slot is above max: released = deleted; still one holder = max, c waits.
-        b.release("m-b").await.unwrap();
+        b.unlock("m-b").await.unwrap();
         assert!(
             lease(&env, &slot(1)).is_none(),
             "released slot above max is deleted"
@@ -896,7 +907,7 @@ mod scenarios {
             &mut waiter,
         )
         .await;
-        a.release("m-a").await.unwrap();
+        a.unlock("m-a").await.unwrap();
         within("c", &mut waiter).await.unwrap();
         assert_eq!(
             holders(&env),
@@ -1175,7 +1186,7 @@ mod scenarios {
             }
         })
         .await;
-        a.release("m-a").await.unwrap();
+        a.unlock("m-a").await.unwrap();
         // b is still live for a while: c leaves the slot to it.
         not_within(
             "c while b is live",
@@ -1230,7 +1241,7 @@ mod scenarios {
         );
         assert_eq!(waiter_leases(&env).len(), 2);
 
-        a.release("m-a").await.unwrap();
+        a.unlock("m-a").await.unwrap();
         assert_eq!(within("next", acquired.recv()).await, Some("b"));
         b2.release().await;
         assert_eq!(within("then", acquired.recv()).await, Some("c"));
@@ -1256,6 +1267,7 @@ mod scenarios {
             id: "m-3".into(),
             node: "3".into(),
             boot_id: "boot-3".into(),
+            token: "t-3".into(),
         };
         let s3 = sem(&env, "3").await;
         let mut waiting_3 = Box::pin(s3.acquire(&digits));

@@ -8,7 +8,7 @@
 
 use rebootd::config::Config;
 use serde_json::{json, Value};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -372,11 +372,7 @@ fn ignition_writes_a_valid_configuration_fragment() {
     std::fs::write(&path, toml).unwrap();
     let config = Config::load(&[path])
         .unwrap_or_else(|e| panic!("the Ignition configuration fragment does not load: {e}"));
-    assert_eq!(
-        config.lock.backend.as_str(),
-        "etcd",
-        "locksmith's semaphore"
-    );
+    assert_eq!(config.lock.backend.name(), "etcd", "locksmith's semaphore");
     assert!(config.triggers.update_engine);
 }
 
@@ -434,10 +430,12 @@ fn shell_scripts_parse() {
 
 // --- Kubernetes RBAC ---------------------------------------------------------------------------
 
-const GROUP: &str = "rebootd:nodes";
 const NAMESPACE: &str = "rebootd";
 const CLUSTER_ROLE: &str = "rebootd-node";
+const POD_DELETE_ROLE: &str = "rebootd-node-pod-delete";
 const LEASE_ROLE: &str = "rebootd-lease";
+const EVENTS_ROLE: &str = "rebootd-events";
+const POLICY: &str = "rebootd-node";
 
 type Grant = (String, String, String); // (API group, resource, verb)
 
@@ -490,8 +488,8 @@ fn expected(rows: &[(&str, &str, &[&str])]) -> BTreeSet<Grant> {
     out
 }
 
-#[test]
-fn kubernetes_rbac_is_exactly_least_privilege() {
+/// Every manifest in deploy/kubernetes (file name, document), and the kustomization.
+fn kubernetes_manifests() -> (Vec<(String, Value)>, Value) {
     let dir = repo().join("deploy/kubernetes");
     let mut docs = Vec::new();
     let mut yaml_files = BTreeSet::new();
@@ -512,7 +510,6 @@ fn kubernetes_rbac_is_exactly_least_privilege() {
         yaml_files.insert(name.clone());
         docs.extend(parsed.into_iter().map(|d| (name.clone(), d)));
     }
-
     // kubectl apply -k deploy/kubernetes applies every manifest.
     let kustomization = kustomization.expect("deploy/kubernetes/kustomization.yaml");
     let listed: BTreeSet<String> = kustomization["resources"]
@@ -525,11 +522,18 @@ fn kubernetes_rbac_is_exactly_least_privilege() {
         listed, yaml_files,
         "kustomization.yaml lists every manifest"
     );
+    (docs, kustomization)
+}
 
+/// The roles grant exactly what rebootd uses, and nothing is bound to a group: each node's
+/// identity gets its own bindings from mint-kubeconfig.sh (so one node is revoked alone), and
+/// the admission policy that narrows the writes to the node's own objects is shipped and bound.
+#[test]
+fn kubernetes_rbac_is_exactly_least_privilege() {
+    let (docs, _) = kubernetes_manifests();
     let mut kinds = Vec::new();
-    let mut cluster_role = None;
-    let mut role = None;
-    let mut bindings = Vec::new();
+    let mut cluster_roles = BTreeMap::new();
+    let mut roles = BTreeMap::new();
     for (file, doc) in &docs {
         let kind = doc["kind"]
             .as_str()
@@ -541,17 +545,25 @@ fn kubernetes_rbac_is_exactly_least_privilege() {
         match kind {
             "Namespace" => assert_eq!(name, NAMESPACE),
             "ClusterRole" => {
-                assert_eq!(name, CLUSTER_ROLE);
                 assert!(doc.get("aggregationRule").is_none());
-                cluster_role = Some(grants(kind, name, doc));
+                cluster_roles.insert(name.to_string(), grants(kind, name, doc));
             }
             "Role" => {
-                assert_eq!(name, LEASE_ROLE);
-                assert_eq!(doc["metadata"]["namespace"], NAMESPACE);
-                role = Some(grants(kind, name, doc));
+                let ns = doc["metadata"]["namespace"].as_str().unwrap().to_string();
+                roles.insert((ns, name.to_string()), grants(kind, name, doc));
             }
-            "ClusterRoleBinding" | "RoleBinding" => bindings.push(doc),
-            other => panic!("{file}: unexpected kind {other} (no ServiceAccount, no workload)"),
+            "ValidatingAdmissionPolicy" => {
+                assert_eq!(name, POLICY);
+                assert_eq!(doc["spec"]["failurePolicy"], "Fail");
+            }
+            "ValidatingAdmissionPolicyBinding" => {
+                assert_eq!(doc["spec"]["policyName"], POLICY);
+                assert_eq!(doc["spec"]["validationActions"], json!(["Deny"]));
+                assert!(doc["spec"].get("matchResources").is_none(), "bound for every namespace");
+            }
+            other => panic!(
+                "{file}: unexpected kind {other} (no shared bindings, no ServiceAccount, no workload)"
+            ),
         }
     }
     kinds.sort();
@@ -559,68 +571,99 @@ fn kubernetes_rbac_is_exactly_least_privilege() {
         kinds,
         [
             "ClusterRole",
-            "ClusterRoleBinding",
+            "ClusterRole",
             "Namespace",
             "Role",
-            "RoleBinding"
+            "Role",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
         ]
     );
 
     assert_eq!(
-        cluster_role.unwrap(),
-        expected(&[
-            ("", "nodes", &["get", "list", "watch", "patch"]),
-            ("", "pods", &["get", "list", "watch"]),
-            ("", "pods/eviction", &["create"]),
-            ("policy", "poddisruptionbudgets", &["list", "watch"]),
-            ("apps", "daemonsets", &["get"]),
-            ("", "events", &["create", "patch"]),
-            ("events.k8s.io", "events", &["create", "patch"]),
+        cluster_roles,
+        BTreeMap::from([
+            (
+                CLUSTER_ROLE.to_string(),
+                expected(&[
+                    ("", "nodes", &["get", "list", "watch", "patch"]),
+                    ("", "pods", &["get", "list", "watch"]),
+                    ("", "pods/eviction", &["create"]),
+                    ("policy", "poddisruptionbudgets", &["list", "watch"]),
+                ])
+            ),
+            // Bound only with mint-kubeconfig.sh --allow-pod-delete (force_delete_after).
+            (
+                POD_DELETE_ROLE.to_string(),
+                expected(&[("", "pods", &["delete"])])
+            ),
         ]),
-        "ClusterRole {CLUSTER_ROLE}"
+        "ClusterRoles"
     );
     assert_eq!(
-        role.unwrap(),
-        expected(&[(
-            "coordination.k8s.io",
-            "leases",
-            &["get", "list", "watch", "create", "update", "delete"],
-        )]),
-        "Role {LEASE_ROLE}"
+        roles,
+        BTreeMap::from([
+            (
+                (NAMESPACE.to_string(), LEASE_ROLE.to_string()),
+                expected(&[(
+                    "coordination.k8s.io",
+                    "leases",
+                    &["get", "list", "watch", "create", "update", "delete"],
+                )])
+            ),
+            (
+                ("default".to_string(), EVENTS_ROLE.to_string()),
+                expected(&[("", "events", &["create"])])
+            ),
+        ]),
+        "Roles"
     );
 
-    for binding in bindings {
-        let kind = binding["kind"].as_str().unwrap();
-        let (role_kind, role_name) = if kind == "ClusterRoleBinding" {
-            ("ClusterRole", CLUSTER_ROLE)
-        } else {
-            assert_eq!(binding["metadata"]["namespace"], NAMESPACE);
-            ("Role", LEASE_ROLE)
-        };
-        assert_eq!(
-            binding["roleRef"],
-            json!({"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": role_name}),
-            "{kind} roleRef"
-        );
-        assert_eq!(
-            binding["subjects"],
-            json!([{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": GROUP}]),
-            "{kind} subjects: the node identities' group only"
-        );
-    }
-
-    // The minting script names the same group, namespace and roles.
+    // The minting script binds the same roles, per node.
     let script = read("deploy/kubernetes/mint-kubeconfig.sh");
     for line in [
-        format!("GROUP={GROUP}"),
         format!("NAMESPACE={NAMESPACE}"),
         format!("CLUSTER_ROLE={CLUSTER_ROLE}"),
+        format!("POD_DELETE_ROLE={POD_DELETE_ROLE}"),
         format!("LEASE_ROLE={LEASE_ROLE}"),
+        format!("EVENTS_ROLE={EVENTS_ROLE}"),
     ] {
         assert!(
             script.lines().any(|l| l == line),
             "mint-kubeconfig.sh: {line}"
         );
+    }
+}
+
+/// Each manifest is what its Kubernetes type says (k8s-openapi's types, which come from the API
+/// server's OpenAPI schema): read into the type and written back, nothing is lost, so no field is
+/// misspelt or misplaced.
+#[test]
+fn kubernetes_manifests_round_trip_through_their_types() {
+    use k8s_openapi::api::admissionregistration::v1 as adm;
+    use k8s_openapi::api::core::v1 as core;
+    use k8s_openapi::api::rbac::v1 as rbac;
+    fn round_trip<T: serde::de::DeserializeOwned + serde::Serialize>(file: &str, doc: &Value) {
+        let typed: T =
+            serde_json::from_value(doc.clone()).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let back = serde_json::to_value(&typed).unwrap();
+        assert_eq!(
+            &back, doc,
+            "{file}: lost or changed in a round trip through its type"
+        );
+    }
+    let (docs, _) = kubernetes_manifests();
+    for (file, doc) in &docs {
+        match doc["kind"].as_str().unwrap() {
+            "Namespace" => round_trip::<core::Namespace>(file, doc),
+            "ClusterRole" => round_trip::<rbac::ClusterRole>(file, doc),
+            "Role" => round_trip::<rbac::Role>(file, doc),
+            "ValidatingAdmissionPolicy" => round_trip::<adm::ValidatingAdmissionPolicy>(file, doc),
+            "ValidatingAdmissionPolicyBinding" => {
+                round_trip::<adm::ValidatingAdmissionPolicyBinding>(file, doc)
+            }
+            other => panic!("{file}: no type for {other}"),
+        }
     }
 }
 
@@ -632,20 +675,36 @@ const FAKE_KUBECTL: &str = r#"#!/usr/bin/env bash
 set -euo pipefail
 d=$FAKE_KUBE_DIR
 echo "$*" >>"$d/calls"
+applied_field() { sed -n "s/^  $1: //p" "$d/applied.yaml" | tail -1; }
 case "$*" in
 *"cluster.server}"*) printf 'https://127.0.0.1:6443' ;;
 *"certificate-authority-data}"*) base64 -w0 "$d/ca.pem" ;;
-"apply -f -") cat >>"$d/applied.yaml"; echo --- >>"$d/applied.yaml" ;;
+"apply -f -" | "create -f -") cat >>"$d/applied.yaml"; echo --- >>"$d/applied.yaml" ;;
 *"--dry-run=client -o yaml"*) printf 'kind: Stand-in\nargs: "%s"\n' "$*" ;;
 "delete csr"*) ;;
-"certificate approve"*) touch "$d/approved" ;;
-"get csr"*)
+"get csr"*"metadata.uid"*)
+    # What the cluster holds under that name: what was created, unless a test swaps it.
+    request=$(applied_field request)
+    usages='["digital signature","client auth"]'
+    case "${FAKE_CSR_TAMPER:-}" in
+    key) request=$(openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+            -keyout /dev/null -subj "/CN=rebootd:node:worker-1" 2>/dev/null | base64 -w0) ;;
+    group) request=$(openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+            -keyout /dev/null -subj "/O=system:masters/CN=rebootd:node:worker-1" 2>/dev/null | base64 -w0) ;;
+    usages) usages='["digital signature","client auth","server auth"]' ;;
+    esac
+    printf 'uid-1\n42\n%s\n%s\n%s\n%s\n' "$(applied_field signerName)" \
+        "$(applied_field expirationSeconds)" "$usages" "$request" ;;
+"replace --raw /apis/certificates.k8s.io/v1/certificatesigningrequests/"*"/approval -f "*)
+    cp "${@: -1}" "$d/approval.json"; touch "$d/approved" ;;
+"get csr"*"status.certificate}"*)
     [ -f "$d/approved" ] || exit 0
-    sed -n 's/^  request: //p' "$d/applied.yaml" | tail -1 | base64 -d >"$d/req.pem"
+    applied_field request | base64 -d >"$d/req.pem"
     openssl x509 -req -in "$d/req.pem" -CA "$d/ca.pem" -CAkey "$d/ca-key.pem" \
         -days 1 -out "$d/issued.pem" 2>/dev/null
     base64 -w0 "$d/issued.pem" ;;
 *"create token"*) printf 'header.payload.signature' ;;
+*"delete clusterrolebinding"* | *"delete rolebinding"* | *"delete serviceaccount"*) ;;
 *) echo "stand-in kubectl: unexpected: $*" >&2; exit 1 ;;
 esac
 "#;
@@ -723,6 +782,43 @@ fn openssl(args: &[&str], file: &Path) -> String {
     text(&out.stdout)
 }
 
+fn mint_env(cluster: &FakeCluster, args: &[&str], tamper: Option<&str>) -> Output {
+    let path = format!(
+        "{}:{}",
+        cluster.path("bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut cmd = Command::new(repo().join("deploy/kubernetes/mint-kubeconfig.sh"));
+    cmd.args(args)
+        .env("PATH", path)
+        .env("FAKE_KUBE_DIR", cluster.dir.path())
+        .current_dir(cluster.dir.path());
+    if let Some(t) = tamper {
+        cmd.env("FAKE_CSR_TAMPER", t);
+    }
+    run(&mut cmd)
+}
+
+/// The three bindings, to `subject` alone.
+fn assert_bound(calls: &str, node: &str, subject: &str) {
+    for wanted in [
+        format!(
+            "create clusterrolebinding rebootd-node-{node} --clusterrole=rebootd-node {subject}"
+        ),
+        format!(
+            "-n rebootd create rolebinding rebootd-lease-{node} --role=rebootd-lease {subject}"
+        ),
+        format!(
+            "-n default create rolebinding rebootd-events-{node} --role=rebootd-events {subject}"
+        ),
+    ] {
+        assert!(
+            calls.contains(&wanted),
+            "kubectl {wanted:?} not called:\n{calls}"
+        );
+    }
+}
+
 #[test]
 fn mint_kubeconfig_signs_a_client_certificate_for_the_node() {
     let cluster = FakeCluster::new();
@@ -749,12 +845,20 @@ fn mint_kubeconfig_signs_a_client_certificate_for_the_node() {
         "kubernetes.io/kube-apiserver-client"
     );
     assert_eq!(csr["spec"]["expirationSeconds"], json!(30 * 86400));
-    assert!(csr["spec"]["usages"]
-        .as_array()
-        .unwrap()
-        .contains(&json!("client auth")));
+    assert_eq!(
+        csr["spec"]["usages"],
+        json!(["digital signature", "client auth"])
+    );
+    // Approved as read back: that uid and resourceVersion only.
+    let approval: Value =
+        serde_json::from_str(&std::fs::read_to_string(cluster.path("approval.json")).unwrap())
+            .unwrap();
+    assert_eq!(approval["metadata"]["uid"], "uid-1");
+    assert_eq!(approval["metadata"]["resourceVersion"], "42");
+    assert_eq!(approval["status"]["conditions"][0]["type"], "Approved");
     let calls = std::fs::read_to_string(cluster.path("calls")).unwrap();
-    assert!(calls.contains("certificate approve rebootd-node-worker-1"));
+    assert!(!calls.contains("certificate approve"), "approved unchecked");
+    assert_bound(&calls, "worker-1", "--user=rebootd:node:worker-1");
 
     // The kubeconfig: the cluster's address and CA, the signed certificate and its own key.
     let kc = cluster.kubeconfig("worker-1.kubeconfig");
@@ -784,15 +888,45 @@ fn mint_kubeconfig_signs_a_client_certificate_for_the_node() {
         &["x509", "-noout", "-subject", "-nameopt", "RFC2253", "-in"],
         &cert,
     );
-    assert!(
-        subject.contains("CN=rebootd:node:worker-1") && subject.contains("O=rebootd:nodes"),
-        "certificate subject: {subject}"
+    assert_eq!(
+        subject.trim(),
+        "subject=CN=rebootd:node:worker-1",
+        "the user names its node, and no group"
     );
     assert_eq!(
         openssl(&["x509", "-noout", "-pubkey", "-in"], &cert),
         openssl(&["pkey", "-pubout", "-in"], &key),
         "the key in the kubeconfig is the certificate's"
     );
+}
+
+/// A CSR swapped between its creation and its approval (another key, a group in the subject,
+/// more usages) is not approved, and nothing is bound or written.
+#[test]
+fn mint_kubeconfig_approves_only_the_csr_it_made() {
+    for (tamper, says) in [
+        ("key", "another public key"),
+        ("group", "without groups"),
+        ("usages", "server auth"),
+    ] {
+        let cluster = FakeCluster::new();
+        let out = mint_env(&cluster, &["worker-1"], Some(tamper));
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{tamper}: {}",
+            text(&out.stderr)
+        );
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("not approved") && err.contains(says),
+            "{tamper}: {err}"
+        );
+        assert!(!cluster.path("approved").exists(), "{tamper}: approved");
+        let calls = std::fs::read_to_string(cluster.path("calls")).unwrap();
+        assert!(!calls.contains("rolebinding"), "{tamper}: bound:\n{calls}");
+        assert!(!cluster.path("rebootd-worker-1.kubeconfig").exists());
+    }
 }
 
 #[test]
@@ -807,18 +941,59 @@ fn mint_kubeconfig_token_mode_binds_a_service_account() {
     let calls = std::fs::read_to_string(cluster.path("calls")).unwrap();
     for wanted in [
         "-n rebootd create serviceaccount node-worker-2",
-        "create clusterrolebinding rebootd-node-worker-2 --clusterrole=rebootd-node --serviceaccount=rebootd:node-worker-2",
-        "-n rebootd create rolebinding rebootd-lease-worker-2 --role=rebootd-lease --serviceaccount=rebootd:node-worker-2",
         "-n rebootd create token node-worker-2 --duration=168h",
     ] {
-        assert!(calls.contains(wanted), "kubectl {wanted:?} not called:\n{calls}");
+        assert!(
+            calls.contains(wanted),
+            "kubectl {wanted:?} not called:\n{calls}"
+        );
     }
+    assert_bound(&calls, "worker-2", "--serviceaccount=rebootd:node-worker-2");
     let kc = cluster.kubeconfig("rebootd-worker-2.kubeconfig");
     assert_eq!(
         kc["users"][0]["name"],
         "system:serviceaccount:rebootd:node-worker-2"
     );
     assert_eq!(kc["users"][0]["user"]["token"], "header.payload.signature");
+}
+
+/// The pod-delete role (for force_delete_after) is bound only when asked for.
+#[test]
+fn mint_kubeconfig_binds_pod_delete_only_when_asked() {
+    let cluster = FakeCluster::new();
+    let out = cluster.mint(&["worker-5"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let calls = std::fs::read_to_string(cluster.path("calls")).unwrap();
+    assert!(!calls.contains("rebootd-node-pod-delete"), "{calls}");
+    let cluster = FakeCluster::new();
+    let out = cluster.mint(&["--allow-pod-delete", "worker-5"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let calls = std::fs::read_to_string(cluster.path("calls")).unwrap();
+    assert!(calls.contains(
+        "create clusterrolebinding rebootd-node-pod-delete-worker-5 --clusterrole=rebootd-node-pod-delete --user=rebootd:node:worker-5"
+    ), "{calls}");
+}
+
+/// One node is revoked alone: its bindings (and its ServiceAccount in token mode) go.
+#[test]
+fn mint_kubeconfig_revokes_one_node() {
+    let cluster = FakeCluster::new();
+    let out = cluster.mint(&["--revoke", "worker-3"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let calls = std::fs::read_to_string(cluster.path("calls")).unwrap();
+    assert_eq!(
+        calls.lines().collect::<Vec<_>>(),
+        [
+            "delete clusterrolebinding rebootd-node-worker-3 --ignore-not-found",
+            "delete clusterrolebinding rebootd-node-pod-delete-worker-3 --ignore-not-found",
+            "-n rebootd delete rolebinding rebootd-lease-worker-3 --ignore-not-found",
+            "-n default delete rolebinding rebootd-events-worker-3 --ignore-not-found",
+        ]
+    );
+    let out = cluster.mint(&["--revoke", "--mode", "token", "worker-4"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let calls = std::fs::read_to_string(cluster.path("calls")).unwrap();
+    assert!(calls.contains("-n rebootd delete serviceaccount node-worker-4 --ignore-not-found"));
 }
 
 #[test]
@@ -828,6 +1003,7 @@ fn mint_kubeconfig_refuses_bad_arguments() {
         &[][..],
         &["--mode", "password", "worker-1"],
         &["--days", "0", "worker-1"],
+        &["--days", "366", "worker-1"],
         &["Not_A_Node"],
     ] {
         let out = cluster.mint(args);

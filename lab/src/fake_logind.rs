@@ -1,8 +1,18 @@
 //! The lab's stand-in for systemd-logind: [`FakeLogind`] owns `org.freedesktop.login1` on a bus
 //! and serves `org.freedesktop.login1.Manager` at `/org/freedesktop/login1` with
-//! `RebootWithFlags` (optional), `Reboot`, `Inhibit` (real fd passing) and `ListInhibitors`.
+//! `RebootWithFlags` (optional), `Reboot`, `Inhibit` (real fd passing) and `ListInhibitors`,
+//! and emits `PropertiesChanged` for `BlockInhibited` whenever an inhibitor is taken or
+//! released, as logind does.
 //! It never reboots anything: accepted reboot calls are recorded and broadcast to subscribers,
 //! which is how the lab's node harness "reboots" a node.
+//!
+//! Block inhibitors follow logind's rule (systemd's `verify_shutdown_creds`, checked against
+//! systemd 252 in `tests/nspawn.rs`): a caller is let through the block inhibitors of its own
+//! uid. Another uid's block inhibitor makes root's `RebootWithFlags` with
+//! `SD_LOGIND_ROOT_CHECK_INHIBITORS` fail with `org.freedesktop.DBus.Error.AccessDenied`
+//! ([`ROOT_BLOCKED_MESSAGE`]); without the flag, and with the legacy `Reboot`, root goes
+//! through (it may override inhibitors). There is no polkit here: a caller other than root is
+//! refused when another uid's block inhibitor is held, and let through otherwise.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -35,8 +45,13 @@ pub const KNOWN_FLAGS: u64 = SD_LOGIND_ROOT_CHECK_INHIBITORS
     | SD_LOGIND_SOFT_REBOOT
     | SD_LOGIND_SOFT_REBOOT_IF_NEXTROOT_SET_UP;
 
-/// D-Bus error name of a reboot refused because of a block inhibitor.
+/// D-Bus error name of a reboot refused because of a block inhibitor (logind's, for callers
+/// other than root).
 pub const ERROR_BLOCKED: &str = "org.freedesktop.login1.BlockedByInhibitorLock";
+/// D-Bus error name root gets when another uid's block inhibitor refuses its reboot.
+pub const ERROR_ACCESS_DENIED: &str = "org.freedesktop.DBus.Error.AccessDenied";
+/// logind's message with [`ERROR_ACCESS_DENIED`] for root (systemd 252, seen in a container).
+pub const ROOT_BLOCKED_MESSAGE: &str = "Access denied to root due to active block inhibitor";
 /// D-Bus error name of a call with bad arguments.
 pub const ERROR_INVALID_ARGS: &str = "org.freedesktop.DBus.Error.InvalidArgs";
 
@@ -101,6 +116,7 @@ impl Inhibitor {
 #[derive(Debug)]
 enum LogindError {
     Blocked(String),
+    AccessDenied(String),
     InvalidArgs(String),
     Failed(String),
 }
@@ -113,6 +129,7 @@ impl zbus::DBusError for LogindError {
     fn name(&self) -> ErrorName<'_> {
         ErrorName::from_static_str_unchecked(match self {
             LogindError::Blocked(_) => ERROR_BLOCKED,
+            LogindError::AccessDenied(_) => ERROR_ACCESS_DENIED,
             LogindError::InvalidArgs(_) => ERROR_INVALID_ARGS,
             LogindError::Failed(_) => "org.freedesktop.DBus.Error.Failed",
         })
@@ -120,9 +137,10 @@ impl zbus::DBusError for LogindError {
 
     fn description(&self) -> Option<&str> {
         match self {
-            LogindError::Blocked(m) | LogindError::InvalidArgs(m) | LogindError::Failed(m) => {
-                Some(m)
-            }
+            LogindError::Blocked(m)
+            | LogindError::AccessDenied(m)
+            | LogindError::InvalidArgs(m)
+            | LogindError::Failed(m) => Some(m),
         }
     }
 }
@@ -206,28 +224,38 @@ impl Shared {
         let _ = self.reboots.send(call);
     }
 
-    fn reboot_with_flags(&self, flags: u64) -> Result<(), LogindError> {
+    /// logind's check (`verify_shutdown_creds`): the block inhibitors on shutdown of other uids
+    /// than the caller's count; root overrides them unless it asked with
+    /// `SD_LOGIND_ROOT_CHECK_INHIBITORS`.
+    fn check_inhibitors(&self, caller: u32, flags: u64) -> Result<(), LogindError> {
+        let blocker = self
+            .inhibitors
+            .borrow()
+            .iter()
+            .find(|i| i.blocks_shutdown() && i.uid != caller)
+            .cloned();
+        let Some(i) = blocker else { return Ok(()) };
+        if caller == 0 && flags & SD_LOGIND_ROOT_CHECK_INHIBITORS == 0 {
+            return Ok(());
+        }
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(who = %i.who, uid = i.uid, caller, "fake logind: reboot refused by an inhibitor");
+        if caller == 0 {
+            return Err(LogindError::AccessDenied(ROOT_BLOCKED_MESSAGE.to_owned()));
+        }
+        Err(LogindError::Blocked(format!(
+            "Operation inhibited by \"{}\" (PID {}, UID {}), reason is \"{}\".",
+            i.who, i.pid, i.uid, i.why
+        )))
+    }
+
+    fn reboot_with_flags(&self, caller: u32, flags: u64) -> Result<(), LogindError> {
         if flags & !KNOWN_FLAGS != 0 {
             return Err(LogindError::InvalidArgs(format!(
                 "Invalid flags parameter: {flags:#x}"
             )));
         }
-        if flags & SD_LOGIND_ROOT_CHECK_INHIBITORS != 0 {
-            let blocker = self
-                .inhibitors
-                .borrow()
-                .iter()
-                .find(|i| i.blocks_shutdown())
-                .cloned();
-            if let Some(i) = blocker {
-                self.refused.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(who = %i.who, "fake logind: reboot refused by an inhibitor");
-                return Err(LogindError::Blocked(format!(
-                    "Operation inhibited by \"{}\" (PID {}, UID {}), reason is \"{}\".",
-                    i.who, i.pid, i.uid, i.why
-                )));
-            }
-        }
+        self.check_inhibitors(caller, flags)?;
         self.record(RebootCall {
             method: "RebootWithFlags".to_owned(),
             flags,
@@ -235,12 +263,13 @@ impl Shared {
         Ok(())
     }
 
-    fn reboot(&self, _interactive: bool) {
-        // The legacy call lets root override inhibitors; the fake treats every caller as root.
+    fn reboot(&self, caller: u32, _interactive: bool) -> Result<(), LogindError> {
+        self.check_inhibitors(caller, 0)?;
         self.record(RebootCall {
             method: "Reboot".to_owned(),
             flags: 0,
         });
+        Ok(())
     }
 
     fn list(&self) -> Vec<ListedInhibitor> {
@@ -258,6 +287,16 @@ impl Shared {
                 )
             })
             .collect()
+    }
+
+    /// The uid of a call's sender, as the bus daemon knows it.
+    async fn caller_uid(conn: &zbus::Connection, header: &Header<'_>) -> Result<u32, LogindError> {
+        let Some(sender) = header.sender() else {
+            return Ok(u32::MAX);
+        };
+        let dbus = zbus::fdo::DBusProxy::new(conn).await?;
+        let name = zbus::names::BusName::Unique(sender.to_owned());
+        Ok(dbus.get_connection_unix_user(name).await?)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -331,12 +370,24 @@ struct Manager {
 
 #[zbus::interface(name = "org.freedesktop.login1.Manager")]
 impl Manager {
-    async fn reboot_with_flags(&self, flags: u64) -> Result<(), LogindError> {
-        self.shared.reboot_with_flags(flags)
+    async fn reboot_with_flags(
+        &self,
+        #[zbus(connection)] conn: &zbus::Connection,
+        #[zbus(header)] header: Header<'_>,
+        flags: u64,
+    ) -> Result<(), LogindError> {
+        let caller = Shared::caller_uid(conn, &header).await?;
+        self.shared.reboot_with_flags(caller, flags)
     }
 
-    async fn reboot(&self, interactive: bool) {
-        self.shared.reboot(interactive)
+    async fn reboot(
+        &self,
+        #[zbus(connection)] conn: &zbus::Connection,
+        #[zbus(header)] header: Header<'_>,
+        interactive: bool,
+    ) -> Result<(), LogindError> {
+        let caller = Shared::caller_uid(conn, &header).await?;
+        self.shared.reboot(caller, interactive)
     }
 
     async fn inhibit(
@@ -365,8 +416,14 @@ struct LegacyManager {
 
 #[zbus::interface(name = "org.freedesktop.login1.Manager")]
 impl LegacyManager {
-    async fn reboot(&self, interactive: bool) {
-        self.shared.reboot(interactive)
+    async fn reboot(
+        &self,
+        #[zbus(connection)] conn: &zbus::Connection,
+        #[zbus(header)] header: Header<'_>,
+        interactive: bool,
+    ) -> Result<(), LogindError> {
+        let caller = Shared::caller_uid(conn, &header).await?;
+        self.shared.reboot(caller, interactive)
     }
 
     async fn inhibit(
@@ -385,6 +442,48 @@ impl LegacyManager {
 
     async fn list_inhibitors(&self) -> Vec<ListedInhibitor> {
         self.shared.list()
+    }
+}
+
+/// What logind's `BlockInhibited` property says: the union of what block inhibitors inhibit.
+fn block_inhibited(list: &[Inhibitor]) -> String {
+    let mut whats: Vec<&str> = Vec::new();
+    for i in list.iter().filter(|i| i.mode == "block") {
+        for w in i.what.split(':') {
+            if !whats.contains(&w) {
+                whats.push(w);
+            }
+        }
+    }
+    whats.join(":")
+}
+
+/// `PropertiesChanged` for `BlockInhibited` at every change of the inhibitors, as logind sends
+/// at every inhibitor taken or released (systemd 252: whether the value changed or not).
+async fn emit_changes(conn: zbus::Connection, shared: Arc<Shared>) {
+    let mut rx = shared.inhibitors.subscribe();
+    let mut stop = shared.shutdown.subscribe();
+    loop {
+        tokio::select! {
+            changed = rx.changed() => if changed.is_err() { return },
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        let value = block_inhibited(&rx.borrow_and_update());
+        let changed: std::collections::HashMap<&str, zbus::zvariant::Value<'_>> =
+            [("BlockInhibited", zbus::zvariant::Value::from(value))].into();
+        let invalidated: Vec<&str> = Vec::new();
+        if let Err(e) = conn
+            .emit_signal(
+                None::<&str>,
+                OBJECT_PATH,
+                "org.freedesktop.DBus.Properties",
+                "PropertiesChanged",
+                &(INTERFACE, changed, invalidated),
+            )
+            .await
+        {
+            tracing::debug!("fake logind: emitting PropertiesChanged: {e}");
+        }
     }
 }
 
@@ -435,6 +534,7 @@ impl FakeLogind {
             )?
         };
         let conn = builder.name(BUS_NAME)?.build().await?;
+        tokio::spawn(emit_changes(conn.clone(), shared.clone()));
         Ok(FakeLogind { conn, shared })
     }
 
@@ -442,7 +542,11 @@ impl FakeLogind {
     /// the guard is dropped or released. It shows in `ListInhibitors` and makes
     /// `RebootWithFlags(1)` fail with `BlockedByInhibitorLock`.
     pub fn hold_block_inhibitor(&self, who: &str, why: &str) -> InhibitorGuard {
-        let uid = rustix::process::getuid().as_raw();
+        self.hold_block_inhibitor_as(rustix::process::getuid().as_raw(), who, why)
+    }
+
+    /// Takes a `shutdown` block inhibitor as if user `uid` held it (pid: this process's).
+    pub fn hold_block_inhibitor_as(&self, uid: u32, who: &str, why: &str) -> InhibitorGuard {
         let pid = rustix::process::getpid().as_raw_nonzero().get() as u32;
         let id = self
             .shared

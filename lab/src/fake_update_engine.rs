@@ -199,3 +199,52 @@ impl FakeUpdateEngine {
         }
     }
 }
+
+/// The system bus address: `DBUS_SYSTEM_BUS_ADDRESS`, else the standard socket.
+fn system_bus_address() -> String {
+    std::env::var("DBUS_SYSTEM_BUS_ADDRESS")
+        .unwrap_or_else(|_| "unix:path=/run/dbus/system_bus_socket".to_string())
+}
+
+/// `rebootd-lab update-engine --status-file PATH`: serve the fake on the system bus (as a
+/// service in a lab container), taking its status from `PATH`: a line `OPERATION NEW_VERSION`,
+/// read at start and whenever the file is written or replaced (inotify on its directory).
+pub async fn serve_status_file(path: &std::path::Path) -> Result<(), LabError> {
+    use futures_util::StreamExt;
+    let dir = path
+        .parent()
+        .ok_or_else(|| LabError::DaemonStart(format!("{} has no directory", path.display())))?;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| LabError::io(format!("creating {}", dir.display()), e))?;
+    let inotify = inotify::Inotify::init().map_err(|e| LabError::io("inotify", e))?;
+    inotify
+        .watches()
+        .add(
+            dir,
+            inotify::WatchMask::CLOSE_WRITE | inotify::WatchMask::MOVED_TO,
+        )
+        .map_err(|e| LabError::io(format!("watching {}", dir.display()), e))?;
+    let mut events = inotify
+        .into_event_stream(vec![0u8; 4096])
+        .map_err(|e| LabError::io("inotify stream", e))?;
+    let fake = FakeUpdateEngine::start(&system_bus_address()).await?;
+    tracing::info!(status_file = %path.display(), "update_engine stand-in owns {BUS_NAME}");
+    let mut last = None;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            let mut words = text.split_whitespace();
+            if let Some(operation) = words.next() {
+                let version = words.next().unwrap_or("0.0.0").to_string();
+                let now = Some((operation.to_string(), version.clone()));
+                if now != last {
+                    tracing::info!(operation, %version, "StatusUpdate");
+                    fake.set_status(operation, &version).await?;
+                    last = now;
+                }
+            }
+        }
+        if events.next().await.is_none() {
+            return Err(LabError::DaemonStart("the inotify stream ended".into()));
+        }
+    }
+}

@@ -39,6 +39,12 @@ pub struct FleetOptions {
     /// Extra TOML for every node.
     pub config: String,
     pub group: String,
+    /// Each node talks to the API stand-in as its own identity, user `rebootd:node:<node>` (as
+    /// `deploy/kubernetes/mint-kubeconfig.sh` mints them), with the Lease semaphore in the
+    /// namespace `rebootd`; the slot count is written by the lab (an administrator), not by a node.
+    pub node_identities: bool,
+    /// Validating admission in the API stand-in (every write, before it is stored).
+    pub kube_admission: Option<crate::kube_api::Admission>,
 }
 
 impl Default for FleetOptions {
@@ -53,6 +59,8 @@ impl Default for FleetOptions {
             reboot_time: Duration::from_millis(500),
             config: String::new(),
             group: "default".into(),
+            node_identities: false,
+            kube_admission: None,
         }
     }
 }
@@ -113,6 +121,7 @@ impl Fleet {
         let (kube, kubeconfig) = if uses_kube {
             let handle = KubeApi::start(KubeOptions {
                 pod_ready_delay: Duration::from_millis(200),
+                admission: opts.kube_admission.clone(),
                 ..KubeOptions::default()
             })
             .await
@@ -155,21 +164,41 @@ impl Fleet {
                 (Some(etcd), Some(client), config)
             }
             FleetLock::Kubernetes => {
+                let namespace = if opts.node_identities {
+                    "rebootd"
+                } else {
+                    "kube-system"
+                };
                 let config = format!(
-                    "[lock]\nbackend = \"kubernetes\"\n\n[lock.kubernetes]\nnamespace = \"kube-system\"\nname = \"rebootd\"\nkubeconfig = {:?}\n",
-                    kubeconfig.as_deref().unwrap_or(Path::new(""))
+                    "[lock]\nbackend = \"kubernetes\"\n\n[lock.kubernetes]\nnamespace = {namespace:?}\nname = \"rebootd\"\nkubeconfig = @KUBECONFIG@\n",
                 );
                 (None, None, config)
             }
         };
+        if let (Some(k), FleetLock::Kubernetes, true) = (&kube, opts.lock, opts.node_identities) {
+            // The administrator writes the slot count (a node identity may not).
+            k.cluster()
+                .create(
+                    crate::kube_api::Kind::Lease,
+                    serde_json::json!({
+                        "metadata": {
+                            "name": "rebootd", "namespace": "rebootd",
+                            "labels": {"rebootd.io/semaphore": "rebootd", "rebootd.io/role": "control"},
+                            "annotations": {"rebootd.io/max": opts.max.to_string()},
+                        },
+                        "spec": {},
+                    }),
+                )
+                .map_err(|e| LabError::DaemonStart(format!("control Lease: {e}")))?;
+        }
         let drain_config = match (&kubeconfig, opts.drain) {
-            (Some(path), true) => format!(
-                "[kubernetes]\nkubeconfig = {path:?}\n{}\n",
+            (Some(_), true) => format!(
+                "[kubernetes]\nkubeconfig = @KUBECONFIG@\n{}\n",
                 opts.kubernetes_config
             ),
             _ => String::new(),
         };
-        let set_max_for_leases = opts.lock == FleetLock::Kubernetes;
+        let set_max_for_leases = opts.lock == FleetLock::Kubernetes && !opts.node_identities;
         let comes_back_ready: Vec<_> = names
             .iter()
             .map(|_| Arc::new(std::sync::atomic::AtomicBool::new(true)))
@@ -181,11 +210,23 @@ impl Fleet {
         let mut ids = Vec::new();
         let mut tasks = Vec::new();
         for (i, name) in names.iter().enumerate() {
+            // The node's kubeconfig: the shared one, or its own identity's.
+            let node_kubeconfig = match (&kube, opts.node_identities) {
+                (Some(k), true) => {
+                    let path = dir.path().join(format!("kubeconfig-{name}"));
+                    k.write_kubeconfig_for(&path, &format!("rebootd:node:{name}"))
+                        .map_err(|e| LabError::DaemonStart(format!("kubeconfig: {e}")))?;
+                    Some(path)
+                }
+                _ => kubeconfig.clone(),
+            };
+            let kc = format!("{:?}", node_kubeconfig.as_deref().unwrap_or(Path::new("")));
             let config = format!(
                 "[identity]\ngroup = {group:?}\n\n{lock_config}\n{drain_config}\n{extra}",
                 group = opts.group,
                 extra = opts.config
-            );
+            )
+            .replace("@KUBECONFIG@", &kc);
             let mut node_opts = NodeOptions::new(name).config(&config);
             node_opts.start_daemon = !(set_max_for_leases && i == 0);
             let mut node = Node::start(rebootd, node_opts).await?;

@@ -8,7 +8,11 @@
 //! - all slots taken: airlock's 500 with kind `failed_lock` ([`BusyAnswer::Airlock`], the default)
 //!   or poseidon/fleetlock's 423 with kind `locked` ([`BusyAnswer::Poseidon`]);
 //! - a missing or wrong header, a body that is not such JSON, an empty id or group: 400 with kind
-//!   `invalid_client_identity`; another method: 405 `method_not_allowed`; another path: 404.
+//!   `invalid_client_identity` (values as airlock words them: `failed to validate client
+//!   identity: wrong 'fleet-lock-protocol' header`, `... empty client group`, `... empty client
+//!   ID`); another path: a plain-text 404. Like airlock, the method is not checked (a `GET` with
+//!   no body is an invalid identity; a `PUT` with one works as a `POST`). Checked against the
+//!   real airlock by `tests/fleetlock.rs`.
 //!
 //! Error bodies are `{"kind": ..., "value": ...}`, written as airlock's Go `http.Error` writes
 //! them (`text/plain`, trailing newline). Every group has [`FleetLockServer::set_max`] slots; all
@@ -181,6 +185,12 @@ impl FleetLockServer {
         self.state.borrow().requests
     }
 
+    /// A function reading the state, to hand to code that cannot borrow the server.
+    pub fn state_handle(&self) -> impl Fn() -> ServerState + Send + Sync + 'static {
+        let rx = self.state.subscribe();
+        move || rx.borrow().clone()
+    }
+
     /// A copy of the whole state.
     pub fn state(&self) -> ServerState {
         self.state.borrow().clone()
@@ -277,10 +287,11 @@ fn ok() -> Response<Body> {
 
 #[derive(serde::Deserialize)]
 struct Message {
+    #[serde(default)]
     client_params: ClientParams,
 }
 
-#[derive(serde::Deserialize)]
+#[derive(serde::Deserialize, Default)]
 struct ClientParams {
     #[serde(default)]
     id: String,
@@ -357,13 +368,8 @@ fn answer_to(
         *r.status_mut() = StatusCode::NOT_FOUND;
         return r;
     };
-    if method != Method::POST {
-        return error(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method_not_allowed",
-            "required method POST",
-        );
-    }
+    // airlock reads any method's body: no 405.
+    let _ = method;
     let invalid = |why: String| {
         error(
             StatusCode::BAD_REQUEST,
@@ -378,16 +384,20 @@ fn answer_to(
         Ok(b) => b,
         Err(e) => return invalid(format!("reading the body: {e}")),
     };
+    if body.is_empty() {
+        // Go's json decoder on an empty body.
+        return invalid("EOF".into());
+    }
     let msg: Message = match serde_json::from_slice(body) {
         Ok(m) => m,
         Err(e) => return invalid(e.to_string()),
     };
     let ClientParams { id, group } = msg.client_params;
     if group.is_empty() {
-        return invalid("empty group".into());
+        return invalid("empty client group".into());
     }
     if id.is_empty() {
-        return invalid("empty node ID".into());
+        return invalid("empty client ID".into());
     }
     if s.known_groups.as_ref().is_some_and(|k| !k.contains(&group)) {
         return error(

@@ -1,6 +1,7 @@
 //! rebootd-lab: the stand-ins (update_engine, logind, Kubernetes API), the etcd launcher and the
 //! fleet harness shared by the integration tests, the demo and the benchmarks.
 
+pub mod airlock;
 pub mod bench;
 pub mod chaos;
 pub mod dbus;
@@ -9,6 +10,11 @@ pub mod fake_logind;
 pub mod fake_update_engine;
 pub mod fleet;
 pub mod fleetlock;
+pub mod locksmith;
 pub mod node;
+pub mod nspawn;
+pub mod prometheus;
+pub mod v2_watcher;
+pub mod webhook;
 
 pub use rebootd_lab_kube as kube_api;

@@ -49,6 +49,18 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Real hosts: Debian containers booted with systemd-nspawn (see `rebootd-lab hosts --help`).
+    #[command(disable_help_flag = true)]
+    Hosts {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// The fake update_engine on the system bus (the service inside lab containers).
+    UpdateEngine {
+        /// `OPERATION NEW_VERSION` is read from this file at start and whenever it changes.
+        #[arg(long)]
+        status_file: PathBuf,
+    },
     /// Serve the Kubernetes API stand-in (see `rebootd-lab kube-api --help`).
     #[command(disable_help_flag = true)]
     KubeApi {
@@ -152,6 +164,18 @@ async fn demo(
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(
+        cli.command,
+        Command::UpdateEngine { .. } | Command::Hosts { .. }
+    ) {
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            )
+            .init();
+    }
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -176,6 +200,12 @@ fn main() -> ExitCode {
                 rebootd,
             } => demo(nodes, max, &etcd, reboot_time, rebootd_binary(rebootd)).await,
             Command::Bench { args } => rebootd_lab::bench::cli(args).await,
+            Command::Hosts { args } => rebootd_lab::nspawn::cli::command(args).await,
+            Command::UpdateEngine { status_file } => {
+                rebootd_lab::fake_update_engine::serve_status_file(&status_file)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
             Command::Chaos { .. } => unreachable!("run above"),
             Command::KubeApi { args } => rebootd_lab::kube_api::serve_cli(args)
                 .await

@@ -259,6 +259,11 @@ impl Node {
         }
     }
 
+    /// The process id of the running rebootd.
+    pub fn daemon_pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(|c| c.id())
+    }
+
     /// Whether rebootd exited by itself; its exit code if so.
     pub fn daemon_exit(&mut self) -> Option<Option<i32>> {
         let child = self.child.as_mut()?;

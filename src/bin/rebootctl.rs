@@ -2,10 +2,12 @@
 //! the state file and the lock backend directly.
 //!
 //! Exit codes: 0 success; 1 the operation failed (backend unreachable, refused, state
-//! unreadable); 2 bad usage or configuration.
+//! unreadable, or not possible with this backend: a FleetLock server owns its semaphore, so
+//! `unlock` and `set-max` are refused, saying so); 2 bad usage or configuration.
 
 use clap::{Parser, Subcommand};
-use rebootd::config::Config;
+use rebootd::config::{Config, LockBackend};
+use rebootd::lock::{self, SemaphoreStatus};
 use rebootd::runtime;
 use rebootd::state::{self, StateStore};
 use rebootd::status;
@@ -47,6 +49,36 @@ enum Command {
     },
     /// Take a slot for this machine by hand (waits for one).
     Lock,
+    /// Move this group's semaphore from etcd v2 (locksmith's) to etcd v3 on the same cluster,
+    /// leaving in v2 a document no v2 client can take a slot in; rebootd nodes still on
+    /// api = "v2" follow by themselves. Refuses unsafe states (a locksmithd holder, another v3
+    /// semaphore), saying why. See docs/migrating-from-locksmith.md.
+    Migrate,
+    /// Translate this host's locksmithd or Zincati configuration into a rebootd fragment:
+    /// printed, or written to /etc/rebootd/config.d/ with --write. Whatever is not translated
+    /// is named on stderr and in the fragment's header.
+    Import {
+        /// Which tool's configuration to read; default: whichever the host has.
+        #[arg(long, value_enum, default_value = "auto")]
+        from: ImportFrom,
+        /// Read (and write) the host's files below this directory instead of /.
+        #[arg(long, value_name = "DIR", default_value = "/")]
+        root: PathBuf,
+        /// Write the fragment to /etc/rebootd/config.d/50-imported-<tool>.toml (and the etcd
+        /// password file it refers to, if any) instead of printing it.
+        #[arg(long)]
+        write: bool,
+        /// Replace files --write finds already there.
+        #[arg(long, requires = "write")]
+        force: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum ImportFrom {
+    Auto,
+    Locksmith,
+    Zincati,
 }
 
 /// Failures, each with its exit code.
@@ -91,12 +123,26 @@ async fn gather(config: &Config, store: &StateStore) -> Result<status::Status, F
         boot_id,
         jiff::Timestamp::now(),
     );
-    match runtime::open_semaphore(config).await {
-        Ok(sem) => match sem.status().await {
+    if let LockBackend::FleetLock(_) = &config.lock.backend {
+        // The server owns the semaphore: nothing to read but what the configuration says.
+        report.semaphore = Some(SemaphoreStatus {
+            backend: config.lock.backend.name().into(),
+            group: config.identity.group.clone(),
+            max: 0,
+            free: 0,
+            holders: Vec::new(),
+        });
+        return Ok(report);
+    }
+    match lock::open::open_admin(config).await {
+        Ok(admin) => match admin.status().await {
             Ok(s) => report.semaphore = Some(s),
             Err(e) => report.semaphore_error = Some(e.to_string()),
         },
         Err(e) => report.semaphore_error = Some(e.to_string()),
+    }
+    if let Some(w) = lock::open::split_warning(config).await {
+        report.warnings.push(w);
     }
     Ok(report)
 }
@@ -145,7 +191,49 @@ fn op<E: std::fmt::Display>(e: E) -> Failure {
     Failure::Operation(e.to_string())
 }
 
+/// `rebootctl import`: needs no rebootd configuration, so it runs before any is loaded.
+fn import(from: ImportFrom, root: PathBuf, write: bool, force: bool) -> Result<(), Failure> {
+    use rebootd::import::{self, ImportError, Root, Tool};
+    let root = Root(root);
+    let fail = |e: ImportError| match e {
+        ImportError::Ambiguous { .. } => Failure::Usage(e.to_string()),
+        other => Failure::Operation(other.to_string()),
+    };
+    let tool = match from {
+        ImportFrom::Auto => import::detect(&root).map_err(fail)?,
+        ImportFrom::Locksmith => Tool::Locksmith,
+        ImportFrom::Zincati => Tool::Zincati,
+    };
+    let result = import::import(&root, tool).map_err(fail)?;
+    for n in &result.notes {
+        eprintln!("rebootctl: not translated: {n}");
+    }
+    if write {
+        for path in import::write(&root, &result, force).map_err(fail)? {
+            eprintln!("rebootctl: wrote {}", path.display());
+        }
+    } else {
+        print!("{}", result.render());
+        for s in &result.secrets {
+            eprintln!(
+                "rebootctl: {} is not printed; write it to {} (mode 0600) or use --write",
+                s.what, s.path
+            );
+        }
+    }
+    Ok(())
+}
+
 async fn run(args: Args) -> Result<(), Failure> {
+    if let Command::Import {
+        from,
+        root,
+        write,
+        force,
+    } = args.command
+    {
+        return import(from, root, write, force);
+    }
     let config = if args.config.is_empty() {
         Config::load_default_locations()
     } else {
@@ -176,27 +264,49 @@ async fn run(args: Args) -> Result<(), Failure> {
         Command::Unlock { id } => {
             let id = match id {
                 Some(id) => id,
-                None => runtime::read_id("the machine id", &config.identity.machine_id_file)
-                    .map_err(op)?,
+                None => runtime::holder_id(&config).map_err(op)?,
             };
-            let sem = runtime::open_semaphore(&config).await.map_err(op)?;
-            sem.release(&id).await.map_err(op)?;
+            let own = runtime::holder_id(&config).map_err(op)?;
+            if let (LockBackend::FleetLock(_), true) = (&config.lock.backend, id == own) {
+                // The server owns the semaphore, but this node may give back its own slot, as
+                // the agent does.
+                let me = runtime::identity(&config, &store).map_err(op)?;
+                let sem = runtime::open_semaphore(&config).await.map_err(op)?;
+                sem.release(&me).await.map_err(op)?;
+            } else {
+                let admin = lock::open::open_admin(&config).await.map_err(op)?;
+                admin.unlock(&id).await.map_err(op)?;
+            }
             println!("released the slot of {id} (if it held one)");
             Ok(())
         }
         Command::SetMax { max, force } => {
-            let sem = runtime::open_semaphore(&config).await.map_err(op)?;
-            sem.set_max(max, force).await.map_err(op)?;
+            let admin = lock::open::open_admin(&config).await.map_err(op)?;
+            admin.set_max(max, force).await.map_err(op)?;
             println!("max set to {max}");
             Ok(())
         }
         Command::Lock => {
-            let me = runtime::identity(&config).map_err(op)?;
+            let me = runtime::identity(&config, &store).map_err(op)?;
             let sem = runtime::open_semaphore(&config).await.map_err(op)?;
             eprintln!("waiting for a slot for {} ...", me.id);
             sem.acquire(&me).await.map_err(op)?;
             println!("{} holds a slot", me.id);
             Ok(())
         }
+        Command::Migrate => {
+            let LockBackend::Etcd(settings) = &config.lock.backend else {
+                return Err(Failure::Usage(format!(
+                    "migrate moves an etcd semaphore from v2 to v3; lock.backend is {:?}",
+                    config.lock.backend.name()
+                )));
+            };
+            let done = lock::etcd_v2::migrate::migrate(settings, &config.identity.group)
+                .await
+                .map_err(op)?;
+            println!("{done}");
+            Ok(())
+        }
+        Command::Import { .. } => Ok(()),
     }
 }

@@ -20,7 +20,9 @@ struct Args {
     /// Log format.
     #[arg(long, value_enum, default_value = "auto")]
     log_format: LogFormat,
-    /// Check the configuration and exit.
+    /// Check the configuration and everything it names (identity files, TLS files, password
+    /// file, kubeconfigs, selectors, the sentinel command) as connecting would, without
+    /// connecting; exit 0 when all is well, 2 naming each problem.
     #[arg(long)]
     check_config: bool,
 }
@@ -56,10 +58,6 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if args.check_config {
-        println!("configuration OK ({} fragment(s))", config.sources.len());
-        return ExitCode::SUCCESS;
-    }
     // One thread: rebootd waits most of its life, and a small footprint matters on every host.
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -71,18 +69,40 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if args.check_config {
+        let problems = rt.block_on(rebootd::check::offline(&config));
+        if problems.is_empty() {
+            println!(
+                "configuration OK ({} fragment(s); lock backend {}; files it names read)",
+                config.sources.len(),
+                config.lock.backend.name()
+            );
+            return ExitCode::SUCCESS;
+        }
+        for p in &problems {
+            eprintln!("rebootd: {p}");
+        }
+        return ExitCode::from(2);
+    }
     let result = rt.block_on(async move {
-        let me = runtime::identity(&config)?;
+        let store = StateStore::new(state::state_dir());
+        let me = runtime::identity(&config, &store)?;
         tracing::info!(
             node = %me.node, machine_id = %me.id, boot_id = %me.boot_id,
-            group = %config.identity.group, backend = config.lock.backend.as_str(),
+            group = %config.identity.group, backend = config.lock.backend.name(),
             windows = %config.windows.describe(),
             sources = ?config.sources, "rebootd starting"
         );
         let semaphore = runtime::open_semaphore(&config).await?;
-        let drainer = runtime::open_drainer(&config, &me.boot_id).await?;
-        let store = StateStore::new(state::state_dir());
+        // Two semaphores (v2 and v3) mean twice max: say so loudly, without delaying the start.
+        let check = config.clone();
+        tokio::spawn(async move {
+            if let Some(w) = rebootd::lock::open::split_warning(&check).await {
+                tracing::error!("{w}");
+            }
+        });
         let metrics = rebootd::metrics::Metrics::default();
+        let drainer = runtime::open_drainer(&config, &me.boot_id, &metrics).await?;
         let _server = match config.metrics_listen {
             Some(addr) => Some(
                 rebootd::metrics::serve(addr, metrics.clone())
@@ -93,10 +113,18 @@ fn main() -> ExitCode {
             ),
             None => None,
         };
-        Runtime::new(config, store, semaphore, drainer, me)
-            .with_metrics(metrics)
-            .run(shutdown_signal())
-            .await
+        let webhook = match &config.webhook {
+            Some(w) => Some(
+                rebootd::notify_webhook::Webhook::start(w)
+                    .map_err(|e| runtime::RuntimeError::Webhook(e.to_string()))?,
+            ),
+            None => None,
+        };
+        let mut runtime = Runtime::new(config, store, semaphore, drainer, me).with_metrics(metrics);
+        if let Some(w) = webhook {
+            runtime = runtime.with_webhook(w);
+        }
+        runtime.run(shutdown_signal()).await
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -15,6 +15,15 @@ pub(super) struct ConfigInput {
     pub kubernetes: Option<KubernetesInput>,
     pub reboot: Option<RebootInput>,
     pub metrics: Option<MetricsInput>,
+    pub webhook: Option<WebhookInput>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct WebhookInput {
+    pub url: Option<String>,
+    pub ca_file: Option<PathBuf>,
+    pub timeout: Option<HumanDuration>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -74,11 +83,20 @@ pub(super) struct LockInput {
 pub(super) struct FleetLockInput {
     pub url: Option<String>,
     pub ca_file: Option<PathBuf>,
+    pub id: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum EtcdApiInput {
+    V2,
+    V3,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct EtcdInput {
+    pub api: Option<EtcdApiInput>,
     pub endpoints: Option<Vec<String>>,
     pub ca_file: Option<PathBuf>,
     pub cert_file: Option<PathBuf>,
@@ -131,6 +149,9 @@ pub(super) struct KubernetesInput {
     pub skip_pods: Option<String>,
     pub blocking_pods: Option<String>,
     pub ready_timeout: Option<HumanDuration>,
+    pub delete_emptydir_data: Option<bool>,
+    pub force: Option<bool>,
+    pub force_delete_after: Option<HumanDuration>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]

@@ -13,7 +13,7 @@ fn embedded_default_is_update_engine_no_window_no_lock() {
     let c = Config::embedded_default();
     assert!(c.triggers.update_engine);
     assert!(c.windows.0.is_empty());
-    assert_eq!(c.lock.backend, Backend::None);
+    assert_eq!(c.lock.backend, LockBackend::None);
     assert!(c.kubernetes.is_none());
     assert_eq!(c.identity.group, "default");
     assert_eq!(c.reboot.inhibitors, Inhibitors::Respect);
@@ -131,4 +131,167 @@ fn fragments_are_read_in_name_order_and_only_toml() {
     assert!(fragments_in(&dir.path().join("missing"))
         .unwrap()
         .is_empty());
+}
+
+#[test]
+fn durations_under_their_bounds_name_file_key_and_value() {
+    let dir = tempfile::tempdir().unwrap();
+    for (text, key, value) in [
+        (
+            "[reboot]\nretry_interval = \"1ns\"\n",
+            "reboot.retry_interval",
+            "\"1ns\"",
+        ),
+        ("[reboot]\ntimeout = \"0s\"\n", "reboot.timeout", "\"0s\""),
+        (
+            "[triggers]\nsentinel_interval = \"10ms\"\n",
+            "triggers.sentinel_interval",
+            "\"10ms\"",
+        ),
+        (
+            "[kubernetes]\ndrain_timeout = \"0s\"\n",
+            "kubernetes.drain_timeout",
+            "\"0s\"",
+        ),
+        (
+            "[kubernetes]\nready_timeout = \"500ms\"\n",
+            "kubernetes.ready_timeout",
+            "\"500ms\"",
+        ),
+        (
+            "[[window]]\ndays = [\"Sat\"]\nstart = \"02:00\"\nlength = \"0s\"\n",
+            "window.length",
+            "\"0s\"",
+        ),
+    ] {
+        let a = write(&dir, "b.toml", text);
+        let err = Config::load(std::slice::from_ref(&a))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&a.display().to_string()), "{err}");
+        assert!(err.contains(key), "{err}");
+        assert!(err.contains(value), "{err}");
+        assert!(err.contains("must be at least"), "{err}");
+    }
+    // At the bound is fine.
+    let a = write(
+        &dir,
+        "ok.toml",
+        "[reboot]\nretry_interval = \"1s\"\ntimeout = \"1s\"\n",
+    );
+    Config::load(&[a]).unwrap();
+}
+
+#[test]
+fn etcd_api_is_v3_unless_v2_is_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = "[lock]\nbackend = \"etcd\"\n[lock.etcd]\nendpoints = [\"http://127.0.0.1:2379\"]\n";
+    let api = |c: &Config| match &c.lock.backend {
+        LockBackend::Etcd(e) => e.api,
+        other => panic!("{other:?}"),
+    };
+    let a = write(&dir, "a.toml", base);
+    assert_eq!(api(&Config::load(&[a]).unwrap()), EtcdApi::V3);
+    let a = write(&dir, "b.toml", &format!("{base}api = \"v2\"\n"));
+    assert_eq!(api(&Config::load(&[a]).unwrap()), EtcdApi::V2);
+    let a = write(&dir, "c.toml", &format!("{base}api = \"v4\"\n"));
+    let err = Config::load(std::slice::from_ref(&a))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("v4") && err.contains(&a.display().to_string()),
+        "{err}"
+    );
+    let a = write(&dir, "d.toml", &format!("{base}apis = \"v2\"\n"));
+    let err = Config::load(&[a]).unwrap_err().to_string();
+    assert!(err.contains("apis"), "{err}");
+}
+
+#[test]
+fn the_backend_carries_its_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = write(
+        &dir,
+        "k.toml",
+        "[lock]\nbackend = \"kubernetes\"\n[kubernetes]\nkubeconfig = \"/k\"\n",
+    );
+    match Config::load(&[a]).unwrap().lock.backend {
+        LockBackend::Kubernetes(k) => {
+            assert_eq!(k.namespace, DEFAULT_LEASE_NAMESPACE);
+            assert_eq!(k.name, "rebootd");
+            assert_eq!(k.kubeconfig, Some(PathBuf::from("/k")));
+        }
+        other => panic!("{other:?}"),
+    }
+    let a = write(&dir, "f.toml", "[lock]\nbackend = \"fleetlock\"\n");
+    let err = Config::load(&[a]).unwrap_err().to_string();
+    assert!(err.contains("lock.fleetlock.url"), "{err}");
+}
+
+#[test]
+fn max_hold_shorter_than_drain_reboot_and_ready_is_refused_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = write(
+        &dir,
+        "m.toml",
+        "[lock]\nmax_hold = \"40m\"\n[kubernetes]\ndrain_timeout = \"30m\"\nready_timeout = \"15m\"\n[reboot]\ntimeout = \"10m\"\n",
+    );
+    let err = Config::load(std::slice::from_ref(&a))
+        .unwrap_err()
+        .to_string();
+    for needle in [
+        "lock.max_hold",
+        "\"40m\"",
+        "kubernetes.drain_timeout (30m)",
+        "reboot.timeout (10m)",
+        "kubernetes.ready_timeout (15m)",
+        "55m",
+        &a.display().to_string(),
+    ] {
+        assert!(err.contains(needle), "{needle}: {err}");
+    }
+    let ok = write(
+        &dir,
+        "n.toml",
+        "[lock]\nmax_hold = \"55m\"\n[kubernetes]\ndrain_timeout = \"30m\"\nready_timeout = \"15m\"\n[reboot]\ntimeout = \"10m\"\n",
+    );
+    assert!(Config::load(&[ok]).is_ok());
+    // Without [kubernetes] there is no drain and no wait for Ready: the reboot timeout only.
+    let a = write(&dir, "o.toml", "[lock]\nmax_hold = \"5m\"\n");
+    let err = Config::load(&[a]).unwrap_err().to_string();
+    assert!(
+        err.contains("reboot.timeout (10m)") && !err.contains("drain_timeout"),
+        "{err}"
+    );
+}
+
+#[test]
+fn drain_fallbacks_are_off_unless_set_and_force_delete_comes_before_the_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = write(&dir, "a.toml", "[kubernetes]\n");
+    let k = Config::load(&[a]).unwrap().kubernetes.unwrap();
+    assert_eq!(k.emptydir_pods, EmptyDirPods::Refuse);
+    assert_eq!(k.unmanaged_pods, UnmanagedPods::Refuse);
+    assert_eq!(k.force_delete_after, None);
+    let b = write(
+        &dir,
+        "b.toml",
+        "[kubernetes]\ndelete_emptydir_data = true\nforce = true\nforce_delete_after = \"10m\"\n",
+    );
+    let k = Config::load(&[b]).unwrap().kubernetes.unwrap();
+    assert_eq!(k.emptydir_pods, EmptyDirPods::Evict);
+    assert_eq!(k.unmanaged_pods, UnmanagedPods::Evict);
+    assert_eq!(k.force_delete_after, Some(Duration::from_secs(600)));
+    let c = write(
+        &dir,
+        "c.toml",
+        "[kubernetes]\ndrain_timeout = \"10m\"\nforce_delete_after = \"10m\"\n",
+    );
+    let err = Config::load(std::slice::from_ref(&c))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("c.toml") && err.contains("force_delete_after") && err.contains("10m"),
+        "{err}"
+    );
 }

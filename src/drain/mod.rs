@@ -25,6 +25,7 @@
 //!    naming the pods still there (the node stays cordoned: the caller decides).
 
 mod budget;
+mod fallback;
 mod order;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -44,7 +45,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use serde_json::json;
 use tokio::time::Instant;
 
-use crate::config::Kubernetes;
+use crate::config::{EmptyDirPods, Kubernetes, UnmanagedPods};
 use crate::kube_client::status_code;
 use budget::BudgetWatch;
 
@@ -138,6 +139,10 @@ pub enum DrainError {
     /// The node name is not usable.
     #[error("invalid Kubernetes node name {0:?}")]
     InvalidNode(String),
+    /// Pods the settings do not allow to drain, as `kubectl drain` refuses them without a flag
+    /// ("namespace/name (why)"); nothing was evicted.
+    #[error("drain refused, nothing evicted: {} pod(s) need a setting: {}", pods.len(), pods.join("; "))]
+    Refused { pods: Vec<String> },
 }
 
 impl DrainError {
@@ -185,6 +190,11 @@ pub struct KubeDrainer {
     blocking_pods: Option<String>,
     boot_id: Option<String>,
     event_seq: AtomicU64,
+    /// Where refused evictions are counted (`rebootd_evictions_blocked_total`).
+    metrics: Option<crate::metrics::Metrics>,
+    emptydir_pods: EmptyDirPods,
+    unmanaged_pods: UnmanagedPods,
+    force_delete_after: Option<Duration>,
 }
 
 impl std::fmt::Debug for KubeDrainer {
@@ -402,7 +412,17 @@ impl KubeDrainer {
             blocking_pods: check_selector("blocking_pods", &settings.blocking_pods)?,
             boot_id: None,
             event_seq: AtomicU64::new(0),
+            metrics: None,
+            emptydir_pods: settings.emptydir_pods,
+            unmanaged_pods: settings.unmanaged_pods,
+            force_delete_after: settings.force_delete_after,
         })
+    }
+
+    /// Count every eviction a PodDisruptionBudget refuses in `metrics`.
+    pub fn with_metrics(mut self, metrics: crate::metrics::Metrics) -> KubeDrainer {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Make [`Drainer::wait_ready`] also require that the kubelet reports this boot id
@@ -482,9 +502,14 @@ impl KubeDrainer {
         let grace_override = self.pod_grace_period.map(|d| d.as_secs_f64().ceil() as i64);
         let mut evict = Vec::new();
         let mut left_alone = Vec::new();
+        let mut refused = Vec::new();
         for p in &all.items {
             if let Some(why) = exemption(p, &skip) {
                 left_alone.push(format!("{} ({why})", pod_key(p)));
+                continue;
+            }
+            if let Some(why) = fallback::refusal(p, self.emptydir_pods, self.unmanaged_pods) {
+                refused.push(format!("{} ({why})", pod_key(p)));
                 continue;
             }
             let (Some(namespace), Some(name), Some(uid)) = (
@@ -502,7 +527,7 @@ impl KubeDrainer {
             {
                 tracing::warn!(
                     pod = %format!("{namespace}/{name}"),
-                    "pod has no controller: evicting it deletes it for good"
+                    "pod has no controller: evicting it deletes it for good (force = true)"
                 );
             }
             evict.push((
@@ -513,6 +538,16 @@ impl KubeDrainer {
                     uid,
                 },
             ));
+        }
+        if !refused.is_empty() {
+            refused.sort();
+            tracing::error!(
+                "not draining node {}: {} pod(s) kubectl drain would not remove either: {}",
+                self.node,
+                refused.len(),
+                refused.join("; ")
+            );
+            return Err(DrainError::Refused { pods: refused });
         }
         evict.sort_by_key(|(u, _)| std::cmp::Reverse(*u));
         let evict: Vec<PodRef> = evict.into_iter().map(|(_, p)| p).collect();
@@ -574,6 +609,7 @@ impl KubeDrainer {
         &self,
         pod: &PodRef,
         blocked: &Mutex<HashMap<String, String>>,
+        force_at: Option<Instant>,
     ) -> Result<Evicted, DrainError> {
         let mut backoff = BACKOFF_START;
         let mut refusals = 0u32;
@@ -634,6 +670,9 @@ impl KubeDrainer {
                 None => (format!("refused: {}", describe(&err)), None),
             };
             lock(blocked).insert(pod.uid.clone(), why.clone());
+            if let (Some(m), Some(_)) = (&self.metrics, &budget) {
+                m.evictions_blocked(1);
+            }
             if last_log.as_deref() != Some(why.as_str()) {
                 tracing::warn!(
                     "eviction of {} {why}; retrying (at least every {}s) until the drain deadline",
@@ -641,6 +680,14 @@ impl KubeDrainer {
                     BACKOFF_MAX.as_secs()
                 );
                 last_log = Some(why.clone());
+            }
+            let by_budget = budget.is_some();
+            if let (Some(at), true) = (force_at, by_budget) {
+                if Instant::now() >= at {
+                    let outcome = self.delete_past_budget(pod, &why).await?;
+                    lock(blocked).remove(&pod.uid);
+                    return Ok(outcome);
+                }
             }
             if budget.is_some() && last_budget.as_ref() != Some(&budget) {
                 let message = format!("Eviction of pod {} {why}", pod.key());
@@ -657,10 +704,17 @@ impl KubeDrainer {
                     None => std::future::pending().await,
                 }
             };
+            let force = async {
+                match force_at.filter(|_| by_budget) {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 () = tokio::time::sleep(backoff) => {
                     backoff = (backoff * 2).min(BACKOFF_MAX);
                 }
+                () = force => {}
                 () = wake => {
                     tracing::debug!("{}: the budget allows a disruption now; evicting again", pod.key());
                 }
@@ -674,6 +728,7 @@ impl KubeDrainer {
         remaining: &Mutex<BTreeMap<String, PodRef>>,
         blocked: &Mutex<HashMap<String, String>>,
     ) -> Result<(), DrainError> {
+        let force_at = self.force_delete_after.map(|d| Instant::now() + d);
         self.cordon().await?;
         let pods = self.pods_to_evict().await?;
         if pods.is_empty() {
@@ -698,7 +753,7 @@ impl KubeDrainer {
 
         let mut evictions: FuturesUnordered<_> = pods
             .iter()
-            .map(|p| async move { (p, self.evict(p, blocked).await) })
+            .map(|p| async move { (p, self.evict(p, blocked, force_at).await) })
             .collect();
 
         loop {

@@ -320,17 +320,23 @@ impl SemaphoreDoc {
 }
 
 /// rebootd's data about one holder, stored as JSON at [`holder_record_key`]. locksmith never reads
-/// it. Written when the slot is taken and at every phase change; deleted on release.
+/// it. Written when the slot is taken, at every phase change and at every heartbeat (each write
+/// is a new revision of the key: that, not a time in it, is what shows the holder alive);
+/// deleted on release.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HolderRecord {
     pub node: String,
     pub boot_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
-    /// Last progress: when the slot was taken or the phase last changed.
+    /// When the phase last changed (the holder's clock; shown, never compared).
     pub since: jiff::Timestamp,
-    /// When the slot was taken.
+    /// When the slot was taken (the holder's clock; shown, never compared).
     pub acquired: jiff::Timestamp,
+    /// The holder token of the host that took the slot (absent in records of rebootd before
+    /// tokens): tells it from another host with the same machine id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
 }
 
 impl HolderRecord {
@@ -351,6 +357,9 @@ impl HolderRecord {
 pub struct WaiterRecord {
     pub node: String,
     pub boot_id: String,
+    /// The waiter's holder token (absent from older rebootd).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
     /// When it started waiting (kept when a restarted rebootd takes its entry over).
     pub since: jiff::Timestamp,
 }
@@ -588,6 +597,7 @@ mod tests {
             phase: Some("Draining".into()),
             since: jiff::Timestamp::from_second(1_700_000_000).unwrap(),
             acquired: jiff::Timestamp::from_second(1_699_999_000).unwrap(),
+            token: Some("0123abcd".into()),
         };
         assert_eq!(HolderRecord::parse(r.to_json().as_bytes()).unwrap(), r);
         assert!(HolderRecord::parse(b"{}").is_err());

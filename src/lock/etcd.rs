@@ -35,8 +35,11 @@ use etcd_client::{
 use tokio::time::Instant;
 
 use super::document::{self, DocError, HolderRecord, SemaphoreDoc, WaiterRecord};
-use super::{Holder, Identity, LockError, Semaphore, SemaphoreStatus};
+use super::{Admin, Fence, Holder, Identity, LockError, Semaphore, SemaphoreStatus};
 use crate::config;
+
+mod import;
+pub use import::Import;
 
 const BACKEND: &str = "etcd";
 /// Compare-and-swap attempts before an update (other than `acquire`) gives up.
@@ -326,6 +329,30 @@ impl EtcdSemaphore {
 
     fn record_key(&self, id: &str) -> String {
         document::holder_record_key(&self.group, id)
+    }
+
+    /// Whether `me` holds its slot in `snap`: its id in the document, and its record (if any)
+    /// carries its token.
+    fn fence_of(&self, snap: &Snapshot, me: &Identity) -> Fence {
+        if !snap.doc.holds(&me.id) {
+            return Fence::Lost {
+                why: format!("{} is not among the holders in {}", me.id, self.key),
+            };
+        }
+        let record = snap
+            .records
+            .get(&self.record_key(&me.id))
+            .and_then(|e| e.record.as_ref());
+        match record.and_then(|r| r.token.as_deref()) {
+            Some(t) if t != me.token => Fence::Lost {
+                why: format!(
+                    "the slot of {} is held by another host with the same machine id (holder \
+                     token {t}, ours {})",
+                    me.id, me.token
+                ),
+            },
+            _ => Fence::Held,
+        }
     }
 
     #[tracing::instrument(level = "debug", skip(self), fields(key = %self.key))]
@@ -722,6 +749,7 @@ impl EtcdSemaphore {
             phase: None,
             since: now,
             acquired: now,
+            token: Some(me.token.clone()),
         };
         let mut ops = vec![
             self.put_doc(&doc),
@@ -786,6 +814,7 @@ impl EtcdSemaphore {
                 phase: None,
                 since: now,
                 acquired: now,
+                token: Some(me.token.clone()),
             };
             ops.push(TxnOp::put(self.record_key(&me.id), record.to_json(), None));
             ops.push(TxnOp::delete(w.queue_key.clone(), None));
@@ -814,6 +843,7 @@ impl EtcdSemaphore {
         let record = WaiterRecord {
             node: w.me.node.clone(),
             boot_id: w.me.boot_id.clone(),
+            token: Some(w.me.token.clone()),
             since: existing
                 .and_then(|e| e.record.as_ref())
                 .map_or(w.started, |r| r.since),
@@ -1168,6 +1198,35 @@ fn read_setting(path: &std::path::Path, key: &str) -> Result<Vec<u8>, LockError>
         .map_err(|e| LockError::Refused(format!("cannot read {key} {}: {e}", path.display())))
 }
 
+/// What connecting would refuse before sending anything: the endpoints (URLs with `http://`
+/// or `https://` and a host), the TLS rules, the TLS files read and parsed, the password file.
+/// For `rebootd --check-config`.
+pub fn check_settings(settings: &config::Etcd) -> Result<(), LockError> {
+    connect_options(settings, Timeouts::default())?;
+    for e in &settings.endpoints {
+        let parsed = url::Url::parse(e).map_err(|err| {
+            LockError::Refused(format!("lock.etcd.endpoints: {e:?} is not a URL: {err}"))
+        })?;
+        if !matches!(parsed.scheme(), "http" | "https")
+            || parsed.host_str().is_none_or(str::is_empty)
+        {
+            return Err(LockError::Refused(format!(
+                "lock.etcd.endpoints: {e:?} is not an http:// or https:// URL with a host"
+            )));
+        }
+    }
+    if settings.ca_file.is_some() || settings.cert_file.is_some() {
+        let tls = crate::http::TlsFiles {
+            table: "lock.etcd",
+            ca_file: settings.ca_file.clone(),
+            client_cert: settings.cert_file.clone().zip(settings.key_file.clone()),
+        };
+        crate::http::client(true, &tls, Duration::from_secs(1))
+            .map_err(|e| LockError::Refused(e.to_string()))?;
+    }
+    Ok(())
+}
+
 fn connect_options(
     settings: &config::Etcd,
     timeouts: Timeouts,
@@ -1311,26 +1370,53 @@ impl Semaphore for EtcdSemaphore {
         }
     }
 
-    #[tracing::instrument(skip(self), fields(key = %self.key))]
-    async fn release(&self, id: &str) -> Result<(), LockError> {
-        self.update("release", |snap| {
-            let mut doc = snap.doc.clone();
-            let held = doc.unlock(id);
-            let mut ops = Vec::new();
-            if held {
-                ops.push(self.put_doc(&doc));
-            }
-            ops.extend(self.stale_record_deletes(snap, &doc));
-            Ok((!ops.is_empty()).then_some(ops))
-        })
-        .await?;
-        tracing::info!(key = %self.key, %id, "released");
-        Ok(())
+    #[tracing::instrument(skip(self, me), fields(key = %self.key, id = %me.id))]
+    async fn fence(&self, me: &Identity) -> Result<Fence, LockError> {
+        let snap = self.read(false).await?;
+        Ok(self.fence_of(&snap, me))
     }
 
-    #[tracing::instrument(skip(self), fields(key = %self.key))]
-    async fn holds(&self, id: &str) -> Result<bool, LockError> {
-        Ok(self.read(false).await?.doc.holds(id))
+    fn heartbeat_every(&self) -> Option<Duration> {
+        super::heartbeat_every(self.max_hold)
+    }
+
+    /// Writes my record again (a new revision of its key), if I hold my slot.
+    #[tracing::instrument(skip(self, me), fields(key = %self.key, id = %me.id))]
+    async fn heartbeat(&self, me: &Identity) -> Result<Fence, LockError> {
+        let key = self.record_key(&me.id);
+        let mut fence = Fence::Held;
+        self.update("heartbeat", |snap| {
+            fence = self.fence_of(snap, me);
+            if fence != Fence::Held {
+                return Ok(None);
+            }
+            let now = jiff::Timestamp::now();
+            let previous = snap.records.get(&key).and_then(|e| e.record.as_ref());
+            let record = HolderRecord {
+                node: me.node.clone(),
+                boot_id: me.boot_id.clone(),
+                phase: previous.and_then(|p| p.phase.clone()),
+                since: previous.map_or(now, |p| p.since),
+                acquired: previous.map_or(now, |p| p.acquired),
+                token: Some(me.token.clone()),
+            };
+            Ok(Some(vec![TxnOp::put(key.clone(), record.to_json(), None)]))
+        })
+        .await?;
+        Ok(fence)
+    }
+
+    /// Releases my slot, unless the record says another host (another token) holds it.
+    #[tracing::instrument(skip(self, me), fields(key = %self.key, id = %me.id))]
+    async fn release(&self, me: &Identity) -> Result<(), LockError> {
+        let snap = self.read(false).await?;
+        if let Fence::Lost { why } = self.fence_of(&snap, me) {
+            if snap.doc.holds(&me.id) {
+                tracing::error!(key = %self.key, id = %me.id, %why, "not releasing a slot another host holds under this machine id");
+                return Ok(());
+            }
+        }
+        Admin::unlock(self, &me.id).await
     }
 
     /// Records the phase of a holder; `since` moves only when the phase or boot id changes. Not
@@ -1357,10 +1443,31 @@ impl Semaphore for EtcdSemaphore {
                 phase: Some(phase.to_owned()),
                 since: now,
                 acquired: previous.map_or(now, |p| p.acquired),
+                token: Some(me.token.clone()),
             };
             Ok(Some(vec![TxnOp::put(key.clone(), record.to_json(), None)]))
         })
         .await
+    }
+}
+
+#[async_trait]
+impl Admin for EtcdSemaphore {
+    #[tracing::instrument(skip(self), fields(key = %self.key))]
+    async fn unlock(&self, id: &str) -> Result<(), LockError> {
+        self.update("release", |snap| {
+            let mut doc = snap.doc.clone();
+            let held = doc.unlock(id);
+            let mut ops = Vec::new();
+            if held {
+                ops.push(self.put_doc(&doc));
+            }
+            ops.extend(self.stale_record_deletes(snap, &doc));
+            Ok((!ops.is_empty()).then_some(ops))
+        })
+        .await?;
+        tracing::info!(key = %self.key, %id, "released");
+        Ok(())
     }
 
     #[tracing::instrument(skip(self), fields(key = %self.key))]
@@ -1422,6 +1529,7 @@ mod tests {
 
     fn settings(endpoints: &[&str]) -> config::Etcd {
         config::Etcd {
+            api: config::EtcdApi::V3,
             endpoints: endpoints.iter().map(|s| s.to_string()).collect(),
             ca_file: None,
             cert_file: None,

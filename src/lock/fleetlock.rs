@@ -17,16 +17,16 @@
 //!   time-outs, 5xx, 408, 429) is retried the same way; any other answer (4xx, 3xx) is a
 //!   permanent [`LockError::Refused`] naming the URL, the status, the kind and the value.
 //! - The server owns the semaphore's view: there is no call to read holders or the number of
-//!   slots, nor to change them. [`Semaphore::status`] therefore reports backend, group and URL
-//!   only (`max` 0 and `free` 0 mean "unknown", `holders` is empty); [`Semaphore::holds`] and
-//!   [`Semaphore::set_max`] are [`LockError::Refused`] with a message saying so (set the slots in
-//!   the server's configuration); [`Semaphore::report_phase`] does nothing.
-//! - The holder id sent is [`Identity::id`] (the machine id); the group is `identity.group`,
+//!   slots, nor to change them. So this backend implements only the agent's
+//!   [`Semaphore`], not [`super::Admin`] (`rebootctl` says what it cannot do here);
+//!   [`Semaphore::report_phase`] does nothing, and there is no heartbeat. [`Semaphore::fence`]
+//!   asks `pre-reboot` once: the server grants it again to a holder.
+//! - The holder id sent is [`Identity::id`]: `[lock.fleetlock] id`, else Zincati's id (the machine
+//!   id made app-specific, `runtime::holder_id`); the group is `identity.group`,
 //!   which the protocol restricts to `^[a-zA-Z0-9.-]+$`.
 
 use std::hash::{BuildHasher, Hasher};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -34,14 +34,9 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::header::{HeaderValue, ACCEPT, CONTENT_TYPE, USER_AGENT};
 use hyper::{Method, Request, StatusCode, Uri};
-use hyper_rustls::{ConfigBuilderExt, HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::CertificateDer;
 
-use super::{Identity, LockError, Semaphore, SemaphoreStatus};
+use super::{Fence, Identity, LockError, Semaphore};
+use crate::http::{self, error_chain, HttpClient};
 
 const BACKEND: &str = "fleetlock";
 /// The header every FleetLock request carries (with value `true`).
@@ -170,7 +165,7 @@ enum Seen {
 /// A FleetLock client for one server and one group.
 #[derive(Clone)]
 pub struct FleetLock {
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: HttpClient,
     base: String,
     group: String,
     pre_reboot: (Uri, String),
@@ -247,19 +242,13 @@ impl FleetLock {
         let pre_reboot = endpoint(PRE_REBOOT)?;
         let steady_state = endpoint(STEADY_STATE)?;
 
-        let tls = tls_config(https, options.ca_file.as_ref())?;
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_connect_timeout(Some(options.connect_timeout));
-        http.set_nodelay(true);
-        let connector = HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build(connector);
+        let tls = http::TlsFiles {
+            table: "lock.fleetlock",
+            ca_file: options.ca_file.clone(),
+            client_cert: None,
+        };
+        let client = http::client(https, &tls, options.connect_timeout)
+            .map_err(|e| LockError::Refused(e.0))?;
         Ok(FleetLock {
             client,
             base,
@@ -439,7 +428,7 @@ impl Semaphore for FleetLock {
                 }
                 last = Some(seen);
             } else {
-                tracing::debug!(attempts, retry_in = ?delay, answer = ?last, "no slot yet");
+                tracing::debug!(url = %self.pre_reboot.1, attempts, retry_in = ?delay, answer = ?last, "no slot yet");
             }
             tokio::time::sleep(self.jittered(delay)).await;
             delay = self.next_delay(delay);
@@ -447,8 +436,9 @@ impl Semaphore for FleetLock {
     }
 
     /// `steady-state`; transient errors are retried [`Options::release_attempts`] times.
-    #[tracing::instrument(skip(self), fields(url = %self.steady_state.1, group = %self.group))]
-    async fn release(&self, id: &str) -> Result<(), LockError> {
+    #[tracing::instrument(skip(self, me), fields(url = %self.steady_state.1, group = %self.group, id = %me.id))]
+    async fn release(&self, me: &Identity) -> Result<(), LockError> {
+        let id = me.id.as_str();
         let attempts = self.options.release_attempts.max(1);
         let mut delay = self.options.backoff_min;
         let mut attempt = 1;
@@ -482,37 +472,36 @@ impl Semaphore for FleetLock {
         }
     }
 
-    async fn holds(&self, id: &str) -> Result<bool, LockError> {
-        Err(LockError::Refused(format!(
-            "lock backend fleetlock cannot tell whether {id} holds a slot: the FleetLock \
-             protocol has no query; the server at {} owns that view",
-            self.base
-        )))
-    }
-
     async fn report_phase(&self, me: &Identity, phase: &str) -> Result<(), LockError> {
         tracing::debug!(id = %me.id, phase, "fleetlock keeps no phases; not recorded");
         Ok(())
     }
 
-    /// Backend and group only: the protocol cannot read the semaphore (`max` and `free` 0 mean
-    /// unknown).
-    async fn status(&self) -> Result<SemaphoreStatus, LockError> {
-        Ok(SemaphoreStatus {
-            backend: BACKEND.into(),
-            group: self.group.clone(),
-            max: 0,
-            free: 0,
-            holders: Vec::new(),
-        })
+    /// One `pre-reboot`: the protocol grants it again to a holder, so a grant proves the slot
+    /// is (still, or again) this node's, and "all slots taken" that it is not.
+    #[tracing::instrument(skip(self, me), fields(url = %self.pre_reboot.1, group = %self.group, id = %me.id))]
+    async fn fence(&self, me: &Identity) -> Result<Fence, LockError> {
+        match self.post(Call::PreReboot, &me.id).await {
+            Ok(a) if a.status.is_success() => Ok(Fence::Held),
+            Ok(a) if a.is_taken() => Ok(Fence::Lost {
+                why: format!(
+                    "the FleetLock server at {} no longer grants {} a slot ({a})",
+                    self.base, me.id
+                ),
+            }),
+            Ok(a) if a.is_transient() => Err(self.server_error(Call::PreReboot, &a)),
+            Ok(a) => Err(self.refused(Call::PreReboot, &me.id, &a)),
+            Err(reason) => Err(self.unreachable(Call::PreReboot, reason)),
+        }
     }
 
-    async fn set_max(&self, max: u64, _force: bool) -> Result<(), LockError> {
-        Err(LockError::Refused(format!(
-            "set-max {max} refused: the FleetLock protocol cannot change the number of slots; \
-             set it in the configuration of the server at {} (group {})",
-            self.base, self.group
-        )))
+    /// The server keeps its holders for as long as it likes: nothing to keep fresh.
+    fn heartbeat_every(&self) -> Option<Duration> {
+        None
+    }
+
+    async fn heartbeat(&self, me: &Identity) -> Result<Fence, LockError> {
+        self.fence(me).await
     }
 }
 
@@ -522,71 +511,6 @@ fn valid_group(group: &str) -> bool {
         && group
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
-}
-
-/// rustls configuration: the system roots or `ca_file` for `https://`; for `http://` an empty
-/// one (never used, the connector needs one).
-fn tls_config(https: bool, ca_file: Option<&PathBuf>) -> Result<rustls::ClientConfig, LockError> {
-    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| LockError::Refused(format!("lock.fleetlock: TLS setup: {e}")))?;
-    let config = match ca_file {
-        Some(path) => {
-            let pem = std::fs::read(path).map_err(|e| {
-                LockError::Refused(format!(
-                    "cannot read lock.fleetlock.ca_file {}: {e}",
-                    path.display()
-                ))
-            })?;
-            let mut roots = rustls::RootCertStore::empty();
-            for cert in CertificateDer::pem_slice_iter(&pem) {
-                let cert = cert.map_err(|e| {
-                    LockError::Refused(format!("lock.fleetlock.ca_file {}: {e}", path.display()))
-                })?;
-                roots.add(cert).map_err(|e| {
-                    LockError::Refused(format!("lock.fleetlock.ca_file {}: {e}", path.display()))
-                })?;
-            }
-            if roots.is_empty() {
-                return Err(LockError::Refused(format!(
-                    "lock.fleetlock.ca_file {} holds no certificate",
-                    path.display()
-                )));
-            }
-            builder.with_root_certificates(roots).with_no_client_auth()
-        }
-        None if https => builder
-            .with_native_roots()
-            .map_err(|e| {
-                LockError::Refused(format!(
-                    "lock.fleetlock: no system CA certificates for https:// ({e}); set \
-                     lock.fleetlock.ca_file"
-                ))
-            })?
-            .with_no_client_auth(),
-        None => builder
-            .with_root_certificates(rustls::RootCertStore::empty())
-            .with_no_client_auth(),
-    };
-    Ok(config)
-}
-
-/// An error and its causes, e.g. "client error (Connect): tcp connect error: Connection refused
-/// (os error 111)".
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let part = s.to_string();
-        if !text.contains(&part) {
-            text.push_str(": ");
-            text.push_str(&part);
-        }
-        source = s.source();
-    }
-    text
 }
 
 fn quote(text: &str) -> String {

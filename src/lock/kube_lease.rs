@@ -124,7 +124,7 @@ use kube::api::{
 use kube::core::Status;
 use tokio::time::Instant;
 
-use super::{Holder, Identity, LockError, Semaphore, SemaphoreStatus};
+use super::{Admin, Fence, Holder, Identity, LockError, Semaphore, SemaphoreStatus};
 use crate::config;
 
 mod queue;
@@ -151,13 +151,16 @@ pub const ANNOTATION_BOOT_ID: &str = "rebootd.io/boot-id";
 pub const ANNOTATION_PHASE: &str = "rebootd.io/phase";
 pub const ANNOTATION_SINCE: &str = "rebootd.io/since";
 pub const ANNOTATION_NODE_UID: &str = "rebootd.io/node-uid";
+/// Annotation of a held slot: the holder token of the host that took it.
+pub const ANNOTATION_HOLDER_TOKEN: &str = "rebootd.io/holder-token";
 /// Annotations rebootd writes on a held slot and removes on release.
-const HOLDER_ANNOTATIONS: [&str; 5] = [
+const HOLDER_ANNOTATIONS: [&str; 6] = [
     ANNOTATION_MACHINE_ID,
     ANNOTATION_BOOT_ID,
     ANNOTATION_PHASE,
     ANNOTATION_SINCE,
     ANNOTATION_NODE_UID,
+    ANNOTATION_HOLDER_TOKEN,
 ];
 /// Slots of a semaphore whose control Lease does not exist yet.
 pub const DEFAULT_MAX: u64 = 1;
@@ -238,6 +241,7 @@ struct SlotHolder {
     /// `rebootd.io/since`, else `acquireTime`.
     since: Option<jiff::Timestamp>,
     node_uid: Option<String>,
+    token: Option<String>,
 }
 
 impl SlotHolder {
@@ -264,6 +268,7 @@ impl SlotHolder {
             phase: ann(ANNOTATION_PHASE),
             since,
             node_uid: ann(ANNOTATION_NODE_UID),
+            token: ann(ANNOTATION_HOLDER_TOKEN),
         })
     }
 
@@ -743,6 +748,7 @@ impl KubeLeaseSemaphore {
         annotations.insert(ANNOTATION_MACHINE_ID.to_owned(), me.id.clone());
         annotations.insert(ANNOTATION_BOOT_ID.to_owned(), me.boot_id.clone());
         annotations.insert(ANNOTATION_SINCE.to_owned(), now.to_string());
+        annotations.insert(ANNOTATION_HOLDER_TOKEN.to_owned(), me.token.clone());
         if let Some(uid) = node_uid {
             annotations.insert(ANNOTATION_NODE_UID.to_owned(), uid.to_owned());
         }
@@ -1054,6 +1060,7 @@ impl KubeLeaseSemaphore {
             let annotations = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
             annotations.insert(ANNOTATION_MACHINE_ID.to_owned(), me.id.clone());
             annotations.insert(ANNOTATION_BOOT_ID.to_owned(), me.boot_id.clone());
+            annotations.insert(ANNOTATION_HOLDER_TOKEN.to_owned(), me.token.clone());
             if self.replace("adopting a slot", &lease).await? {
                 return Ok(Round::Held);
             }
@@ -1571,6 +1578,30 @@ impl KubeLeaseSemaphore {
         None
     }
 
+    /// Whether `me` holds a slot in `snap`: one with its machine id (or node name) whose token,
+    /// if it has one, is `me`'s.
+    fn fence_of(&self, snap: &Snapshot, me: &Identity) -> Fence {
+        match snap.mine(me) {
+            None => Fence::Lost {
+                why: format!(
+                    "no slot of Leases {}/{}* is held by {} ({})",
+                    self.namespace, self.name, me.node, me.id
+                ),
+            },
+            Some((slot, h)) => match h.token.as_deref() {
+                Some(t) if t != me.token => Fence::Lost {
+                    why: format!(
+                        "slot Lease {} is held by another host under this machine id or node \
+                         name (holder token {t}, ours {})",
+                        slot.name(),
+                        me.token
+                    ),
+                },
+                _ => Fence::Held,
+            },
+        }
+    }
+
     /// Optimistic-concurrency loop for the calls other than `acquire`: `f` does one attempt on
     /// a fresh read and says whether it is done.
     async fn update<'a, F, Fut>(&'a self, what: &str, mut f: F) -> Result<(), LockError>
@@ -1645,38 +1676,52 @@ impl Semaphore for KubeLeaseSemaphore {
         }
     }
 
-    /// Frees every slot held by `id` (node name or machine id); a slot at or above `max` (left
-    /// by a forced shrink) is deleted instead.
-    #[tracing::instrument(skip(self), fields(namespace = %self.namespace, semaphore = %self.name))]
-    async fn release(&self, id: &str) -> Result<(), LockError> {
+    #[tracing::instrument(skip(self, me), fields(namespace = %self.namespace, semaphore = %self.name, id = %me.id))]
+    async fn fence(&self, me: &Identity) -> Result<Fence, LockError> {
         self.check()?;
-        self.update("release", |snap| async move {
-            let mine: Vec<&Slot> = snap
-                .held()
-                .filter(|(_, h)| h.is(id))
-                .map(|(s, _)| s)
-                .collect();
-            if mine.is_empty() {
-                tracing::debug!(%id, "holding no slot; nothing to release");
-                return Ok(true);
-            }
-            let mut done = true;
-            for slot in mine {
-                if self.free_slot(slot, snap.max).await? {
-                    tracing::info!(namespace = %self.namespace, lease = slot.name(), %id, deleted = slot.index >= snap.max, "released");
-                } else {
-                    done = false;
-                }
-            }
-            Ok(done)
-        })
-        .await
+        Ok(self.fence_of(&self.read().await?, me))
     }
 
-    #[tracing::instrument(skip(self), fields(namespace = %self.namespace, semaphore = %self.name))]
-    async fn holds(&self, id: &str) -> Result<bool, LockError> {
+    fn heartbeat_every(&self) -> Option<Duration> {
+        super::heartbeat_every(self.max_hold)
+    }
+
+    /// Writes `renewTime` on my slot Lease (a new resourceVersion), if I hold it.
+    #[tracing::instrument(skip(self, me), fields(namespace = %self.namespace, semaphore = %self.name, id = %me.id))]
+    async fn heartbeat(&self, me: &Identity) -> Result<Fence, LockError> {
         self.check()?;
-        Ok(self.read().await?.held().any(|(_, h)| h.is(id)))
+        let fence = std::sync::Mutex::new(Fence::Held);
+        self.update("heartbeat", |snap| {
+            let fence = &fence;
+            async move {
+                let f = self.fence_of(&snap, me);
+                let held = f == Fence::Held;
+                *fence.lock().unwrap_or_else(|p| p.into_inner()) = f;
+                let Some((slot, _)) = snap.mine(me).filter(|_| held) else {
+                    return Ok(true);
+                };
+                let mut lease = slot.lease.clone();
+                lease.spec.get_or_insert_with(LeaseSpec::default).renew_time =
+                    Some(MicroTime(jiff::Timestamp::now()));
+                self.replace("heartbeat", &lease).await
+            }
+        })
+        .await?;
+        Ok(fence.into_inner().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Frees my slot, unless another host (another token) holds it under my machine id.
+    #[tracing::instrument(skip(self, me), fields(namespace = %self.namespace, semaphore = %self.name, id = %me.id))]
+    async fn release(&self, me: &Identity) -> Result<(), LockError> {
+        self.check()?;
+        let snap = self.read().await?;
+        if let Some((slot, h)) = snap.mine(me) {
+            if h.token.as_deref().is_some_and(|t| t != me.token) {
+                tracing::error!(lease = slot.name(), id = %me.id, "not releasing a slot another host holds under this machine id");
+                return Ok(());
+            }
+        }
+        Admin::unlock(self, &me.id).await
     }
 
     /// Records the phase (and boot id) on the held slot and renews `renewTime`; `since` moves
@@ -1698,8 +1743,40 @@ impl Semaphore for KubeLeaseSemaphore {
             annotations.insert(ANNOTATION_PHASE.to_owned(), phase.to_owned());
             annotations.insert(ANNOTATION_BOOT_ID.to_owned(), me.boot_id.clone());
             annotations.insert(ANNOTATION_MACHINE_ID.to_owned(), me.id.clone());
+            annotations.insert(ANNOTATION_HOLDER_TOKEN.to_owned(), me.token.clone());
             lease.spec.get_or_insert_with(LeaseSpec::default).renew_time = Some(MicroTime(now));
             self.replace("recording the phase", &lease).await
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl Admin for KubeLeaseSemaphore {
+    /// Frees every slot held by `id` (node name or machine id); a slot at or above `max` (left
+    /// by a forced shrink) is deleted instead.
+    #[tracing::instrument(skip(self), fields(namespace = %self.namespace, semaphore = %self.name))]
+    async fn unlock(&self, id: &str) -> Result<(), LockError> {
+        self.check()?;
+        self.update("release", |snap| async move {
+            let mine: Vec<&Slot> = snap
+                .held()
+                .filter(|(_, h)| h.is(id))
+                .map(|(s, _)| s)
+                .collect();
+            if mine.is_empty() {
+                tracing::debug!(%id, "holding no slot; nothing to release");
+                return Ok(true);
+            }
+            let mut done = true;
+            for slot in mine {
+                if self.free_slot(slot, snap.max).await? {
+                    tracing::info!(namespace = %self.namespace, lease = slot.name(), %id, deleted = slot.index >= snap.max, "released");
+                } else {
+                    done = false;
+                }
+            }
+            Ok(done)
         })
         .await
     }
@@ -1807,6 +1884,7 @@ mod tests {
             phase: None,
             since: None,
             node_uid: None,
+            token: None,
         };
         assert!(h.is("abc") && h.is("worker-1") && !h.is("worker-2"));
         assert_eq!(h.id(), "abc");
@@ -1818,6 +1896,7 @@ mod tests {
             id: "m1".into(),
             node: "n1".into(),
             boot_id: "b1".into(),
+            token: "t1".into(),
         };
         let mut base = Lease::default();
         base.metadata.annotations = Some(BTreeMap::from([("other".to_owned(), "x".to_owned())]));

@@ -1,15 +1,34 @@
 //! Lock backends: a fleet-wide counting semaphore of reboot slots.
 //!
 //! A node takes a slot before it reboots and gives it back only once it is up and healthy again,
-//! so at most `max` nodes of a group are down at once. Every backend implements [`Semaphore`];
-//! the agent never knows which one it talks to.
+//! so at most `max` nodes of a group are down at once.
+//!
+//! # Layout
+//!
+//! - [`view`]: a store-neutral snapshot (max, holders, the waiter queue);
+//!   [`arbiter`]: the one pure decision over it (held, take, reclaim, wait until);
+//!   [`retry`]: back-off, the compare-and-swap loop and which errors are transient;
+//!   [`acquire`]: the one acquire loop, over a store adapter's [`acquire::Waiting`].
+//! - Store adapters: [`etcd`] (locksmith's document in etcd v3), [`kube_lease`] (Lease
+//!   objects), [`fleetlock`] (a FleetLock server, agent side only), [`none`].
+//! - Two traits: [`Semaphore`] is what the agent needs (acquire, fence, heartbeat, release,
+//!   phase reports); [`Admin`] is what `rebootctl` needs (status, unlock, set-max). A store
+//!   whose server owns the semaphore (FleetLock) implements only the first.
+//! - [`open`]: the configured backend.
 
+pub mod acquire;
+pub mod arbiter;
 pub mod document;
 pub mod etcd;
+pub mod etcd_v2;
 pub mod fleetlock;
 pub mod kube_lease;
 pub mod none;
 pub mod open;
+pub mod retry;
+pub mod view;
+
+use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -23,6 +42,11 @@ pub struct Identity {
     pub node: String,
     /// Boot id at the time of the call.
     pub boot_id: String,
+    /// This host's holder token (kept in the state directory, see
+    /// [`crate::state::StateStore::holder_token`]): written on the
+    /// holder record, it tells this host from another one with the same machine id, and a
+    /// restarted rebootd from a stranger.
+    pub token: String,
 }
 
 /// One holder of a slot, with what the backend knows about it.
@@ -77,19 +101,25 @@ pub enum LockError {
         backend: &'static str,
         reason: String,
     },
+    /// The semaphore was moved to etcd v3 by `rebootctl migrate`: the v2 document at `from`
+    /// only says so. A node configured for v2 follows to v3 (see `etcd_v2::follow`).
+    #[error(
+        "the semaphore at {from} was moved to etcd v3 by `rebootctl migrate`; set \
+         [lock.etcd] api = \"v3\" (this node follows to v3 by itself meanwhile)"
+    )]
+    Moved { from: String },
 }
 
-impl LockError {
-    /// Whether retrying later may succeed (network, conflicts) as opposed to a permanent refusal.
-    pub fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            LockError::Unreachable { .. } | LockError::Backend { .. }
-        )
-    }
+/// Whether a holder still holds its slot, as the store says right now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fence {
+    /// It holds its slot (and, where the store keeps records, its record is fresh again).
+    Held,
+    /// It does not: released by hand, reclaimed, or held by another host with the same id.
+    Lost { why: String },
 }
 
-/// A counting semaphore of reboot slots.
+/// The agent's side of a counting semaphore of reboot slots.
 #[async_trait]
 pub trait Semaphore: Send + Sync {
     /// Short backend name: `none`, `etcd`, `kubernetes`, `fleetlock`.
@@ -99,18 +129,43 @@ pub trait Semaphore: Send + Sync {
     /// already is success at once, so a crash between taking a slot and recording it is harmless.
     async fn acquire(&self, me: &Identity) -> Result<(), LockError>;
 
-    /// Give back the slot held by `id`. Not holding one is success (idempotent).
-    async fn release(&self, id: &str) -> Result<(), LockError>;
+    /// Prove that `me` (this host: id and token) still holds its slot, right before an action
+    /// that needs it (cordon, reboot). An error means the store could not tell.
+    async fn fence(&self, me: &Identity) -> Result<Fence, LockError>;
 
-    /// Whether `id` holds a slot now.
-    async fn holds(&self, id: &str) -> Result<bool, LockError>;
+    /// How often a holder must call [`Semaphore::heartbeat`] so that it is not taken for dead
+    /// (`lock.max_hold` reclaims holders that stopped); `None`: never.
+    fn heartbeat_every(&self) -> Option<Duration>;
 
-    /// Record the phase of a holder, for `rebootctl status` and stale-holder detection.
+    /// Show the store that `me` is alive and holds its slot: its record gets a new revision.
+    /// Says whether it still holds it, as [`Semaphore::fence`].
+    async fn heartbeat(&self, me: &Identity) -> Result<Fence, LockError>;
+
+    /// Give back the slot `me` holds. Not holding one is success (idempotent); a slot held
+    /// under `me.id` by another host (another token) is left alone.
+    async fn release(&self, me: &Identity) -> Result<(), LockError>;
+
+    /// Record the phase of a holder, for `rebootctl status` (it counts as a heartbeat too).
+    /// Not holding a slot is a no-op.
     async fn report_phase(&self, me: &Identity, phase: &str) -> Result<(), LockError>;
+}
 
+/// What `rebootctl` does to a semaphore beside the agent's calls. Not every store has it: a
+/// FleetLock server owns its semaphore. (`migrate` between stores belongs here too.)
+#[async_trait]
+pub trait Admin: Send + Sync {
     /// The semaphore as it stands.
     async fn status(&self) -> Result<SemaphoreStatus, LockError>;
 
+    /// Give back the slot held by `id`, whoever holds it. Not held is success.
+    async fn unlock(&self, id: &str) -> Result<(), LockError>;
+
     /// Change the number of slots. Refuses fewer slots than holders unless `force`.
     async fn set_max(&self, max: u64, force: bool) -> Result<(), LockError>;
+}
+
+/// How often a holder beats when holders silent for `max_hold` are reclaimed: an eighth of it,
+/// so that a few lost beats (a short store outage) never make a live holder look dead.
+pub fn heartbeat_every(max_hold: Option<Duration>) -> Option<Duration> {
+    max_hold.map(|m| (m / 8).max(Duration::from_millis(100)))
 }

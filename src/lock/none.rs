@@ -1,6 +1,8 @@
 //! Lock backend `none`: every node may reboot as soon as its window allows.
 
-use super::{Identity, LockError, Semaphore, SemaphoreStatus};
+use std::time::Duration;
+
+use super::{Admin, Fence, Identity, LockError, Semaphore, SemaphoreStatus};
 use async_trait::async_trait;
 
 /// A semaphore with no limit and no shared state.
@@ -19,18 +21,30 @@ impl Semaphore for NoLock {
         Ok(())
     }
 
-    async fn release(&self, _id: &str) -> Result<(), LockError> {
-        Ok(())
+    /// There is no slot to lose.
+    async fn fence(&self, _me: &Identity) -> Result<Fence, LockError> {
+        Ok(Fence::Held)
     }
 
-    async fn holds(&self, _id: &str) -> Result<bool, LockError> {
-        Ok(false)
+    fn heartbeat_every(&self) -> Option<Duration> {
+        None
+    }
+
+    async fn heartbeat(&self, _me: &Identity) -> Result<Fence, LockError> {
+        Ok(Fence::Held)
+    }
+
+    async fn release(&self, _me: &Identity) -> Result<(), LockError> {
+        Ok(())
     }
 
     async fn report_phase(&self, _me: &Identity, _phase: &str) -> Result<(), LockError> {
         Ok(())
     }
+}
 
+#[async_trait]
+impl Admin for NoLock {
     async fn status(&self) -> Result<SemaphoreStatus, LockError> {
         Ok(SemaphoreStatus {
             backend: "none".into(),
@@ -39,6 +53,10 @@ impl Semaphore for NoLock {
             free: 0,
             holders: Vec::new(),
         })
+    }
+
+    async fn unlock(&self, _id: &str) -> Result<(), LockError> {
+        Ok(())
     }
 
     async fn set_max(&self, _max: u64, _force: bool) -> Result<(), LockError> {

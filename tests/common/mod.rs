@@ -52,3 +52,38 @@ pub async fn rebootctl(node: &Node, args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// Wait until the node's log has a line containing every one of `needles` (inotify on the log
+/// file, no polling); returns that line.
+pub async fn log_line(node: &Node, needles: &[&str], within: Duration) -> String {
+    use futures_util::StreamExt;
+    let path = node.log_path();
+    let inotify = inotify::Inotify::init().expect("inotify");
+    inotify
+        .watches()
+        .add(&path, inotify::WatchMask::MODIFY)
+        .expect("watch the log");
+    let mut events = inotify.into_event_stream(vec![0u8; 1024]).expect("stream");
+    let find = || {
+        node.log()
+            .lines()
+            .find(|l| needles.iter().all(|n| l.contains(n)))
+            .map(str::to_string)
+    };
+    let found = tokio::time::timeout(within, async {
+        loop {
+            if let Some(line) = find() {
+                return line;
+            }
+            events.next().await;
+        }
+    })
+    .await;
+    found.unwrap_or_else(|_| {
+        panic!(
+            "node {}: no log line with {needles:?} within {within:?}\n--- rebootd log ---\n{}",
+            node.name,
+            node.log()
+        )
+    })
+}

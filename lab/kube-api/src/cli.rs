@@ -84,6 +84,7 @@ pub async fn start(args: &CliArgs) -> Result<KubeApiHandle, Error> {
         time_scale: args.time_scale,
         pod_ready_delay: secs("pod-ready-delay", args.pod_ready_delay)?,
         bookmark_interval: secs("bookmark-interval", args.bookmark_interval)?,
+        admission: None,
     })
     .await?;
     for n in &args.nodes {

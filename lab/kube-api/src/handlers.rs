@@ -9,6 +9,7 @@ use bytes::Bytes;
 use hyper::{Method, Response};
 use serde_json::{json, Value};
 
+use crate::admission::{self, Admission, Write};
 use crate::discovery;
 use crate::error::{success_status, ApiError};
 use crate::events;
@@ -31,6 +32,8 @@ pub struct Ctx {
     pub store: Store,
     pub addr: SocketAddr,
     pub bookmark_interval: Duration,
+    /// Shown every write before it is stored (see [`crate::admission`]).
+    pub admission: Option<Admission>,
 }
 
 /// One request, read whole.
@@ -41,6 +44,8 @@ pub struct Req {
     pub accept: String,
     pub content_type: String,
     pub body: Bytes,
+    /// The bearer token, which names the client.
+    pub user: Option<String>,
 }
 
 impl Req {
@@ -110,6 +115,36 @@ fn resource(ctx: &Ctx, req: &Req, r: ResourceRoute) -> Result<Response<Body>, Ap
         (Some(name), Some("eviction")) if *m == Method::POST => evict(ctx, req, &r, name),
         _ => Err(ApiError::method_not_allowed()),
     }
+}
+
+/// The admission review of one write (a no-op without a hook).
+#[allow(clippy::too_many_arguments)]
+fn admit(
+    ctx: &Ctx,
+    req: &Req,
+    operation: &'static str,
+    kind: Kind,
+    sub_resource: &str,
+    (namespace, name): (&str, &str),
+    old: Option<&Value>,
+    new: Option<&Value>,
+) -> Result<(), ApiError> {
+    let view = |v: Option<&Value>| v.map(|v| events::to_view(kind, v.clone()));
+    let (old, new) = (view(old), view(new));
+    admission::review(
+        ctx.admission.as_ref(),
+        &Write {
+            user: req.user.as_deref(),
+            operation,
+            kind,
+            sub_resource,
+            namespace,
+            name,
+            old: old.as_ref(),
+            new: new.as_ref(),
+            dry_run: req.dry_run(),
+        },
+    )
 }
 
 fn ns_of(r: &ResourceRoute) -> &str {
@@ -239,7 +274,14 @@ fn create(ctx: &Ctx, req: &Req, r: &ResourceRoute) -> Result<Response<Body>, Api
     let mut stored = events::from_view(r.kind, obj);
     strategy::api_create(r.kind.storage(), &mut stored);
     let dry = req.dry_run();
-    let out = ctx.store.write(|st| st.create(r.kind, stored, dry))?;
+    let out = ctx.store.write(|st| {
+        if ctx.admission.is_some() {
+            let preview = st.create(r.kind, stored.clone(), true)?;
+            let at = (meta::namespace(&preview), meta::name(&preview));
+            admit(ctx, req, "CREATE", r.kind, "", at, None, Some(&preview))?;
+        }
+        st.create(r.kind, stored, dry)
+    })?;
     Ok(http::json(201, &events::to_view(r.kind, out)))
 }
 
@@ -260,9 +302,25 @@ fn replace(
     }
     let stored = events::from_view(r.kind, obj);
     let dry = req.dry_run();
-    let out = ctx
-        .store
-        .write(|st| st.update(r.kind, stored, status, dry))?;
+    let ns = ns_of(r).to_string();
+    let out = ctx.store.write(|st| {
+        if ctx.admission.is_some() {
+            let old = st.get(r.kind, &ns, name).cloned();
+            let preview = st.update(r.kind, stored.clone(), status, true)?;
+            let sub = if status { "status" } else { "" };
+            admit(
+                ctx,
+                req,
+                "UPDATE",
+                r.kind,
+                sub,
+                (&ns, name),
+                old.as_ref(),
+                Some(&preview),
+            )?;
+        }
+        st.update(r.kind, stored, status, dry)
+    })?;
     Ok(http::json(200, &events::to_view(r.kind, out)))
 }
 
@@ -290,6 +348,19 @@ fn patch(
                 meta::metadata_mut(&mut obj).insert("name".into(), json!(name));
                 let mut stored = events::from_view(kind, obj);
                 strategy::api_create(kind.storage(), &mut stored);
+                if ctx.admission.is_some() {
+                    let preview = st.create(kind, stored.clone(), true)?;
+                    admit(
+                        ctx,
+                        req,
+                        "CREATE",
+                        kind,
+                        "",
+                        (&ns, name),
+                        None,
+                        Some(&preview),
+                    )?;
+                }
                 return st.create(kind, stored, dry);
             }
             return Err(ApiError::not_found(kind, name));
@@ -302,7 +373,23 @@ fn patch(
             ));
         }
         check_body(r, &mut patched)?;
-        st.update(kind, events::from_view(kind, patched), status, dry)
+        let stored = events::from_view(kind, patched);
+        if ctx.admission.is_some() {
+            let old = st.get(kind, &ns, name).cloned();
+            let preview = st.update(kind, stored.clone(), status, true)?;
+            let sub = if status { "status" } else { "" };
+            admit(
+                ctx,
+                req,
+                "UPDATE",
+                kind,
+                sub,
+                (&ns, name),
+                old.as_ref(),
+                Some(&preview),
+            )?;
+        }
+        st.update(kind, stored, status, dry)
     })?;
     Ok(http::json(200, &events::to_view(kind, out)))
 }
@@ -362,9 +449,23 @@ fn deleted_answer(kind: Kind, obj: Value) -> Response<Body> {
 
 fn delete(ctx: &Ctx, req: &Req, r: &ResourceRoute, name: &str) -> Result<Response<Body>, ApiError> {
     let opts = delete_options(req)?;
-    let out = ctx
-        .store
-        .write(|st| st.delete(r.kind, ns_of(r), name, &opts))?;
+    let out = ctx.store.write(|st| {
+        if ctx.admission.is_some() {
+            if let Some(old) = st.get(r.kind, ns_of(r), name).cloned() {
+                admit(
+                    ctx,
+                    req,
+                    "DELETE",
+                    r.kind,
+                    "",
+                    (ns_of(r), name),
+                    Some(&old),
+                    None,
+                )?;
+            }
+        }
+        st.delete(r.kind, ns_of(r), name, &opts)
+    })?;
     Ok(deleted_answer(r.kind, events::to_view(r.kind, out)))
 }
 
@@ -380,12 +481,24 @@ fn delete_collection(ctx: &Ctx, req: &Req, r: &ResourceRoute) -> Result<Response
             .collect();
         let mut out = Vec::new();
         for (ns, name) in targets {
+            if let Some(old) = st.get(r.kind, &ns, &name).cloned() {
+                admit(
+                    ctx,
+                    req,
+                    "DELETE",
+                    r.kind,
+                    "",
+                    (&ns, &name),
+                    Some(&old),
+                    None,
+                )?;
+            }
             if let Ok(o) = st.delete(r.kind, &ns, &name, &opts) {
                 out.push(as_item(events::to_view(r.kind, o)));
             }
         }
-        (st.resource_version(), out)
-    });
+        Ok::<_, ApiError>((st.resource_version(), out))
+    })?;
     Ok(http::json(
         200,
         &json!({
@@ -414,7 +527,27 @@ fn evict(ctx: &Ctx, req: &Req, r: &ResourceRoute, name: &str) -> Result<Response
         &req.query,
         req.dry_run(),
     );
-    ctx.store
-        .write(|st| pdb::evict(st, ns_of(r), name, &opts))?;
+    let mut eviction = body.clone();
+    if let Some(m) = eviction.as_object_mut() {
+        m.insert("apiVersion".into(), json!("policy/v1"));
+        m.insert("kind".into(), json!("Eviction"));
+    }
+    ctx.store.write(|st| {
+        admission::review(
+            ctx.admission.as_ref(),
+            &Write {
+                user: req.user.as_deref(),
+                operation: "CREATE",
+                kind: Kind::Pod,
+                sub_resource: "eviction",
+                namespace: ns_of(r),
+                name,
+                old: None,
+                new: Some(&eviction),
+                dry_run: req.dry_run(),
+            },
+        )?;
+        pdb::evict(st, ns_of(r), name, &opts)
+    })?;
     Ok(http::json(201, &success_status(201)))
 }

@@ -18,6 +18,14 @@ pub enum Kind {
     PodDisruptionBudget,
     Lease,
     EventV1,
+    /// RBAC and admission objects: stored and served (so `kubectl apply` of rebootd's manifests
+    /// works against the stand-in), neither enforced nor validated beyond names.
+    ClusterRole,
+    ClusterRoleBinding,
+    Role,
+    RoleBinding,
+    ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding,
 }
 
 /// Static description of one resource type.
@@ -52,7 +60,7 @@ const VERBS: &[&str] = &[
 
 impl Kind {
     /// Every kind, in discovery order.
-    pub const ALL: [Kind; 9] = [
+    pub const ALL: [Kind; 15] = [
         Kind::Namespace,
         Kind::Node,
         Kind::Pod,
@@ -62,6 +70,12 @@ impl Kind {
         Kind::PodDisruptionBudget,
         Kind::Lease,
         Kind::EventV1,
+        Kind::ClusterRole,
+        Kind::ClusterRoleBinding,
+        Kind::Role,
+        Kind::RoleBinding,
+        Kind::ValidatingAdmissionPolicy,
+        Kind::ValidatingAdmissionPolicyBinding,
     ];
 
     /// The static description of this kind.
@@ -76,6 +90,12 @@ impl Kind {
             Kind::PodDisruptionBudget => &PDB,
             Kind::Lease => &LEASE,
             Kind::EventV1 => &EVENT_V1,
+            Kind::ClusterRole => &CLUSTER_ROLE,
+            Kind::ClusterRoleBinding => &CLUSTER_ROLE_BINDING,
+            Kind::Role => &ROLE,
+            Kind::RoleBinding => &ROLE_BINDING,
+            Kind::ValidatingAdmissionPolicy => &VAP,
+            Kind::ValidatingAdmissionPolicyBinding => &VAP_BINDING,
         }
     }
 
@@ -253,6 +273,85 @@ static EVENT_V1: ResourceDef = ResourceDef {
     categories: &[],
     status_subresource: false,
     has_generation: false,
+};
+
+static CLUSTER_ROLE: ResourceDef = ResourceDef {
+    kind: Kind::ClusterRole,
+    group: "rbac.authorization.k8s.io",
+    version: "v1",
+    plural: "clusterroles",
+    singular: "clusterrole",
+    kind_name: "ClusterRole",
+    namespaced: false,
+    short_names: &[],
+    categories: &[],
+    status_subresource: false,
+    has_generation: false,
+};
+static CLUSTER_ROLE_BINDING: ResourceDef = ResourceDef {
+    kind: Kind::ClusterRoleBinding,
+    group: "rbac.authorization.k8s.io",
+    version: "v1",
+    plural: "clusterrolebindings",
+    singular: "clusterrolebinding",
+    kind_name: "ClusterRoleBinding",
+    namespaced: false,
+    short_names: &[],
+    categories: &[],
+    status_subresource: false,
+    has_generation: false,
+};
+static ROLE: ResourceDef = ResourceDef {
+    kind: Kind::Role,
+    group: "rbac.authorization.k8s.io",
+    version: "v1",
+    plural: "roles",
+    singular: "role",
+    kind_name: "Role",
+    namespaced: true,
+    short_names: &[],
+    categories: &[],
+    status_subresource: false,
+    has_generation: false,
+};
+static ROLE_BINDING: ResourceDef = ResourceDef {
+    kind: Kind::RoleBinding,
+    group: "rbac.authorization.k8s.io",
+    version: "v1",
+    plural: "rolebindings",
+    singular: "rolebinding",
+    kind_name: "RoleBinding",
+    namespaced: true,
+    short_names: &[],
+    categories: &[],
+    status_subresource: false,
+    has_generation: false,
+};
+static VAP: ResourceDef = ResourceDef {
+    kind: Kind::ValidatingAdmissionPolicy,
+    group: "admissionregistration.k8s.io",
+    version: "v1",
+    plural: "validatingadmissionpolicies",
+    singular: "validatingadmissionpolicy",
+    kind_name: "ValidatingAdmissionPolicy",
+    namespaced: false,
+    short_names: &[],
+    categories: &[],
+    status_subresource: true,
+    has_generation: true,
+};
+static VAP_BINDING: ResourceDef = ResourceDef {
+    kind: Kind::ValidatingAdmissionPolicyBinding,
+    group: "admissionregistration.k8s.io",
+    version: "v1",
+    plural: "validatingadmissionpolicybindings",
+    singular: "validatingadmissionpolicybinding",
+    kind_name: "ValidatingAdmissionPolicyBinding",
+    namespaced: false,
+    short_names: &[],
+    categories: &[],
+    status_subresource: false,
+    has_generation: true,
 };
 
 #[cfg(test)]

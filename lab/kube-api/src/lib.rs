@@ -16,6 +16,7 @@
 //!
 //! See `lab/kube-api/README.md` for what is covered and what is not.
 
+mod admission;
 mod cli;
 mod cluster;
 mod controllers;
@@ -41,6 +42,7 @@ mod table;
 mod timers;
 mod watch;
 
+pub use admission::{Admission, AdmissionFn};
 pub use cli::{run, serve_cli, start as start_cli, CliArgs};
 pub use cluster::{Cluster, Snapshot, WaitTimeout};
 pub use error::{ApiError, Error};

@@ -19,6 +19,7 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
 
+use crate::admission::Admission;
 use crate::cluster::Cluster;
 use crate::error::{ApiError, Error};
 use crate::faults::{FaultAction, Faults, RequestLog, RequestRecord};
@@ -43,6 +44,8 @@ pub struct Options {
     pub pod_ready_delay: Duration,
     /// How often a watch that allows bookmarks gets one. Default 5 s (real servers: ~1 min).
     pub bookmark_interval: Duration,
+    /// Validating admission for every write (see [`Admission`]). Default none.
+    pub admission: Option<Admission>,
 }
 
 impl Default for Options {
@@ -52,6 +55,7 @@ impl Default for Options {
             time_scale: 1.0,
             pod_ready_delay: Duration::from_secs(2),
             bookmark_interval: Duration::from_secs(5),
+            admission: None,
         }
     }
 }
@@ -85,6 +89,7 @@ impl KubeApi {
                 store: store.clone(),
                 addr,
                 bookmark_interval: opts.bookmark_interval,
+                admission: opts.admission.clone(),
             },
             faults: faults.clone(),
             log: log.clone(),
@@ -234,6 +239,7 @@ impl App {
                     accept,
                     content_type,
                     body,
+                    user: user.clone(),
                 };
                 match self.faults.take(method.as_str(), &path) {
                     Some(FaultAction::Status(code)) => Err(ApiError::injected(code)),

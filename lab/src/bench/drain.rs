@@ -97,6 +97,10 @@ async fn run_rebootd(ready_delay: Duration, dir: &Path) -> Result<(f64, usize), 
         skip_pods: None,
         blocking_pods: None,
         ready_timeout: Duration::from_secs(60),
+        // As kubectl drain below: --delete-emptydir-data, no --force.
+        emptydir_pods: rebootd::config::EmptyDirPods::Evict,
+        unmanaged_pods: rebootd::config::UnmanagedPods::Refuse,
+        force_delete_after: None,
     };
     let client = rebootd::kube_client::connect(Some(&kc))
         .await

@@ -8,7 +8,7 @@ use crate::etcd::EtcdServer;
 use crate::kube_api::{KubeApi, NodeBuilder, Options as KubeOptions};
 use rebootd::lock::etcd::EtcdSemaphore;
 use rebootd::lock::kube_lease::KubeLeaseSemaphore;
-use rebootd::lock::{Identity, Semaphore};
+use rebootd::lock::{Admin, Identity, Semaphore};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,9 +37,11 @@ pub async fn run(a: Args) -> Result<(), String> {
             id: util::random_id(),
             node: format!("bench-{i}"),
             boot_id: util::random_id(),
+            token: util::random_id(),
         })
         .collect();
     let mut sems: Vec<Arc<dyn Semaphore>> = Vec::new();
+    let admin: Box<dyn Admin>;
     // Keep the servers alive for the run.
     let mut _etcd = None;
     let mut _kube = None;
@@ -51,6 +53,7 @@ pub async fn run(a: Args) -> Result<(), String> {
             let etcd = EtcdServer::start(v).await.map_err(|e| e.to_string())?;
             println!("{} ({}) at {}", v, etcd.binaries().version, etcd.endpoint());
             let settings = rebootd::config::Etcd {
+                api: rebootd::config::EtcdApi::V3,
                 endpoints: vec![etcd.endpoint()],
                 ca_file: None,
                 cert_file: None,
@@ -64,6 +67,11 @@ pub async fn run(a: Args) -> Result<(), String> {
                     .map_err(|e| e.to_string())?;
                 sems.push(Arc::new(s));
             }
+            admin = Box::new(
+                EtcdSemaphore::connect(&settings, "bench-handoff", None)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            );
             metrics_endpoint = Some(etcd.endpoint());
             _etcd = Some(etcd);
         }
@@ -91,6 +99,10 @@ pub async fn run(a: Args) -> Result<(), String> {
                     .map_err(|e| e.to_string())?;
                 sems.push(Arc::new(KubeLeaseSemaphore::new(client, &settings, None)));
             }
+            let client = rebootd::kube_client::connect(Some(&kc))
+                .await
+                .map_err(|e| e.to_string())?;
+            admin = Box::new(KubeLeaseSemaphore::new(client, &settings, None));
             metrics_endpoint = None;
             _kube = Some(api);
             _dir = Some(dir);
@@ -101,7 +113,7 @@ pub async fn run(a: Args) -> Result<(), String> {
             ))
         }
     }
-    sems[0].set_max(1, true).await.map_err(|e| e.to_string())?;
+    admin.set_max(1, true).await.map_err(|e| e.to_string())?;
 
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, Instant)>();
     let waiter = |i: usize| {
@@ -131,7 +143,7 @@ pub async fn run(a: Args) -> Result<(), String> {
         tokio::time::sleep(a.settle).await;
         let t0 = Instant::now();
         sems[holder]
-            .release(&ids[holder].id)
+            .release(&ids[holder])
             .await
             .map_err(|e| e.to_string())?;
         let t1 = Instant::now();

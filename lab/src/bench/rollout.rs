@@ -117,10 +117,13 @@ impl Backend {
                 let path = dir.join("set-max.toml");
                 std::fs::write(&path, b.lock_config()).map_err(|e| e.to_string())?;
                 let config = Config::load(&[path]).map_err(|e| e.to_string())?;
-                let sem = rebootd::runtime::open_semaphore(&config)
+                let admin = rebootd::lock::open::open_admin(&config)
                     .await
                     .map_err(|e| e.to_string())?;
-                sem.set_max(a.max, true).await.map_err(|e| e.to_string())?;
+                admin
+                    .set_max(a.max, true)
+                    .await
+                    .map_err(|e| e.to_string())?;
                 Ok(b)
             }
             other => Err(format!("--backend {other}: expected etcd or lease")),
@@ -246,7 +249,7 @@ async fn boot(
     std::fs::write(node.dir.join("boot_id"), format!("{}\n", util::random_id()))
         .map_err(|e| e.to_string())?;
     let config = Config::load(&[node.config_path()]).map_err(|e| e.to_string())?;
-    let me = rebootd::runtime::identity(&config).map_err(|e| e.to_string())?;
+    let me = rebootd::runtime::identity(&config, &node.store()).map_err(|e| e.to_string())?;
     let sem = rebootd::runtime::open_semaphore(&config)
         .await
         .map_err(|e| e.to_string())?;

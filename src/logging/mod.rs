@@ -1,6 +1,8 @@
 //! Log output: to the journal (with structured fields) when stderr is connected to it, as
 //! `JOURNAL_STREAM` says; otherwise plain text or JSON lines on stderr.
 
+pub mod journal;
+
 use std::io::IsTerminal;
 use std::os::unix::fs::MetadataExt;
 use tracing_subscriber::layer::SubscriberExt;
@@ -49,15 +51,10 @@ pub fn init(format: LogFormat) {
         f => f,
     };
     match format {
-        LogFormat::Journal => match tracing_journald::layer() {
-            Ok(layer) => registry
-                // Fields as plain journal fields: NODE=, GROUP=, HOLDER=, PHASE=, ...
-                .with(
-                    layer
-                        .with_syslog_identifier("rebootd".into())
-                        .with_field_prefix(None),
-                )
-                .init(),
+        // Fields as plain journal fields (NODE=, GROUP=, HOLDER=, PHASE=, ...) and messages that
+        // say their values (journal.rs).
+        LogFormat::Journal => match journal::JournalLayer::connect("rebootd") {
+            Ok(layer) => registry.with(layer).init(),
             Err(_) => registry.with(text_layer()).init(),
         },
         LogFormat::Json => registry

@@ -1,0 +1,565 @@
+//! Import from locksmithd: its environment, built as systemd builds it for `locksmithd.service`
+//! (the unit's and its drop-ins' `Environment=` lines, then the `EnvironmentFile=`s, which win:
+//! `/usr/share/flatcar/update.conf` then `/etc/flatcar/update.conf` on Flatcar, the `coreos`
+//! paths on Container Linux), translated as locksmithd reads it (`locksmith/locksmithctl/`):
+//! `REBOOT_STRATEGY`, `LOCKSMITHD_<FLAG>` for each of its flags, and the reboot window
+//! `[LOCKSMITHD_]REBOOT_WINDOW_START`/`_LENGTH` in the host's local time.
+
+use super::envfile::{self, Assignment};
+use super::{
+    local_zone, read_optional, time_of_day, BackendOut, Fragment, Import, ImportError, Note, Root,
+    Secret, Tool, WindowOut, EVERY_DAY,
+};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Where locksmithd's unit file may be, in priority order (first found wins).
+const UNIT_FILES: [&str; 4] = [
+    "/etc/systemd/system/locksmithd.service",
+    "/run/systemd/system/locksmithd.service",
+    "/usr/lib/systemd/system/locksmithd.service",
+    "/lib/systemd/system/locksmithd.service",
+];
+
+/// Drop-in directories, in priority order (a name in an earlier one hides a later one's).
+const DROPIN_DIRS: [&str; 4] = [
+    "/etc/systemd/system/locksmithd.service.d",
+    "/run/systemd/system/locksmithd.service.d",
+    "/usr/lib/systemd/system/locksmithd.service.d",
+    "/lib/systemd/system/locksmithd.service.d",
+];
+
+/// The environment files when no unit file is found: Flatcar's unit's, after Container
+/// Linux's (whose `/etc/coreos` Flatcar keeps as a compatibility link).
+const DEFAULT_ENV_FILES: [&str; 4] = [
+    "/usr/share/coreos/update.conf",
+    "/usr/share/flatcar/update.conf",
+    "/etc/coreos/update.conf",
+    "/etc/flatcar/update.conf",
+];
+
+/// Said when nothing is found.
+pub const LOOKED_AT: &str =
+    "/etc/flatcar/update.conf, /etc/coreos/update.conf, locksmithd.service and its drop-ins";
+
+/// The secret file the etcd password goes to.
+const PASSWORD_FILE: &str = "/etc/rebootd/etcd-password";
+
+/// locksmithctl's endpoints when none is given.
+const DEFAULT_ENDPOINTS: [&str; 2] = ["http://127.0.0.1:2379", "http://127.0.0.1:4001"];
+
+/// Whether the host has locksmith configuration; `Some` names what was found.
+pub fn found(root: &Root) -> Option<String> {
+    let mut found: Vec<&str> = DEFAULT_ENV_FILES
+        .iter()
+        .chain(UNIT_FILES.iter())
+        .copied()
+        .filter(|p| root.at(p).exists())
+        .collect();
+    found.extend(
+        DROPIN_DIRS
+            .iter()
+            .copied()
+            .filter(|d| std::fs::read_dir(root.at(d)).is_ok_and(|mut e| e.next().is_some())),
+    );
+    (!found.is_empty()).then(|| found.join(", "))
+}
+
+/// A variable of the final environment and where it was set.
+#[derive(Debug, Clone)]
+struct Var {
+    value: String,
+    file: String,
+}
+
+/// locksmithd's environment: the variables, the files read, and notes for what could not be read.
+type Environment = (BTreeMap<String, Var>, Vec<String>, Vec<Note>);
+
+/// Build locksmithd's environment as systemd would.
+fn environment(root: &Root) -> Result<Environment, ImportError> {
+    let mut read = Vec::new();
+    let mut notes = Vec::new();
+    let mut env: Vec<(Assignment, String)> = Vec::new();
+    let mut files: Vec<(String, bool)> = Vec::new();
+    let mut unit_found = false;
+
+    let mut units: Vec<(String, String)> = Vec::new();
+    if let Some(unit) = UNIT_FILES.iter().find(|p| root.at(p).exists()) {
+        if let Some(text) = read_optional(root, unit)? {
+            units.push((unit.to_string(), text));
+            unit_found = true;
+        }
+    }
+    let mut dropins: BTreeMap<String, String> = BTreeMap::new();
+    for dir in DROPIN_DIRS.iter().rev() {
+        let Ok(entries) = std::fs::read_dir(root.at(dir)) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if name.ends_with(".conf") {
+                // Later in this loop = higher priority: replaces a lower directory's file.
+                dropins.insert(name.clone(), format!("{dir}/{name}"));
+            }
+        }
+    }
+    for path in dropins.values() {
+        if let Some(text) = read_optional(root, path)? {
+            units.push((path.clone(), text));
+        }
+    }
+    for (path, text) in &units {
+        read.push(path.clone());
+        let u = envfile::parse_unit(text);
+        for b in u.bad {
+            notes.push(Note {
+                file: path.clone(),
+                key: format!("line {}", b.line),
+                value: b.text,
+                why: format!("cannot read it ({})", b.why),
+            });
+        }
+        for a in u.environment {
+            match a {
+                Some(a) => env.push((a, path.clone())),
+                None => env.clear(),
+            }
+        }
+        for f in u.files {
+            match f {
+                Some(f) => files.push(f),
+                None => files.clear(),
+            }
+        }
+    }
+    if !unit_found {
+        files = DEFAULT_ENV_FILES
+            .iter()
+            .map(|f| (f.to_string(), true))
+            .collect();
+    }
+
+    let mut vars: BTreeMap<String, Var> = BTreeMap::new();
+    for (a, file) in env {
+        vars.insert(
+            a.key,
+            Var {
+                value: a.value,
+                file,
+            },
+        );
+    }
+    // Files are read after Environment= and win over it (systemd.exec(5)).
+    for (path, optional) in files {
+        let text = match read_optional(root, &path)? {
+            Some(t) => t,
+            None if optional => continue,
+            None => {
+                notes.push(Note {
+                    file: path.clone(),
+                    key: "EnvironmentFile".into(),
+                    value: path.clone(),
+                    why: "the unit requires this file but it does not exist (locksmithd would not start)".into(),
+                });
+                continue;
+            }
+        };
+        read.push(path.clone());
+        let (good, bad) = envfile::parse_env_file(&text);
+        for b in bad {
+            notes.push(Note {
+                file: path.clone(),
+                key: format!("line {}", b.line),
+                value: b.text,
+                why: format!("cannot read it ({})", b.why),
+            });
+        }
+        for a in good {
+            vars.insert(
+                a.key,
+                Var {
+                    value: a.value,
+                    file: path.clone(),
+                },
+            );
+        }
+    }
+    Ok((vars, read, notes))
+}
+
+/// A Go `time.ParseDuration` text (`1h30m`, `90m`, `1.5h`, `300ms`) as a duration.
+pub fn go_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    if t == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if t.starts_with('-') {
+        return Err("a negative length".into());
+    }
+    let mut rest = t.strip_prefix('+').unwrap_or(t);
+    if rest.is_empty() {
+        return Err("empty".into());
+    }
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let num_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or("a number without a unit")?;
+        let number: f64 = rest[..num_end]
+            .parse()
+            .map_err(|_| format!("{:?} is not a number", &rest[..num_end]))?;
+        rest = &rest[num_end..];
+        let unit_end = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit_end] {
+            "ns" => 1e-9,
+            "us" | "µs" | "μs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            u => return Err(format!("unknown unit {u:?}")),
+        };
+        total += number * scale;
+        rest = &rest[unit_end..];
+    }
+    Duration::try_from_secs_f64(total).map_err(|e| e.to_string())
+}
+
+/// locksmith's reboot window start: `"HH:MM"` (every day) or `"Thu HH:MM"`.
+fn window_start(text: &str) -> Result<(Vec<&'static str>, String), String> {
+    let fields: Vec<&str> = text.split_whitespace().collect();
+    let (days, time) = match fields.as_slice() {
+        [time] => (EVERY_DAY.to_vec(), *time),
+        [day, time] => {
+            // locksmith accepts three-letter names only.
+            let d = super::day(day)
+                .filter(|_| day.len() == 3)
+                .ok_or_else(|| format!("invalid day of week {day:?}"))?;
+            (vec![d], *time)
+        }
+        _ => return Err("wrong number of fields".into()),
+    };
+    let start = time_of_day(time).ok_or_else(|| format!("invalid time of day {time:?}"))?;
+    Ok((days, start))
+}
+
+/// Variables of the environment that are not a reboot setting: update_engine's, and
+/// systemd's or the shell's.
+fn not_ours(key: &str) -> Option<&'static str> {
+    match key {
+        "GROUP" | "SERVER" | "DOWNLOAD_USER" | "DOWNLOAD_PASSWORD" | "MACHINE_ALIAS"
+        | "PCR_POLICY_SERVER" | "AUTO_UPDATE" => Some(
+            "update_engine's setting (release channel, update server, downloads), not a reboot setting; update_engine keeps reading it",
+        ),
+        "GOMAXPROCS" => Some("a Go runtime setting of locksmithd; rebootd has no use for it"),
+        _ => None,
+    }
+}
+
+/// Translate locksmithd's configuration below `root`.
+pub fn import(root: &Root) -> Result<Import, ImportError> {
+    let (vars, read, mut notes) = environment(root)?;
+    if read.is_empty() {
+        return Err(ImportError::NothingFound(format!(
+            "no locksmith configuration: looked at {LOOKED_AT} under {}",
+            root.0.display()
+        )));
+    }
+    let mut fragment = Fragment {
+        // locksmithd acts on update_engine's status, as rebootd does by default.
+        update_engine: Some(true),
+        ..Fragment::default()
+    };
+    let mut secrets = Vec::new();
+    let mut used: Vec<&str> = Vec::new();
+    let get = |k: &str| vars.get(k).filter(|v| !v.value.is_empty());
+    let untranslatable = |k: &str, v: &Var, why: String| ImportError::Untranslatable {
+        file: v.file.clone(),
+        key: k.to_string(),
+        value: v.value.clone(),
+        why,
+    };
+
+    // The strategy: locksmithd's own default is `reboot`.
+    let strategy = get("REBOOT_STRATEGY");
+    used.push("REBOOT_STRATEGY");
+    let etcd = match strategy.map(|v| v.value.as_str()) {
+        None => {
+            notes.push(Note {
+                file: "(locksmithd's default)".into(),
+                key: "REBOOT_STRATEGY".into(),
+                value: "reboot".into(),
+                why: "not set: locksmithd reboots without a lock, and so does the fragment (lock.backend = \"none\")".into(),
+            });
+            false
+        }
+        Some("reboot") => false,
+        Some("etcd-lock") => true,
+        Some(other) => {
+            let v = strategy.cloned().unwrap_or(Var {
+                value: other.into(),
+                file: String::new(),
+            });
+            let why = match other {
+                "off" => "locksmithd does not reboot at all; rebootd has no such setting: keep this host from rebooting with `rebootctl pause` once rebootd runs, or leave rebootd disabled".into(),
+                "best-effort" => "`best-effort` chose etcd-lock or reboot by whether etcd answered; choose one and set REBOOT_STRATEGY before importing".into(),
+                _ => "unknown strategy (locksmithd knows reboot, etcd-lock, off)".into(),
+            };
+            return Err(untranslatable("REBOOT_STRATEGY", &v, why));
+        }
+    };
+
+    // The group. locksmith's default group is "", which rebootd calls "default"; locksmith's
+    // group named "default" is a different key that rebootd cannot name.
+    used.push("LOCKSMITHD_GROUP");
+    if let Some(g) = get("LOCKSMITHD_GROUP") {
+        if g.value == "default" {
+            return Err(untranslatable(
+                "LOCKSMITHD_GROUP",
+                g,
+                "locksmith keeps this group at .../rebootlock/groups/default/semaphore, but rebootd's group \"default\" is locksmith's default group (no group key); rename the group".into(),
+            ));
+        }
+        fragment.group = Some(g.value.clone());
+    }
+
+    // The etcd settings, read whether or not the strategy uses them.
+    let flags = [
+        "LOCKSMITHD_ENDPOINT",
+        "LOCKSMITHD_ETCD_CAFILE",
+        "LOCKSMITHD_ETCD_CERTFILE",
+        "LOCKSMITHD_ETCD_KEYFILE",
+        "LOCKSMITHD_ETCD_USERNAME",
+        "LOCKSMITHD_ETCD_PASSWORD",
+    ];
+    used.extend(flags);
+    if etcd {
+        let endpoints: Vec<String> = match get("LOCKSMITHD_ENDPOINT") {
+            Some(v) => v
+                .value
+                .split(',')
+                .map(|e| e.trim().to_string())
+                .filter(|e| !e.is_empty())
+                .collect(),
+            None => {
+                notes.push(Note {
+                    file: "(locksmithd's default)".into(),
+                    key: "LOCKSMITHD_ENDPOINT".into(),
+                    value: DEFAULT_ENDPOINTS.join(","),
+                    why: "not set: locksmithd's default endpoints are written out".into(),
+                });
+                DEFAULT_ENDPOINTS.iter().map(|s| s.to_string()).collect()
+            }
+        };
+        let file = |k: &str| get(k).map(|v| v.value.clone());
+        let (cert, key) = (
+            file("LOCKSMITHD_ETCD_CERTFILE"),
+            file("LOCKSMITHD_ETCD_KEYFILE"),
+        );
+        if cert.is_some() != key.is_some() {
+            let (k, v) = if cert.is_some() {
+                ("LOCKSMITHD_ETCD_CERTFILE", get("LOCKSMITHD_ETCD_CERTFILE"))
+            } else {
+                ("LOCKSMITHD_ETCD_KEYFILE", get("LOCKSMITHD_ETCD_KEYFILE"))
+            };
+            if let Some(v) = v {
+                return Err(untranslatable(
+                    k,
+                    v,
+                    "a client certificate needs both LOCKSMITHD_ETCD_CERTFILE and LOCKSMITHD_ETCD_KEYFILE (locksmithd fails to load it too)".into(),
+                ));
+            }
+        }
+        let username = file("LOCKSMITHD_ETCD_USERNAME");
+        let password = get("LOCKSMITHD_ETCD_PASSWORD");
+        let password_file = match (&username, password) {
+            (Some(_), Some(p)) => {
+                secrets.push(Secret {
+                    path: PASSWORD_FILE.into(),
+                    content: p.value.clone(),
+                    what: "the etcd password".into(),
+                });
+                notes.push(Note {
+                    file: p.file.clone(),
+                    key: "LOCKSMITHD_ETCD_PASSWORD".into(),
+                    value: "(hidden)".into(),
+                    why: format!(
+                        "rebootd reads the password from a file: `--write` writes it to {PASSWORD_FILE} (mode 0600); otherwise write it there yourself"
+                    ),
+                });
+                Some(PASSWORD_FILE.to_string())
+            }
+            (Some(_), None) => {
+                notes.push(Note {
+                    file: get("LOCKSMITHD_ETCD_USERNAME").map(|v| v.file.clone()).unwrap_or_default(),
+                    key: "LOCKSMITHD_ETCD_PASSWORD".into(),
+                    value: String::new(),
+                    why: format!("a user name without a password: the fragment reads the password from {PASSWORD_FILE}, which you must write"),
+                });
+                Some(PASSWORD_FILE.to_string())
+            }
+            (None, Some(p)) => {
+                notes.push(Note {
+                    file: p.file.clone(),
+                    key: "LOCKSMITHD_ETCD_PASSWORD".into(),
+                    value: "(hidden)".into(),
+                    why: "a password without LOCKSMITHD_ETCD_USERNAME is not used by locksmithd either".into(),
+                });
+                None
+            }
+            (None, None) => None,
+        };
+        notes.push(Note {
+            file: strategy.map(|v| v.file.clone()).unwrap_or_default(),
+            key: "REBOOT_STRATEGY".into(),
+            value: "etcd-lock".into(),
+            why: "translated to lock.backend = \"etcd\" with api = \"v2\": locksmith's own semaphore in etcd's v2 keys API, shared with the locksmithd nodes (etcd needs --enable-v2=true); to move the fleet to v3 later see docs/migrating-from-locksmith.md".into(),
+        });
+        fragment.backend = Some(BackendOut::Etcd {
+            endpoints,
+            ca_file: file("LOCKSMITHD_ETCD_CAFILE"),
+            cert_file: cert,
+            key_file: key,
+            username,
+            password_file,
+        });
+    } else {
+        fragment.backend = Some(BackendOut::None);
+        for k in flags {
+            if let Some(v) = get(k) {
+                notes.push(Note {
+                    file: v.file.clone(),
+                    key: k.into(),
+                    value: if k.ends_with("PASSWORD") {
+                        "(hidden)".into()
+                    } else {
+                        v.value.clone()
+                    },
+                    why: "not used: the strategy takes no lock".into(),
+                });
+            }
+        }
+    }
+
+    // The reboot window, in the host's local time as locksmithd (Go's time.Local) reads it.
+    let pick = |a: &'static str, b: &'static str| {
+        get(a).map(|v| (a, v)).or_else(|| get(b).map(|v| (b, v)))
+    };
+    let start = pick("LOCKSMITHD_REBOOT_WINDOW_START", "REBOOT_WINDOW_START");
+    let length = pick("LOCKSMITHD_REBOOT_WINDOW_LENGTH", "REBOOT_WINDOW_LENGTH");
+    used.extend([
+        "LOCKSMITHD_REBOOT_WINDOW_START",
+        "REBOOT_WINDOW_START",
+        "LOCKSMITHD_REBOOT_WINDOW_LENGTH",
+        "REBOOT_WINDOW_LENGTH",
+        "TZ",
+    ]);
+    match (start, length) {
+        (None, None) => {}
+        (Some((k, v)), None) | (None, Some((k, v))) => {
+            return Err(untranslatable(
+                k,
+                v,
+                "the window needs both its start and its length (locksmithd refuses this too)"
+                    .into(),
+            ))
+        }
+        (Some((sk, sv)), Some((lk, lv))) => {
+            let (days, start) =
+                window_start(&sv.value).map_err(|why| untranslatable(sk, sv, why))?;
+            let length = go_duration(&lv.value).map_err(|why| untranslatable(lk, lv, why))?;
+            let period = if days.len() == 1 { 7 * 86400 } else { 86400 };
+            if length >= Duration::from_secs(period) {
+                return Err(untranslatable(
+                    lk,
+                    lv,
+                    "the length is not shorter than the period (locksmithd refuses this too)"
+                        .into(),
+                ));
+            }
+            let tz = vars.get("TZ").map(|v| v.value.as_str());
+            let time_zone = match local_zone(root, tz) {
+                Ok(z) => z,
+                Err(why) => {
+                    return Err(ImportError::Untranslatable {
+                        file: "/etc/localtime".into(),
+                        key: "local time zone".into(),
+                        value: String::new(),
+                        why: format!(
+                        "locksmithd's window is in local time, but {why}; write the window by hand"
+                    ),
+                    })
+                }
+            };
+            fragment.windows.push(WindowOut {
+                days,
+                start,
+                length,
+                time_zone,
+            });
+        }
+    }
+
+    for (k, v) in &vars {
+        if used.contains(&k.as_str()) {
+            continue;
+        }
+        let why = if let Some(why) = not_ours(k) {
+            why.to_string()
+        } else if k == "LOCKSMITHD_DEBUG" {
+            "locksmithd's debug logging; rebootd's log level is RUST_LOG".into()
+        } else if k.starts_with("LOCKSMITHD_") {
+            "not a setting locksmithd reads, so not translated".into()
+        } else {
+            "not a locksmithd setting".into()
+        };
+        notes.push(Note {
+            file: v.file.clone(),
+            key: k.clone(),
+            value: v.value.clone(),
+            why,
+        });
+    }
+    Ok(Import {
+        from: Tool::Locksmith,
+        read,
+        fragment,
+        notes,
+        secrets,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_durations_read_as_go_reads_them() {
+        assert_eq!(go_duration("1h30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(go_duration("90m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(go_duration("1.5h").unwrap(), Duration::from_secs(5400));
+        assert_eq!(go_duration("300ms").unwrap(), Duration::from_millis(300));
+        assert_eq!(go_duration("0").unwrap(), Duration::ZERO);
+        assert!(go_duration("-1h").is_err());
+        assert!(go_duration("1 hour").is_err());
+        assert!(go_duration("5").is_err());
+        assert!(go_duration("").is_err());
+    }
+
+    #[test]
+    fn window_starts_with_and_without_a_day() {
+        assert_eq!(
+            window_start("14:00").unwrap(),
+            (EVERY_DAY.to_vec(), "14:00".into())
+        );
+        assert_eq!(
+            window_start("thu 23:00").unwrap(),
+            (vec!["Thu"], "23:00".into())
+        );
+        assert!(window_start("Thursday 23:00").is_err());
+        assert!(window_start("Thu 25:00").is_err());
+        assert!(window_start("Thu 23:00 x").is_err());
+    }
+}

@@ -1,0 +1,277 @@
+//! The one acquire loop every store runs: read a view, let the arbiter decide, commit the
+//! decision by compare-and-swap on what was read, or queue up and wait by watch; retry what is
+//! transient with back-off. A store plugs in by implementing [`Waiting`].
+//!
+//! After a lost race (a compare-and-swap that found the store changed) the loop does not try
+//! again on the same view: it waits for the change that beat it, which the watch brings.
+
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+use super::arbiter::{self, Decision, Policy};
+use super::retry::{self, Backoff};
+use super::view::{HolderView, Me, Observations, View};
+use super::{Identity, LockError};
+
+/// How a wait ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// The view changed, or the time asked for passed: decide again.
+    Changed,
+    /// The view can no longer be kept up to date (watch history compacted, watch lost): read
+    /// again, at once.
+    Reread,
+}
+
+/// One `acquire` in progress on one store: what the loop needs a store adapter to do. Dropped
+/// (the `acquire` future cancelled), it must leave nothing that outlives its time to live.
+#[async_trait]
+pub trait Waiting: Send {
+    /// Read the semaphore afresh: at the start, after an error, after [`Wake::Reread`].
+    async fn read(&mut self) -> Result<(), LockError>;
+    /// The semaphore as last read or watched. A document or object that does not parse is
+    /// [`LockError::Corrupt`] and is never written over.
+    fn view(&self) -> Result<View, LockError>;
+    /// Take the `rank`-th free slot, by compare-and-swap on what was read, leaving the queue in
+    /// the same write where the store allows. `Ok(false)`: lost a race.
+    async fn take(&mut self, rank: usize) -> Result<bool, LockError>;
+    /// Write my record on the slot of `holder` (mine without a token, or my node's).
+    async fn adopt(&mut self, holder: &str) -> Result<bool, LockError>;
+    /// Take over the slot of `holder` (or only free it when not `take_over`).
+    async fn reclaim(&mut self, holder: &str, take_over: bool) -> Result<bool, LockError>;
+    /// Be in the queue: put my entry if it is not there, keep it alive if it is.
+    async fn enqueue(&mut self) -> Result<(), LockError>;
+    /// Wait until the view changes or `until` passes (keeping my entry alive meanwhile). `head`:
+    /// I am first in the queue, so the holders' liveness matters (a store may watch more).
+    async fn wait(&mut self, until: Option<Instant>, head: bool) -> Result<Wake, LockError>;
+    /// I hold a slot: leave the queue and delete the entries of waiters that went away (`dead`,
+    /// their keys); best effort, errors are logged.
+    async fn leave(&mut self, dead: Vec<String>);
+}
+
+/// What the loop needs to know besides the store.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub backend: &'static str,
+    /// What log lines say the semaphore is (a key, a Lease name).
+    pub target: String,
+    pub policy: Policy,
+    /// First pause after a transient error, doubled up to `backoff_max`.
+    pub backoff_min: Duration,
+    pub backoff_max: Duration,
+}
+
+/// What a waiter last said it waits for.
+type Logged = (u64, Vec<(String, Option<String>)>, usize);
+
+/// Take a slot for `me` through `w`, waiting as long as it takes. Transient errors are retried
+/// with back-off; anything else is returned.
+pub async fn acquire(
+    w: &mut impl Waiting,
+    me: &Identity,
+    settings: &Settings,
+) -> Result<(), LockError> {
+    let mut backoff = Backoff::new(settings.backoff_min, settings.backoff_max);
+    let mut observations = Observations::default();
+    let mut logged: Option<Logged> = None;
+    let mut reported_duplicate = false;
+    let started = Instant::now();
+    loop {
+        let session = Instant::now();
+        let failed = match round(
+            w,
+            me,
+            settings,
+            &mut observations,
+            &mut logged,
+            &mut reported_duplicate,
+        )
+        .await
+        {
+            Ok(true) => {
+                let dead = arbiter::dead_waiters(
+                    &w.view().unwrap_or_else(|_| empty_view()),
+                    &observations,
+                    &settings.policy,
+                    2,
+                    Instant::now(),
+                )
+                .into_iter()
+                .map(|d| d.key.clone())
+                .collect();
+                w.leave(dead).await;
+                tracing::debug!(target = %settings.target, id = %me.id, waited = ?started.elapsed(), "holding a slot");
+                return Ok(());
+            }
+            Ok(false) => {
+                backoff.reset();
+                continue;
+            }
+            Err(e) => e,
+        };
+        if !retry::is_transient(&failed) {
+            return Err(failed);
+        }
+        if session.elapsed() > backoff.max() {
+            backoff.reset();
+        }
+        let pause = backoff.next_delay();
+        tracing::warn!(backend = settings.backend, target = %settings.target, error = %failed, retry_in = ?pause, "trouble while waiting for a slot; retrying");
+        // Say again what we wait for once the store answers.
+        logged = None;
+        tokio::time::sleep(pause).await;
+    }
+}
+
+fn empty_view() -> View {
+    View {
+        max: 0,
+        holders: Vec::new(),
+        waiters: Vec::new(),
+        node_is_identity: false,
+    }
+}
+
+/// Read, then decide and act until holding (`Ok(true)`) or the view must be read again
+/// (`Ok(false)`).
+async fn round(
+    w: &mut impl Waiting,
+    me: &Identity,
+    settings: &Settings,
+    observations: &mut Observations,
+    logged: &mut Option<Logged>,
+    reported_duplicate: &mut bool,
+) -> Result<bool, LockError> {
+    w.read().await?;
+    let who = Me {
+        id: &me.id,
+        node: &me.node,
+        token: &me.token,
+    };
+    loop {
+        let view = w.view()?;
+        let now = Instant::now();
+        observations.update(&view, now);
+        let decision = arbiter::decide(&view, &who, observations, &settings.policy, now);
+        let (until, head) = match decision {
+            Decision::Held => return Ok(true),
+            Decision::Adopt { holder } => {
+                tracing::warn!(target = %settings.target, id = %me.id, node = %me.node, %holder, "a slot is held under this machine's id (or node name) without this host's token; taking it over as this host's");
+                if w.adopt(&holder).await? {
+                    return Ok(true);
+                }
+                (None, false)
+            }
+            Decision::Take { rank } => {
+                if w.take(rank).await? {
+                    tracing::info!(
+                        target = %settings.target,
+                        id = %me.id,
+                        node = %me.node,
+                        max = view.max,
+                        holders = view.holders.len() + 1,
+                        waiters_ahead = rank,
+                        "took a slot"
+                    );
+                    return Ok(true);
+                }
+                (None, false)
+            }
+            Decision::Reclaim {
+                holder,
+                why,
+                take_over,
+            } => {
+                log_reclaim(settings, me, &view, &holder, &why.to_string(), take_over);
+                if w.reclaim(&holder, take_over).await? && take_over {
+                    tracing::warn!(target = %settings.target, %holder, by = %me.id, "reclaimed the slot");
+                    return Ok(true);
+                }
+                (None, true)
+            }
+            Decision::Duplicate { holder, token } => {
+                if !*reported_duplicate {
+                    tracing::error!(
+                        target = %settings.target,
+                        id = %me.id,
+                        node = %me.node,
+                        %holder,
+                        their_token = %token,
+                        our_token = %me.token,
+                        "ANOTHER HOST HOLDS A SLOT UNDER THIS MACHINE ID (its holder token differs): two hosts share one machine id; this host waits until that slot is given back. Give each host its own /etc/machine-id"
+                    );
+                    *reported_duplicate = true;
+                }
+                (None, false)
+            }
+            Decision::Wait { until, behind } => {
+                log_waiting(settings, me, &view, behind, until, logged);
+                (until, behind == 0)
+            }
+        };
+        w.enqueue().await?;
+        // After a lost race too: the watch brings the change that beat us.
+        if w.wait(until, head).await? == Wake::Reread {
+            return Ok(false);
+        }
+    }
+}
+
+fn log_reclaim(
+    settings: &Settings,
+    me: &Identity,
+    view: &View,
+    holder: &str,
+    why: &str,
+    take_over: bool,
+) {
+    let h: Option<&HolderView> = view.holders.iter().find(|h| h.id == holder);
+    tracing::warn!(
+        target = %settings.target,
+        holder = %holder,
+        node = h.and_then(|h| h.node.as_deref()),
+        phase = h.and_then(|h| h.phase.as_deref()),
+        by = %me.id,
+        take_over,
+        "RECLAIMING the slot of a holder: {why}; that node is assumed dead"
+    );
+}
+
+/// Say what this waiter waits for, when that changed.
+fn log_waiting(
+    settings: &Settings,
+    me: &Identity,
+    view: &View,
+    behind: usize,
+    until: Option<Instant>,
+    logged: &mut Option<Logged>,
+) {
+    let holders: Vec<(String, Option<String>)> = view
+        .holders
+        .iter()
+        .map(|h| {
+            (
+                h.node.clone().unwrap_or_else(|| h.id.clone()),
+                h.phase.clone(),
+            )
+        })
+        .collect();
+    let state = (view.max, holders, behind);
+    if logged.as_ref() == Some(&state) {
+        return;
+    }
+    tracing::info!(
+        target = %settings.target,
+        id = %me.id,
+        free = view.free(),
+        max = view.max,
+        holders = ?state.1,
+        waiters_ahead = behind,
+        position = behind + 1,
+        reclaim_check_in = ?until.map(|u| u.saturating_duration_since(Instant::now())),
+        "waiting for a free slot: position {} in the queue",
+        behind + 1
+    );
+    *logged = Some(state);
+}

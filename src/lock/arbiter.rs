@@ -1,0 +1,239 @@
+//! The one decision every store follows: given a [`View`] of the semaphore, who I am, what this
+//! observer has seen (its own monotonic clock) and the policy, do I hold a slot, take one,
+//! reclaim one, or wait, and until when. Pure: no I/O, the time is passed in.
+//!
+//! # Rules
+//!
+//! - **Mine.** A holder with my id and my token is me: [`Decision::Held`]. With my id and no
+//!   token (locksmith, an older rebootd, a holder written by hand for this machine), or, where
+//!   node names identify hosts, with my node name and another id (a reinstalled node): mine to
+//!   adopt ([`Decision::Adopt`]). With my id and **another token**, another host runs with my
+//!   machine id: [`Decision::Duplicate`], reported and never admitted while it holds.
+//! - **Queue.** Waiters are served in ticket order. A waiter that is also a holder, or whose
+//!   beat is a revision unchanged for `waiter_timeout` (as this observer saw it), does not
+//!   count. `behind` = the live waiters ahead of me (all of them while I have no entry).
+//! - **Take** when the free slots outnumber the waiters ahead of me: I go for the
+//!   `behind`-th free slot, so the waiters a release lets in do not race for one.
+//! - **Reclaim** only as the head of the queue (nobody ahead) with no free slot, and only a
+//!   holder the store knows is gone ([`HolderView::gone`]) or, with `max_hold`, one whose beat
+//!   did not change for `max_hold` of this observer's clock. Gone holders first, then the one
+//!   silent longest. When the holders exceed `max` (a forced shrink), the slot is freed, not
+//!   taken over.
+//! - Otherwise **wait**: for a change, or until the first holder would pass `max_hold` (head
+//!   only) or a waiter ahead would time out.
+
+use std::time::{Duration, Instant};
+
+use super::view::{Beat, HolderView, Me, Observations, View, WaiterView};
+
+/// What the arbiter needs of the configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// A holder silent this long may be reclaimed; `None`: holders are reclaimed only when the
+    /// store knows they are gone.
+    pub max_hold: Option<Duration>,
+    /// A waiter whose beat is a revision, silent this long, no longer holds its place.
+    pub waiter_timeout: Duration,
+}
+
+/// Why a holder may be reclaimed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReclaimWhy {
+    /// The store knows it is gone (e.g. its Node was deleted).
+    Gone(String),
+    /// Its beat did not change for this long (at least `max_hold`).
+    Silent { for_: Duration, max_hold: Duration },
+}
+
+impl std::fmt::Display for ReclaimWhy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReclaimWhy::Gone(why) => f.write_str(why),
+            ReclaimWhy::Silent { for_, max_hold } => write!(
+                f,
+                "no sign of life for {} (lock.max_hold is {}), as this waiter's own clock measures it",
+                humantime::format_duration(Duration::from_secs(for_.as_secs())),
+                humantime::format_duration(*max_hold)
+            ),
+        }
+    }
+}
+
+/// What to do next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// I hold a slot.
+    Held,
+    /// A slot held under my id without a token, or under my node name: take it over as mine
+    /// (write my record on it), then I hold it.
+    Adopt { holder: String },
+    /// Another host holds a slot under my id (its token is `token`): report it and wait.
+    Duplicate { holder: String, token: String },
+    /// Take the `rank`-th free slot (0 = the first).
+    Take { rank: usize },
+    /// Reclaim the slot of `holder`: take it over (`take_over`), or only free it when the
+    /// holders exceed `max`.
+    Reclaim {
+        holder: String,
+        why: ReclaimWhy,
+        take_over: bool,
+    },
+    /// Wait for a change, or until `until`; `behind` live waiters are ahead of me.
+    Wait {
+        until: Option<Instant>,
+        behind: usize,
+    },
+}
+
+/// Decide on `view`. `observations` must have been updated with `view` at `now`.
+pub fn decide(
+    view: &View,
+    me: &Me<'_>,
+    observations: &Observations,
+    policy: &Policy,
+    now: Instant,
+) -> Decision {
+    if let Some(d) = mine(view, me) {
+        return d;
+    }
+    let (behind, next_expiry) = place(view, me, observations, policy, now);
+    let free = view.free();
+    if free > i64::try_from(behind).unwrap_or(i64::MAX) {
+        return Decision::Take { rank: behind };
+    }
+    let mut until = next_expiry;
+    if behind == 0 {
+        let mut best: Option<(&HolderView, ReclaimWhy, Duration)> = None;
+        for h in &view.holders {
+            let silent = observations.holder_silent_for(&h.id, &h.beat, now);
+            let why = match (&h.gone, policy.max_hold) {
+                (Some(gone), _) => Some((ReclaimWhy::Gone(gone.clone()), Duration::MAX)),
+                (None, Some(max_hold)) if silent >= max_hold => Some((
+                    ReclaimWhy::Silent {
+                        for_: silent,
+                        max_hold,
+                    },
+                    silent,
+                )),
+                (None, Some(max_hold)) if h.beat != Beat::Ttl => {
+                    let at = now + (max_hold - silent);
+                    until = Some(until.map_or(at, |u: Instant| u.min(at)));
+                    None
+                }
+                _ => None,
+            };
+            if let Some((why, rank)) = why {
+                if best.as_ref().is_none_or(|(_, _, r)| rank > *r) {
+                    best = Some((h, why, rank));
+                }
+            }
+        }
+        if let Some((h, why, _)) = best {
+            return Decision::Reclaim {
+                holder: h.id.clone(),
+                why,
+                take_over: view.holders.len() as u64 <= view.max,
+            };
+        }
+    }
+    Decision::Wait { until, behind }
+}
+
+/// Whether I hold (or should adopt) a slot, or another host holds one under my id.
+fn mine(view: &View, me: &Me<'_>) -> Option<Decision> {
+    let by_id: Vec<&HolderView> = view.holders.iter().filter(|h| h.id == me.id).collect();
+    if by_id.iter().any(|h| h.token.as_deref() == Some(me.token)) {
+        return Some(Decision::Held);
+    }
+    if let Some(h) = by_id.iter().find(|h| h.token.is_none()) {
+        return Some(Decision::Adopt {
+            holder: h.id.clone(),
+        });
+    }
+    if let Some(h) = by_id.first() {
+        return Some(Decision::Duplicate {
+            holder: h.id.clone(),
+            token: h.token.clone().unwrap_or_default(),
+        });
+    }
+    if view.node_is_identity {
+        if let Some(h) = view
+            .holders
+            .iter()
+            .find(|h| h.node.as_deref() == Some(me.node))
+        {
+            return Some(Decision::Adopt {
+                holder: h.id.clone(),
+            });
+        }
+    }
+    None
+}
+
+/// Whether `w` still holds a place in the queue.
+pub fn waiter_live(
+    w: &WaiterView,
+    observations: &Observations,
+    policy: &Policy,
+    now: Instant,
+) -> bool {
+    observations.waiter_silent_for(&w.key, &w.beat, now) < policy.waiter_timeout
+}
+
+/// Whether `w` is a holder's left-over entry.
+fn is_holder(view: &View, w: &WaiterView) -> bool {
+    view.holders.iter().any(|h| {
+        w.id.as_deref() == Some(h.id.as_str())
+            || (view.node_is_identity && w.node.is_some() && w.node == h.node)
+    })
+}
+
+/// The live waiters ahead of me, and when the first of them would time out.
+fn place(
+    view: &View,
+    me: &Me<'_>,
+    observations: &Observations,
+    policy: &Policy,
+    now: Instant,
+) -> (usize, Option<Instant>) {
+    let mine = view.my_ticket();
+    let mut behind = 0;
+    let mut expiry: Option<Instant> = None;
+    for w in &view.waiters {
+        if w.mine
+            || w.id.as_deref() == Some(me.id)
+            || mine.is_some_and(|t| w.ticket >= *t)
+            || is_holder(view, w)
+            || !waiter_live(w, observations, policy, now)
+        {
+            continue;
+        }
+        behind += 1;
+        if w.beat != Beat::Ttl {
+            let silent = observations.waiter_silent_for(&w.key, &w.beat, now);
+            let at = now + policy.waiter_timeout.saturating_sub(silent);
+            expiry = Some(expiry.map_or(at, |e: Instant| e.min(at)));
+        }
+    }
+    (behind, expiry)
+}
+
+/// The waiters (not mine) silent for at least `factor` times the waiter time-out: the entries
+/// of waiters that went away, which a store without TTLs may delete.
+pub fn dead_waiters<'a>(
+    view: &'a View,
+    observations: &Observations,
+    policy: &Policy,
+    factor: u32,
+    now: Instant,
+) -> Vec<&'a WaiterView> {
+    let limit = policy.waiter_timeout.saturating_mul(factor);
+    view.waiters
+        .iter()
+        .filter(|w| !w.mine && w.beat != Beat::Ttl)
+        .filter(|w| observations.waiter_silent_for(&w.key, &w.beat, now) >= limit)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,131 @@
+//! A node configured for the v2 store that follows the semaphore to v3 once `rebootctl
+//! migrate` moved it: every call goes to the v2 store until one answers
+//! [`LockError::Moved`] (seen by a read, or by the watch of a waiter), then to the v3 store on
+//! the same endpoints, for good (until the process restarts, which finds the marker again at
+//! its first call). Both connect when first needed.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::OnceCell;
+
+use super::super::etcd::EtcdSemaphore;
+use super::super::{Admin, Fence, Identity, LockError, Semaphore, SemaphoreStatus};
+use super::EtcdV2Semaphore;
+use crate::config::{self, EtcdApi};
+
+/// `[lock.etcd] api = "v2"`, following to v3 after a migration.
+pub struct FollowV3 {
+    settings: config::Etcd,
+    group: String,
+    max_hold: Option<Duration>,
+    v2: OnceCell<EtcdV2Semaphore>,
+    v3: OnceCell<EtcdSemaphore>,
+    moved: AtomicBool,
+}
+
+impl FollowV3 {
+    pub fn new(settings: &config::Etcd, group: &str, max_hold: Option<Duration>) -> Self {
+        FollowV3 {
+            settings: settings.clone(),
+            group: group.to_owned(),
+            max_hold,
+            v2: OnceCell::new(),
+            v3: OnceCell::new(),
+            moved: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether this node follows the semaphore in v3 now.
+    pub fn moved(&self) -> bool {
+        self.moved.load(Ordering::Relaxed)
+    }
+
+    async fn v2(&self) -> Result<&EtcdV2Semaphore, LockError> {
+        self.v2
+            .get_or_try_init(|| {
+                EtcdV2Semaphore::connect(&self.settings, &self.group, self.max_hold)
+            })
+            .await
+    }
+
+    async fn v3(&self) -> Result<&EtcdSemaphore, LockError> {
+        self.v3
+            .get_or_try_init(|| async {
+                let settings = config::Etcd {
+                    api: EtcdApi::V3,
+                    ..self.settings.clone()
+                };
+                EtcdSemaphore::connect(&settings, &self.group, self.max_hold).await
+            })
+            .await
+    }
+
+    fn note_moved(&self, from: &str) {
+        tracing::warn!(%from, group = %self.group, "the semaphore was moved to etcd v3 (rebootctl migrate): following it there; set [lock.etcd] api = \"v3\" in this node's configuration");
+        self.moved.store(true, Ordering::Relaxed);
+    }
+}
+
+/// `$call` on the v2 store (as `$s`), or on the v3 store once the semaphore moved (the same
+/// method names on both).
+macro_rules! follow {
+    ($self:ident, $s:ident => $call:expr) => {{
+        if !$self.moved() {
+            let $s = $self.v2().await?;
+            match $call {
+                Err(LockError::Moved { from }) => $self.note_moved(&from),
+                other => return other,
+            }
+        }
+        let $s = $self.v3().await?;
+        $call
+    }};
+}
+
+#[async_trait]
+impl Semaphore for FollowV3 {
+    fn backend(&self) -> &'static str {
+        "etcd"
+    }
+
+    async fn acquire(&self, me: &Identity) -> Result<(), LockError> {
+        follow!(self, s => s.acquire(me).await)
+    }
+
+    async fn fence(&self, me: &Identity) -> Result<Fence, LockError> {
+        follow!(self, s => Semaphore::fence(s, me).await)
+    }
+
+    fn heartbeat_every(&self) -> Option<Duration> {
+        super::super::heartbeat_every(self.max_hold)
+    }
+
+    async fn heartbeat(&self, me: &Identity) -> Result<Fence, LockError> {
+        follow!(self, s => s.heartbeat(me).await)
+    }
+
+    async fn release(&self, me: &Identity) -> Result<(), LockError> {
+        follow!(self, s => s.release(me).await)
+    }
+
+    async fn report_phase(&self, me: &Identity, phase: &str) -> Result<(), LockError> {
+        follow!(self, s => s.report_phase(me, phase).await)
+    }
+}
+
+#[async_trait]
+impl Admin for FollowV3 {
+    async fn status(&self) -> Result<SemaphoreStatus, LockError> {
+        follow!(self, s => s.status().await)
+    }
+
+    async fn unlock(&self, id: &str) -> Result<(), LockError> {
+        follow!(self, s => s.unlock(id).await)
+    }
+
+    async fn set_max(&self, max: u64, force: bool) -> Result<(), LockError> {
+        follow!(self, s => s.set_max(max, force).await)
+    }
+}

@@ -1,0 +1,533 @@
+//! Lock store `[lock.etcd] api = "v2"`: locksmith's own semaphore in etcd's v2 keys API, shared
+//! with real locksmithd nodes. An adapter on the lock core: it reads a view (one recursive read
+//! of the group's directory, see [`tree`]), commits the arbiter's decisions by compare-and-swap
+//! on the document's `modifiedIndex` (`prevIndex`, or `prevExist=false` to create it, as
+//! locksmith does), and waits by long-poll watch ([`waiting`]).
+//!
+//! v2 has no multi-key transactions, so only the document is guarded: rebootd's holder record
+//! is written right after the compare-and-swap that took the slot, and deleted (by its own
+//! index) after the one that gave it back. A record without a holder is an orphan anyone may
+//! delete; a holder without a record (locksmith's, or a rebootd that died in between) is shown
+//! by its machine id and, for its own host, adopted.
+//!
+//! When `rebootctl migrate` has moved the semaphore to v3 ([`tree::is_moved`]), every call
+//! answers [`LockError::Moved`]; [`follow::FollowV3`] then goes on in v3.
+
+pub mod follow;
+pub mod migrate;
+pub mod tree;
+mod waiting;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::document::{DocError, HolderRecord, SemaphoreDoc};
+use super::retry::{Cas, MAX_CONFLICTS};
+use super::{Admin, Fence, Holder, Identity, LockError, Semaphore, SemaphoreStatus};
+use crate::config;
+use crate::etcd_v2::{Get, KeysClient, Put, Settings, V2Error};
+use tree::{DocState, Keys, Snapshot};
+
+const BACKEND: &str = "etcd";
+
+/// Run `$attempt` (one read and one conditional write, giving `Result<Cas<T>, LockError>`)
+/// until it is not a conflict, at most [`MAX_CONFLICTS`] times. (The lock core's `cas_loop`
+/// with an async closure does not make a `Send` future inside `async_trait` methods.)
+macro_rules! cas_retry {
+    ($what:expr, $target:expr, $attempt:expr) => {{
+        let mut done = None;
+        for _ in 0..MAX_CONFLICTS {
+            match $attempt? {
+                Cas::Done(t) => {
+                    done = Some(t);
+                    break;
+                }
+                Cas::Conflict => tracing::debug!(what = $what, "lost a race; reading again"),
+            }
+        }
+        done.ok_or_else(|| LockError::Backend {
+            backend: BACKEND,
+            reason: format!(
+                "{}: gave up after {MAX_CONFLICTS} conflicting updates of {}",
+                $what, $target
+            ),
+        })
+    }};
+}
+
+/// Time limits of the v2 store beyond the client's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    pub client: crate::etcd_v2::Timeouts,
+    /// First pause after a transient error inside `acquire`, doubled up to `backoff_max`.
+    pub backoff_min: Duration,
+    pub backoff_max: Duration,
+    /// Time to live of a waiter's queue entry, refreshed every third of it while it waits: the
+    /// longest a waiter that died without a word holds up the queue.
+    pub queue_ttl: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            client: crate::etcd_v2::Timeouts::default(),
+            backoff_min: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(10),
+            queue_ttl: Duration::from_secs(30),
+        }
+    }
+}
+
+/// locksmith's semaphore in etcd v2, plus rebootd's records and waiter queue beside it.
+pub struct EtcdV2Semaphore {
+    client: Arc<KeysClient>,
+    keys: Keys,
+    max_hold: Option<Duration>,
+    timeouts: Timeouts,
+}
+
+impl std::fmt::Debug for EtcdV2Semaphore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdV2Semaphore")
+            .field("client", &self.client)
+            .field("key", &self.keys.doc)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The client settings of `[lock.etcd]` (TLS files, user and password file).
+pub fn client_settings(
+    settings: &config::Etcd,
+    timeouts: crate::etcd_v2::Timeouts,
+) -> Result<Settings, LockError> {
+    let basic_auth = match (&settings.username, &settings.password_file) {
+        (Some(user), Some(file)) => Some((user.clone(), read_password(file)?)),
+        (None, None) => None,
+        _ => {
+            return Err(LockError::Refused(
+                "lock.etcd.username and lock.etcd.password_file must be set together".into(),
+            ))
+        }
+    };
+    let client_cert = match (&settings.cert_file, &settings.key_file) {
+        (Some(c), Some(k)) => Some((c.clone(), k.clone())),
+        (None, None) => None,
+        _ => {
+            return Err(LockError::Refused(
+                "lock.etcd.cert_file and lock.etcd.key_file must be set together".into(),
+            ))
+        }
+    };
+    Ok(Settings {
+        endpoints: settings.endpoints.clone(),
+        tls: crate::http::TlsFiles {
+            table: "lock.etcd",
+            ca_file: settings.ca_file.clone(),
+            client_cert,
+        },
+        basic_auth,
+        timeouts,
+    })
+}
+
+fn read_password(file: &std::path::Path) -> Result<String, LockError> {
+    let raw = std::fs::read(file).map_err(|e| {
+        LockError::Refused(format!(
+            "cannot read lock.etcd.password_file {}: {e}",
+            file.display()
+        ))
+    })?;
+    let text = String::from_utf8(raw).map_err(|_| {
+        LockError::Refused(format!(
+            "lock.etcd.password_file {} is not UTF-8",
+            file.display()
+        ))
+    })?;
+    let password = text.trim_end_matches(['\n', '\r']);
+    if password.is_empty() {
+        return Err(LockError::Refused(format!(
+            "lock.etcd.password_file {} is empty",
+            file.display()
+        )));
+    }
+    Ok(password.to_owned())
+}
+
+/// A v2 client error as the lock core sees it: no answer (or etcd busy electing a leader) is
+/// transient; everything else is permanent and says what to fix.
+pub fn lock_error(e: V2Error) -> LockError {
+    match e {
+        V2Error::Unreachable { at, reason } => LockError::Unreachable {
+            backend: BACKEND,
+            target: at.endpoint,
+            reason: format!("{} {}: {reason}", at.method, at.key),
+        },
+        e if e.is_transient() => LockError::Unreachable {
+            backend: BACKEND,
+            target: String::new(),
+            reason: e.to_string(),
+        },
+        V2Error::Setting(m) => LockError::Refused(m),
+        e @ (V2Error::NoV2Api { .. } | V2Error::NotEtcd { .. }) => {
+            LockError::Refused(e.to_string())
+        }
+        e => LockError::Backend {
+            backend: BACKEND,
+            reason: e.to_string(),
+        },
+    }
+}
+
+impl EtcdV2Semaphore {
+    /// A store for `group` on the cluster of `settings`, checked with one read: an etcd without
+    /// the v2 API is refused at once, naming `--enable-v2`.
+    pub async fn connect(
+        settings: &config::Etcd,
+        group: &str,
+        max_hold: Option<Duration>,
+    ) -> Result<Self, LockError> {
+        Self::connect_with(settings, group, max_hold, Timeouts::default()).await
+    }
+
+    /// [`EtcdV2Semaphore::connect`] with explicit time limits.
+    #[tracing::instrument(skip(settings), fields(endpoints = ?settings.endpoints))]
+    pub async fn connect_with(
+        settings: &config::Etcd,
+        group: &str,
+        max_hold: Option<Duration>,
+        timeouts: Timeouts,
+    ) -> Result<Self, LockError> {
+        let client =
+            KeysClient::new(&client_settings(settings, timeouts.client)?).map_err(lock_error)?;
+        let this = EtcdV2Semaphore {
+            client: Arc::new(client),
+            keys: Keys::new(group),
+            max_hold,
+            timeouts,
+        };
+        match this.client.get(&this.keys.doc, Get::default()).await {
+            Ok(_) => Ok(this),
+            Err(e) if e.is_key_not_found() => Ok(this),
+            Err(e) => Err(lock_error(e)),
+        }
+    }
+
+    /// locksmith's document key.
+    pub fn key(&self) -> &str {
+        &self.keys.doc
+    }
+
+    pub fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
+    /// Requests sent to etcd so far.
+    pub fn requests(&self) -> u64 {
+        self.client.requests()
+    }
+
+    /// Read the group's keys (one recursive read).
+    async fn read(&self, quorum: bool) -> Result<Snapshot, LockError> {
+        let get = Get {
+            recursive: true,
+            sorted: true,
+            quorum,
+        };
+        match self.client.get(&self.keys.root, get).await {
+            Ok(r) => Ok(Snapshot::from_read(&self.keys, Some(&r.node), r.etcd_index)),
+            Err(V2Error::Etcd {
+                code: crate::etcd_v2::code::KEY_NOT_FOUND,
+                index,
+                ..
+            }) => Ok(Snapshot::from_read(&self.keys, None, index)),
+            Err(e) => Err(lock_error(e)),
+        }
+    }
+
+    /// locksmith's document in `snap`, or why it cannot be used.
+    fn document(&self, snap: &Snapshot) -> Result<SemaphoreDoc, LockError> {
+        match &snap.doc {
+            DocState::Absent => Ok(SemaphoreDoc::default()),
+            DocState::Doc { doc, .. } => Ok(doc.clone()),
+            DocState::Moved { .. } => Err(self.moved()),
+            DocState::Corrupt { value, reason, .. } => Err(LockError::Corrupt {
+                key: self.keys.doc.clone(),
+                value: value.clone(),
+                reason: reason.clone(),
+            }),
+        }
+    }
+
+    fn moved(&self) -> LockError {
+        LockError::Moved {
+            from: format!("{} (etcd v2 at {})", self.keys.doc, self.client.target()),
+        }
+    }
+
+    /// Write `doc` over what `snap` read: compare-and-swap on its index, or create it.
+    /// `Ok(false)`: someone else wrote first.
+    async fn write_doc(&self, snap: &Snapshot, doc: &SemaphoreDoc) -> Result<bool, LockError> {
+        let value = doc.to_json();
+        let written = match &snap.doc {
+            DocState::Absent => self.client.create(&self.keys.doc, &value, None).await,
+            DocState::Doc { index, .. } => {
+                self.client
+                    .compare_and_swap(&self.keys.doc, &value, *index, None)
+                    .await
+            }
+            DocState::Moved { .. } => return Err(self.moved()),
+            DocState::Corrupt { .. } => return self.document(snap).map(|_| false),
+        };
+        match written {
+            Ok(_) => Ok(true),
+            Err(e) if e.is_compare_failed() || e.is_node_exists() || e.is_key_not_found() => {
+                Ok(false)
+            }
+            Err(e) => Err(lock_error(e)),
+        }
+    }
+
+    /// Write my holder record (a new index of its key), keeping `acquired` and, unless given,
+    /// the phase of the one in `snap`. Guarded by the record's index when there is one.
+    async fn write_record(
+        &self,
+        snap: &Snapshot,
+        me: &Identity,
+        phase: Option<Option<&str>>,
+    ) -> Result<bool, LockError> {
+        let key = self.keys.record(&me.id);
+        let previous = snap.record(&self.keys, &me.id);
+        let old = previous.and_then(|e| e.value.as_ref());
+        let now = jiff::Timestamp::now();
+        let phase = match phase {
+            Some(p) => p.map(str::to_owned),
+            None => old.and_then(|r| r.phase.clone()),
+        };
+        let since = match old {
+            Some(o) if o.phase == phase && o.boot_id == me.boot_id => o.since,
+            _ => now,
+        };
+        let record = HolderRecord {
+            node: me.node.clone(),
+            boot_id: me.boot_id.clone(),
+            phase,
+            since,
+            acquired: old.map_or(now, |o| o.acquired),
+            token: Some(me.token.clone()),
+        };
+        let opts = match previous {
+            Some(e) => Put {
+                prev_index: Some(e.modified),
+                ..Put::default()
+            },
+            None => Put {
+                prev_exist: Some(false),
+                ..Put::default()
+            },
+        };
+        match self.client.put(&key, &record.to_json(), opts).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.is_compare_failed() || e.is_node_exists() || e.is_key_not_found() => {
+                Ok(false)
+            }
+            Err(e) => Err(lock_error(e)),
+        }
+    }
+
+    /// Delete the records of holders no longer in `doc` (each by its index; best effort).
+    async fn delete_orphans(&self, snap: &Snapshot, doc: &SemaphoreDoc) {
+        for (key, index) in snap.orphan_records(&self.keys, doc) {
+            if let Err(e) = self.client.delete(&key, Some(index)).await {
+                if !(e.is_compare_failed() || e.is_key_not_found()) {
+                    tracing::debug!(%key, error = %e, "orphan holder record not deleted");
+                }
+            }
+        }
+    }
+
+    /// Whether `me` holds its slot in `snap`: its id in the document, and its record (if any)
+    /// carries its token.
+    fn fence_of(&self, snap: &Snapshot, doc: &SemaphoreDoc, me: &Identity) -> Fence {
+        if !doc.holds(&me.id) {
+            return Fence::Lost {
+                why: format!("{} is not among the holders in {}", me.id, self.keys.doc),
+            };
+        }
+        let token = snap
+            .record(&self.keys, &me.id)
+            .and_then(|e| e.value.as_ref())
+            .and_then(|r| r.token.as_deref());
+        match token {
+            Some(t) if t != me.token => Fence::Lost {
+                why: format!(
+                    "the slot of {} is held by another host with the same machine id (holder \
+                     token {t}, ours {})",
+                    me.id, me.token
+                ),
+            },
+            _ => Fence::Held,
+        }
+    }
+
+    /// One attempt of a compare-and-swap update of the document (`f` returns the new
+    /// document, or `None` when nothing is to change); orphan records are deleted after it.
+    async fn try_update_doc(
+        &self,
+        f: &mut (dyn FnMut(&SemaphoreDoc) -> Result<Option<SemaphoreDoc>, LockError> + Send),
+    ) -> Result<Cas<()>, LockError> {
+        let snap = self.read(false).await?;
+        let doc = self.document(&snap)?;
+        let Some(new) = f(&doc)? else {
+            self.delete_orphans(&snap, &doc).await;
+            return Ok(Cas::Done(()));
+        };
+        if !self.write_doc(&snap, &new).await? {
+            return Ok(Cas::Conflict);
+        }
+        self.delete_orphans(&snap, &new).await;
+        Ok(Cas::Done(()))
+    }
+
+    async fn update_doc(
+        &self,
+        what: &str,
+        mut f: impl FnMut(&SemaphoreDoc) -> Result<Option<SemaphoreDoc>, LockError> + Send,
+    ) -> Result<(), LockError> {
+        cas_retry!(what, self.keys.doc, self.try_update_doc(&mut f).await)
+    }
+
+    async fn try_heartbeat(&self, me: &Identity) -> Result<Cas<Fence>, LockError> {
+        let snap = self.read(true).await?;
+        let doc = self.document(&snap)?;
+        let fence = self.fence_of(&snap, &doc, me);
+        if fence != Fence::Held || self.write_record(&snap, me, None).await? {
+            return Ok(Cas::Done(fence));
+        }
+        Ok(Cas::Conflict)
+    }
+
+    async fn try_report_phase(&self, me: &Identity, phase: &str) -> Result<Cas<()>, LockError> {
+        let snap = self.read(false).await?;
+        let doc = self.document(&snap)?;
+        if self.fence_of(&snap, &doc, me) != Fence::Held {
+            tracing::debug!(id = %me.id, phase, "not holding a slot; phase not recorded");
+            return Ok(Cas::Done(()));
+        }
+        if self.write_record(&snap, me, Some(Some(phase))).await? {
+            Ok(Cas::Done(()))
+        } else {
+            Ok(Cas::Conflict)
+        }
+    }
+}
+
+#[async_trait]
+impl Semaphore for EtcdV2Semaphore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
+    async fn acquire(&self, me: &Identity) -> Result<(), LockError> {
+        waiting::acquire(self, me).await
+    }
+
+    #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
+    async fn fence(&self, me: &Identity) -> Result<Fence, LockError> {
+        let snap = self.read(true).await?;
+        let doc = self.document(&snap)?;
+        Ok(self.fence_of(&snap, &doc, me))
+    }
+
+    fn heartbeat_every(&self) -> Option<Duration> {
+        super::heartbeat_every(self.max_hold)
+    }
+
+    /// Writes my record again (a new index of its key), if I hold my slot.
+    #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
+    async fn heartbeat(&self, me: &Identity) -> Result<Fence, LockError> {
+        cas_retry!("heartbeat", self.keys.doc, self.try_heartbeat(me).await)
+    }
+
+    /// Releases my slot, unless its record says another host (another token) holds it.
+    #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
+    async fn release(&self, me: &Identity) -> Result<(), LockError> {
+        let snap = self.read(true).await?;
+        let doc = self.document(&snap)?;
+        if let Fence::Lost { why } = self.fence_of(&snap, &doc, me) {
+            if doc.holds(&me.id) {
+                tracing::error!(key = %self.keys.doc, id = %me.id, %why, "not releasing a slot another host holds under this machine id");
+                return Ok(());
+            }
+        }
+        Admin::unlock(self, &me.id).await
+    }
+
+    /// Records the phase of a holder; not holding a slot is a no-op.
+    #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
+    async fn report_phase(&self, me: &Identity, phase: &str) -> Result<(), LockError> {
+        cas_retry!(
+            "report phase",
+            self.keys.doc,
+            self.try_report_phase(me, phase).await
+        )
+    }
+}
+
+#[async_trait]
+impl Admin for EtcdV2Semaphore {
+    #[tracing::instrument(skip(self), fields(key = %self.keys.doc))]
+    async fn status(&self) -> Result<SemaphoreStatus, LockError> {
+        let snap = self.read(false).await?;
+        let doc = self.document(&snap)?;
+        let holders = doc
+            .holders
+            .iter()
+            .map(|id| {
+                let r = snap.record(&self.keys, id).and_then(|e| e.value.clone());
+                Holder {
+                    id: id.clone(),
+                    node: r.as_ref().map(|r| r.node.clone()),
+                    phase: r.as_ref().and_then(|r| r.phase.clone()),
+                    since: r.as_ref().map(|r| r.since),
+                    boot_id: r.map(|r| r.boot_id),
+                }
+            })
+            .collect();
+        Ok(SemaphoreStatus {
+            backend: BACKEND.into(),
+            group: self.keys.group.clone(),
+            max: doc.max,
+            free: doc.free(),
+            holders,
+        })
+    }
+
+    #[tracing::instrument(skip(self), fields(key = %self.keys.doc))]
+    async fn unlock(&self, id: &str) -> Result<(), LockError> {
+        self.update_doc("unlock", |doc| {
+            let mut new = doc.clone();
+            Ok(new.unlock(id).then_some(new))
+        })
+        .await?;
+        tracing::info!(key = %self.keys.doc, %id, "released");
+        Ok(())
+    }
+
+    #[tracing::instrument(skip(self), fields(key = %self.keys.doc))]
+    async fn set_max(&self, max: u64, force: bool) -> Result<(), LockError> {
+        self.update_doc("set-max", |doc| {
+            let mut new = doc.clone();
+            new.set_max(max, force).map_err(|e| match e {
+                DocError::MaxBelowHolders { requested, holders } => {
+                    LockError::MaxBelowHolders { requested, holders }
+                }
+                other => LockError::Refused(format!("set-max {max}: {other}")),
+            })?;
+            Ok((new != *doc).then_some(new))
+        })
+        .await
+    }
+}

@@ -1,0 +1,318 @@
+//! `acquire` on the v2 store: the lock core's loop over [`V2Waiting`]. A waiter queues as an
+//! in-order key with a TTL under `rebootd/waiters/` (refreshed every third of the TTL without
+//! waking anyone), and waits by one long-poll watch of the group's directory at a time: each
+//! change ends the poll, is applied to the snapshot, and the arbiter decides again. A release
+//! by locksmith or rebootd therefore reaches the head of the queue as one watch answer, never
+//! by polling. A cancelled `acquire` deletes its entry (from a spawned task); a dead one's entry
+//! expires with its TTL.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+use super::super::acquire::{self, Settings, Waiting, Wake};
+use super::super::arbiter::Policy;
+use super::super::view::{Me, View};
+use super::super::{Identity, LockError};
+use super::tree::{QueueRecord, Snapshot};
+use super::{lock_error, EtcdV2Semaphore, BACKEND};
+use crate::etcd_v2::{KeysClient, Response, V2Error};
+
+/// Take a slot for `me` in `store`, waiting in its queue as long as it takes.
+pub(super) async fn acquire(store: &EtcdV2Semaphore, me: &Identity) -> Result<(), LockError> {
+    let settings = Settings {
+        backend: BACKEND,
+        target: store.keys.doc.clone(),
+        policy: Policy {
+            max_hold: store.max_hold,
+            // Queue entries live by TTL: this applies to none of them.
+            waiter_timeout: store.timeouts.queue_ttl,
+        },
+        backoff_min: store.timeouts.backoff_min,
+        backoff_max: store.timeouts.backoff_max,
+    };
+    let mut w = V2Waiting {
+        store,
+        me,
+        snap: None,
+        started: jiff::Timestamp::now(),
+        refresh_at: None,
+        entry: EntryGuard {
+            client: store.client.clone(),
+            key: None,
+        },
+    };
+    acquire::acquire(&mut w, me, &settings).await
+}
+
+/// My queue entry's key; deleted (from a spawned task, best effort) when dropped, so an
+/// `acquire` that returns or is cancelled leaves no entry behind.
+struct EntryGuard {
+    client: Arc<KeysClient>,
+    key: Option<String>,
+}
+
+impl Drop for EntryGuard {
+    fn drop(&mut self) {
+        let Some(key) = self.key.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let client = self.client.clone();
+        runtime.spawn(async move {
+            match client.delete(&key, None).await {
+                Ok(_) => tracing::debug!(%key, "queue entry deleted"),
+                Err(e) => tracing::debug!(%key, error = %e, "queue entry not deleted; it expires"),
+            }
+        });
+    }
+}
+
+struct V2Waiting<'a> {
+    store: &'a EtcdV2Semaphore,
+    me: &'a Identity,
+    snap: Option<Snapshot>,
+    /// When this `acquire` started (written in the queue entry).
+    started: jiff::Timestamp,
+    /// When my entry's TTL is due for a refresh.
+    refresh_at: Option<Instant>,
+    entry: EntryGuard,
+}
+
+impl V2Waiting<'_> {
+    fn snap(&self) -> Result<&Snapshot, LockError> {
+        self.snap.as_ref().ok_or_else(|| LockError::Backend {
+            backend: BACKEND,
+            reason: "internal: no snapshot read yet".into(),
+        })
+    }
+
+    fn me(&self) -> Me<'_> {
+        Me {
+            id: &self.me.id,
+            node: &self.me.node,
+            token: &self.me.token,
+        }
+    }
+
+    fn refresh_every(&self) -> Duration {
+        self.store.timeouts.queue_ttl / 3
+    }
+
+    /// Note a write of mine in the snapshot (without moving its index: the watch still has to
+    /// bring what happened before it).
+    fn note(&mut self, response: &Response) {
+        if let Some(s) = self.snap.as_mut() {
+            let index = s.index;
+            s.apply(&self.store.keys, response);
+            s.index = index;
+        }
+    }
+
+    /// After taking a slot: my record, and my queue entry gone.
+    async fn holding(&mut self) {
+        if let Ok(snap) = self.snap().cloned() {
+            match self.store.write_record(&snap, self.me, Some(None)).await {
+                Ok(true) => {}
+                Ok(false) => tracing::debug!(
+                    "holder record changed meanwhile; written at the next phase report"
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, "took the slot but could not write its holder record; it shows by machine id until the next phase report")
+                }
+            }
+        }
+        self.drop_entry().await;
+    }
+
+    async fn drop_entry(&mut self) {
+        if let Some(key) = self.entry.key.take() {
+            if let Err(e) = self.store.client.delete(&key, None).await {
+                if !e.is_key_not_found() {
+                    tracing::debug!(%key, error = %e, "queue entry not deleted; it expires");
+                }
+            }
+        }
+        self.refresh_at = None;
+    }
+
+    /// Refresh my entry's TTL; `Ok(false)` when it is gone (expired).
+    async fn refresh(&mut self) -> Result<bool, LockError> {
+        let Some(key) = self.entry.key.clone() else {
+            return Ok(false);
+        };
+        match self
+            .store
+            .client
+            .refresh(&key, self.store.timeouts.queue_ttl)
+            .await
+        {
+            Ok(_) => {
+                self.refresh_at = Some(Instant::now() + self.refresh_every());
+                Ok(true)
+            }
+            Err(e) if e.is_key_not_found() => {
+                tracing::warn!(%key, "my queue entry expired; queueing again at the end");
+                self.entry.key = None;
+                Ok(false)
+            }
+            Err(e) => Err(lock_error(e)),
+        }
+    }
+}
+
+#[async_trait]
+impl Waiting for V2Waiting<'_> {
+    async fn read(&mut self) -> Result<(), LockError> {
+        let snap = self.store.read(false).await?;
+        // A restarted rebootd (same token) takes its old entry over, keeping its place.
+        if self.entry.key.is_none() {
+            if let Some((key, _)) = snap.my_entry(&self.me.id, &self.me.token) {
+                self.entry.key = Some(key.clone());
+                self.refresh_at = Some(Instant::now());
+            }
+        }
+        self.snap = Some(snap);
+        Ok(())
+    }
+
+    fn view(&self) -> Result<View, LockError> {
+        let snap = self.snap()?;
+        let doc = self.store.document(snap)?;
+        Ok(snap.view(&self.store.keys, &doc, Some(&self.me())))
+    }
+
+    async fn take(&mut self, _rank: usize) -> Result<bool, LockError> {
+        let snap = self.snap()?.clone();
+        let mut doc = self.store.document(&snap)?;
+        if doc.lock(&self.me.id).is_err() {
+            return Ok(false);
+        }
+        if !self.store.write_doc(&snap, &doc).await? {
+            return Ok(false);
+        }
+        self.holding().await;
+        Ok(true)
+    }
+
+    async fn adopt(&mut self, _holder: &str) -> Result<bool, LockError> {
+        self.holding().await;
+        Ok(true)
+    }
+
+    async fn reclaim(&mut self, holder: &str, take_over: bool) -> Result<bool, LockError> {
+        let snap = self.snap()?.clone();
+        let mut doc = self.store.document(&snap)?;
+        doc.unlock(holder);
+        if take_over && doc.lock(&self.me.id).is_err() {
+            return Ok(false);
+        }
+        if !self.store.write_doc(&snap, &doc).await? {
+            return Ok(false);
+        }
+        self.store.delete_orphans(&snap, &doc).await;
+        if take_over {
+            self.holding().await;
+        }
+        Ok(true)
+    }
+
+    async fn enqueue(&mut self) -> Result<(), LockError> {
+        if self.entry.key.is_some() {
+            if self.refresh_at.is_none_or(|at| Instant::now() >= at) && !self.refresh().await? {
+                return self.enqueue_new().await;
+            }
+            return Ok(());
+        }
+        self.enqueue_new().await
+    }
+
+    async fn wait(&mut self, until: Option<Instant>, _head: bool) -> Result<Wake, LockError> {
+        let store = self.store;
+        let keys = &store.keys;
+        let mut from = self.snap()?.index + 1;
+        let mut poll = watch(store.client.clone(), keys.root.clone(), from);
+        loop {
+            let refresh_at = self.refresh_at;
+            tokio::select! {
+                answer = &mut poll => match answer {
+                    Ok(Some(event)) => {
+                        let ours = self
+                            .snap
+                            .as_mut()
+                            .is_some_and(|s| s.apply(keys, &event));
+                        if ours {
+                            return Ok(Wake::Changed);
+                        }
+                        from = event.node.modified_index + 1;
+                        poll = watch(store.client.clone(), keys.root.clone(), from);
+                    }
+                    Ok(None) => poll = watch(store.client.clone(), keys.root.clone(), from),
+                    Err(e) if e.is_index_cleared() => {
+                        tracing::debug!(error = %e, "watch index cleared; reading again");
+                        return Ok(Wake::Reread);
+                    }
+                    Err(e) => return Err(lock_error(e)),
+                },
+                _ = sleep_until(refresh_at), if refresh_at.is_some() => {
+                    if !self.refresh().await? {
+                        // Expired: queue again (at the end) after deciding on a fresh view.
+                        return Ok(Wake::Reread);
+                    }
+                }
+                _ = sleep_until(until), if until.is_some() => return Ok(Wake::Changed),
+            }
+        }
+    }
+
+    async fn leave(&mut self, _dead: Vec<String>) {
+        // Entries live by TTL: nobody else's is deleted here.
+        self.drop_entry().await;
+    }
+}
+
+impl V2Waiting<'_> {
+    /// Put a new in-order entry at the end of the queue.
+    async fn enqueue_new(&mut self) -> Result<(), LockError> {
+        let record = QueueRecord {
+            id: self.me.id.clone(),
+            node: self.me.node.clone(),
+            boot_id: self.me.boot_id.clone(),
+            token: self.me.token.clone(),
+            since: self.started,
+        };
+        let created = self
+            .store
+            .client
+            .create_in_order(
+                &self.store.keys.queue,
+                &record.to_json(),
+                Some(self.store.timeouts.queue_ttl),
+            )
+            .await
+            .map_err(lock_error)?;
+        tracing::debug!(key = %created.node.key, "queued for a slot");
+        self.entry.key = Some(created.node.key.clone());
+        self.refresh_at = Some(Instant::now() + self.refresh_every());
+        self.note(&created);
+        Ok(())
+    }
+}
+
+type Poll =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<Response>, V2Error>> + Send>>;
+
+/// One long poll of everything under `root` from etcd index `from`.
+fn watch(client: Arc<KeysClient>, root: String, from: u64) -> Poll {
+    Box::pin(async move { client.watch(&root, true, from).await })
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,200 @@
+//! A store-neutral snapshot of a semaphore, as a store adapter reads it: the number of slots,
+//! the holders with what their records say, and the FIFO queue of waiters. The arbiter decides
+//! on this alone, so every store follows the same rules.
+//!
+//! Nothing here is a wall-clock time written by another host. Whether a holder or a waiter is
+//! alive is told by a [`Beat`]: a store revision that changes with each heartbeat (judged by the
+//! observer's own monotonic clock, see [`Observations`]), or the store's own time to live.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// Who is asking: the holder id (machine id, as locksmith uses), the node name, and the holder
+/// token that tells this host from another one with the same machine id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Me<'a> {
+    pub id: &'a str,
+    pub node: &'a str,
+    pub token: &'a str,
+}
+
+/// How the store shows that a holder or a waiter is alive.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Beat {
+    /// Its record changes (a new store revision) with every heartbeat; the value is that
+    /// revision. Unchanged for `max_hold`, as the observer's own clock measures it, means it
+    /// stopped.
+    Revision(String),
+    /// The store keeps it only while it is alive (a TTL the store enforces): present is alive.
+    Ttl,
+    /// Nothing of it changes while it lives (a holder written by locksmith, without a record):
+    /// the observer counts from when it first saw it.
+    Silent,
+}
+
+/// One holder of a slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HolderView {
+    /// Its holder id: the machine id (or, for a holder without one, what the store names it by).
+    pub id: String,
+    pub node: Option<String>,
+    pub boot_id: Option<String>,
+    pub phase: Option<String>,
+    /// The holder token of the host that took the slot; `None` when written by something that
+    /// has none (locksmith, an older rebootd, a hand-written holder).
+    pub token: Option<String>,
+    pub beat: Beat,
+    /// What the store knows for certain about it being gone (e.g. its Kubernetes Node was
+    /// deleted), in words. Such a holder may be reclaimed without `max_hold`.
+    pub gone: Option<String>,
+}
+
+/// A waiter's place in the queue. Smaller is earlier. The parts are what the store orders by
+/// (etcd: the entry's create revision; Leases: creation time, then name).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Ticket {
+    pub order: (i64, i64),
+    pub name: String,
+}
+
+/// One waiter in the queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaiterView {
+    /// The key the store keeps it under (for observations and logs).
+    pub key: String,
+    pub ticket: Ticket,
+    /// Its holder id, when the store records one (so a holder's left-over entry is not counted).
+    pub id: Option<String>,
+    /// Its node, when the store records one.
+    pub node: Option<String>,
+    pub beat: Beat,
+    /// Whether this is the asker's own entry.
+    pub mine: bool,
+}
+
+/// The semaphore as read, store-neutral.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct View {
+    pub max: u64,
+    pub holders: Vec<HolderView>,
+    pub waiters: Vec<WaiterView>,
+    /// Whether node names identify holders in this store (Kubernetes: a Node name is unique in
+    /// a cluster, so a slot held under my node name by another machine id is mine, reinstalled).
+    pub node_is_identity: bool,
+}
+
+impl View {
+    /// Free slots: negative when `max` was forced below the holders.
+    pub fn free(&self) -> i64 {
+        let max = i64::try_from(self.max).unwrap_or(i64::MAX);
+        let held = i64::try_from(self.holders.len()).unwrap_or(i64::MAX);
+        max.saturating_sub(held)
+    }
+
+    /// My own queue entry, if I have one.
+    pub fn my_ticket(&self) -> Option<&Ticket> {
+        self.waiters.iter().find(|w| w.mine).map(|w| &w.ticket)
+    }
+}
+
+/// What one observer has seen of each holder and waiter: the beat it last saw and since when
+/// (its own monotonic clock). Staleness is measured here, never from a time another host wrote.
+#[derive(Debug, Clone, Default)]
+pub struct Observations {
+    seen: HashMap<String, (Beat, Instant)>,
+}
+
+impl Observations {
+    /// Note what `view` shows at `now`: a new beat restarts its entry's clock; entries no longer
+    /// in the view are forgotten.
+    pub fn update(&mut self, view: &View, now: Instant) {
+        let mut keep: HashMap<String, (Beat, Instant)> = HashMap::new();
+        let entries = view
+            .holders
+            .iter()
+            .map(|h| (holder_key(&h.id), &h.beat))
+            .chain(view.waiters.iter().map(|w| (waiter_key(&w.key), &w.beat)));
+        for (key, beat) in entries {
+            let since = match self.seen.get(&key) {
+                Some((b, at)) if b == beat => *at,
+                _ => now,
+            };
+            keep.insert(key, (beat.clone(), since));
+        }
+        self.seen = keep;
+    }
+
+    /// How long holder `id` has shown no sign of life, as this observer saw it (zero when it
+    /// beats by TTL or was never seen).
+    pub fn holder_silent_for(&self, id: &str, beat: &Beat, now: Instant) -> Duration {
+        self.silent_for(&holder_key(id), beat, now)
+    }
+
+    /// How long waiter `key` has shown no sign of life.
+    pub fn waiter_silent_for(&self, key: &str, beat: &Beat, now: Instant) -> Duration {
+        self.silent_for(&waiter_key(key), beat, now)
+    }
+
+    fn silent_for(&self, key: &str, beat: &Beat, now: Instant) -> Duration {
+        if *beat == Beat::Ttl {
+            return Duration::ZERO;
+        }
+        match self.seen.get(key) {
+            Some((b, since)) if b == beat => now.saturating_duration_since(*since),
+            _ => Duration::ZERO,
+        }
+    }
+}
+
+fn holder_key(id: &str) -> String {
+    format!("h/{id}")
+}
+
+fn waiter_key(key: &str) -> String {
+    format!("w/{key}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holder(id: &str, beat: Beat) -> HolderView {
+        HolderView {
+            id: id.into(),
+            node: None,
+            boot_id: None,
+            phase: None,
+            token: None,
+            beat,
+            gone: None,
+        }
+    }
+
+    #[test]
+    fn silence_restarts_with_each_new_beat_and_is_never_from_written_times() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut view = View {
+            max: 1,
+            holders: vec![holder("a", Beat::Revision("5".into()))],
+            waiters: Vec::new(),
+            node_is_identity: false,
+        };
+        let mut o = Observations::default();
+        o.update(&view, t0);
+        let beat = view.holders[0].beat.clone();
+        assert_eq!(o.holder_silent_for("a", &beat, t0 + s(30)), s(30));
+        view.holders[0].beat = Beat::Revision("9".into());
+        o.update(&view, t0 + s(40));
+        let beat = view.holders[0].beat.clone();
+        assert_eq!(o.holder_silent_for("a", &beat, t0 + s(50)), s(10));
+        // A TTL-kept entry is alive while present.
+        view.holders[0].beat = Beat::Ttl;
+        o.update(&view, t0 + s(60));
+        assert_eq!(o.holder_silent_for("a", &Beat::Ttl, t0 + s(9000)), s(0));
+        // Gone from the view: forgotten, so seen again it starts from zero.
+        view.holders.clear();
+        o.update(&view, t0 + s(70));
+        assert_eq!(o.holder_silent_for("a", &Beat::Silent, t0 + s(80)), s(0));
+    }
+}

@@ -1,0 +1,328 @@
+//! Webhook notifications (`[webhook]`): a JSON POST when a drain starts, when the node is about
+//! to reboot, when it is back in a new boot, when it is healthy again, and when something fails.
+//!
+//! What to send is read off two consecutive states ([`notices`], pure): the runtime hands it every
+//! state change. The body ([`body`]) has the shape Slack and Microsoft Teams incoming webhooks
+//! accept (`text`, plus Slack `attachments[].fields`) and the same facts as top-level fields for
+//! anything else (`event`, `node`, `group`, `phase`, `boot_id`, `reason`, `error`, `at`).
+//!
+//! Sending never blocks the agent: [`Webhook::send`] queues the body (bounded; a full queue drops
+//! it, logged) and one task POSTs them in order over the binary's one HTTP client
+//! ([`crate::http`]), each within `timeout`. A failure is logged at warn and dropped: a
+//! notification is never retried and never delays a reboot.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::header::{HeaderValue, CONTENT_TYPE, USER_AGENT};
+use hyper::{Method, Request, Uri};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use crate::http::{self, error_chain, HttpClient, SetupError, TlsFiles};
+use crate::state::{Phase, State};
+
+/// Bodies waiting to be sent; more are dropped (a receiver that is down must not grow memory).
+const QUEUE: usize = 64;
+/// The longest [`Webhook::flush`] waits before a reboot.
+pub const FLUSH_MAX: Duration = Duration::from_secs(2);
+
+/// What the sending task is given.
+enum Job {
+    Send(Value),
+    /// Answer when everything queued before has been sent or given up on.
+    Flush(tokio::sync::oneshot::Sender<()>),
+}
+
+/// Something worth telling people about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    DrainStarted,
+    Rebooting,
+    /// Up again in a new boot, after a coordinated reboot.
+    Back,
+    /// Healthy after the boot (Ready, checks passed): the slot is about to be released.
+    Healthy,
+    /// Something went wrong (the state's last error).
+    Failed(String),
+}
+
+impl Notice {
+    /// The `event` field.
+    pub fn event(&self) -> &'static str {
+        match self {
+            Notice::DrainStarted => "drain_started",
+            Notice::Rebooting => "rebooting",
+            Notice::Back => "back",
+            Notice::Healthy => "healthy",
+            Notice::Failed(_) => "failed",
+        }
+    }
+}
+
+/// What happened between `old` and `new`, in order.
+pub fn notices(old: &State, new: &State) -> Vec<Notice> {
+    let mut out = Vec::new();
+    if new.reboots > old.reboots {
+        out.push(Notice::Back);
+    }
+    if old.phase == Phase::WaitingForHealthy
+        && matches!(new.phase, Phase::Uncordoning | Phase::Releasing)
+    {
+        out.push(Notice::Healthy);
+    }
+    if new.phase == Phase::Draining && old.phase != Phase::Draining {
+        out.push(Notice::DrainStarted);
+    }
+    if new.phase == Phase::Rebooting && old.phase != Phase::Rebooting {
+        out.push(Notice::Rebooting);
+    }
+    if let Some(e) = new
+        .last_error
+        .as_ref()
+        .filter(|e| old.last_error.as_ref() != Some(*e))
+    {
+        out.push(Notice::Failed(e.clone()));
+    }
+    out
+}
+
+/// The JSON body for `notice` about `node` in `group`, in state `state`.
+pub fn body(notice: &Notice, node: &str, group: &str, state: &State) -> Value {
+    let what = match notice {
+        Notice::DrainStarted => "is draining before its reboot".to_string(),
+        Notice::Rebooting => "is rebooting".to_string(),
+        Notice::Back => format!("is back (boot {})", state.boot_id),
+        Notice::Healthy => "is healthy after its reboot".to_string(),
+        Notice::Failed(e) => format!("has a problem: {e}"),
+    };
+    let text = format!("rebootd: {node} (group {group}) {what}");
+    let error = match notice {
+        Notice::Failed(e) => Some(e.as_str()),
+        _ => None,
+    };
+    let mut fields = vec![
+        json!({"title": "node", "value": node, "short": true}),
+        json!({"title": "group", "value": group, "short": true}),
+        json!({"title": "phase", "value": state.phase.as_str(), "short": true}),
+    ];
+    if let Some(r) = &state.reason {
+        fields.push(json!({"title": "reason", "value": r, "short": false}));
+    }
+    if let Some(e) = error {
+        fields.push(json!({"title": "error", "value": e, "short": false}));
+    }
+    json!({
+        "text": text,
+        "attachments": [{
+            "color": if error.is_some() { "danger" } else { "good" },
+            "fields": fields,
+        }],
+        "event": notice.event(),
+        "node": node,
+        "group": group,
+        "phase": state.phase.as_str(),
+        "boot_id": state.boot_id,
+        "reason": state.reason,
+        "error": error,
+        "at": jiff::Timestamp::now().to_string(),
+    })
+}
+
+/// Where and how to send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookSettings {
+    pub url: String,
+    pub ca_file: Option<std::path::PathBuf>,
+    /// Per request, connecting included.
+    pub timeout: Duration,
+}
+
+/// A running sender (see the module documentation).
+#[derive(Debug, Clone)]
+pub struct Webhook {
+    tx: mpsc::Sender<Job>,
+}
+
+impl Webhook {
+    /// Checks the settings, builds the client and starts the sending task.
+    pub fn start(settings: &WebhookSettings) -> Result<Webhook, SetupError> {
+        let uri: Uri = settings
+            .url
+            .parse()
+            .map_err(|e| SetupError(format!("webhook.url {:?}: {e}", settings.url)))?;
+        let https = match uri.scheme_str() {
+            Some("https") => true,
+            Some("http") => false,
+            _ => {
+                return Err(SetupError(format!(
+                    "webhook.url {:?}: not an http:// or https:// URL",
+                    settings.url
+                )))
+            }
+        };
+        let tls = TlsFiles {
+            table: "webhook",
+            ca_file: settings.ca_file.clone(),
+            client_cert: None,
+        };
+        let client = http::client(https, &tls, settings.timeout)?;
+        let (tx, rx) = mpsc::channel(QUEUE);
+        tokio::spawn(deliver(client, uri, settings.timeout, rx));
+        Ok(Webhook { tx })
+    }
+
+    /// Queue `body` for sending; never waits.
+    pub fn send(&self, body: Value) {
+        if let Err(e) = self.tx.try_send(Job::Send(body)) {
+            tracing::warn!(
+                "webhook notification dropped ({}): the receiver is behind or gone",
+                match e {
+                    mpsc::error::TrySendError::Full(_) => "queue full",
+                    mpsc::error::TrySendError::Closed(_) => "sender stopped",
+                }
+            );
+        }
+    }
+}
+
+impl Webhook {
+    /// Give what is queued up to [`FLUSH_MAX`] to go out (before the logind call: once logind
+    /// accepts, the host may go down at any moment). Never longer, whatever the receiver does.
+    pub async fn flush(&self) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let flushed = async {
+            self.tx.send(Job::Flush(tx)).await.ok()?;
+            rx.await.ok()
+        };
+        if tokio::time::timeout(FLUSH_MAX, flushed).await.is_err() {
+            tracing::warn!(
+                "webhook notifications still queued after {}s; rebooting without waiting for them",
+                FLUSH_MAX.as_secs()
+            );
+        }
+    }
+}
+
+async fn deliver(client: HttpClient, uri: Uri, timeout: Duration, mut rx: mpsc::Receiver<Job>) {
+    while let Some(job) = rx.recv().await {
+        let body = match job {
+            Job::Send(b) => b,
+            Job::Flush(done) => {
+                let _ = done.send(());
+                continue;
+            }
+        };
+        let event = body["event"].as_str().unwrap_or("").to_string();
+        match tokio::time::timeout(timeout, post(&client, &uri, &body)).await {
+            Ok(Ok(())) => tracing::debug!(event, "webhook notification sent"),
+            Ok(Err(e)) => tracing::warn!(event, url = %uri, "webhook notification failed: {e}"),
+            Err(_) => tracing::warn!(
+                event,
+                url = %uri,
+                "webhook notification failed: no answer within {}",
+                humantime::format_duration(timeout)
+            ),
+        }
+    }
+}
+
+async fn post(client: &HttpClient, uri: &Uri, body: &Value) -> Result<(), String> {
+    let bytes = serde_json::to_vec(body).map_err(|e| e.to_string())?;
+    let req = Request::builder()
+        .method(Method::POST)
+        .uri(uri.clone())
+        .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+        .header(USER_AGENT, HeaderValue::from_static("rebootd"))
+        .body(Full::new(Bytes::from(bytes)))
+        .map_err(|e| e.to_string())?;
+    let resp = client.request(req).await.map_err(|e| error_chain(&e))?;
+    let status = resp.status();
+    // Read the answer so the connection can be reused; its content does not matter.
+    let _ = resp.into_body().collect().await;
+    if status.is_success() {
+        Ok(())
+    } else {
+        Err(format!("HTTP {status}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(phase: Phase) -> State {
+        let mut s = State::new("boot-1", jiff::Timestamp::UNIX_EPOCH);
+        s.phase = phase;
+        s
+    }
+
+    #[test]
+    fn a_cycle_notifies_drain_reboot_back_healthy() {
+        let seq = [
+            Phase::AcquiringSlot,
+            Phase::Draining,
+            Phase::Rebooting,
+            Phase::WaitingForHealthy,
+            Phase::Uncordoning,
+            Phase::Releasing,
+            Phase::Idle,
+        ];
+        let mut got = Vec::new();
+        for w in seq.windows(2) {
+            let old = state(w[0]);
+            let mut new = state(w[1]);
+            if w[1] == Phase::WaitingForHealthy {
+                new.reboots = 1;
+            }
+            got.extend(notices(&old, &new));
+        }
+        assert_eq!(
+            got,
+            [
+                Notice::DrainStarted,
+                Notice::Rebooting,
+                Notice::Back,
+                Notice::Healthy
+            ]
+        );
+    }
+
+    #[test]
+    fn a_new_error_is_a_failure_once() {
+        let old = state(Phase::Draining);
+        let mut new = state(Phase::Uncordoning);
+        new.last_error = Some("drain did not finish in time".into());
+        assert_eq!(
+            notices(&old, &new),
+            [Notice::Failed("drain did not finish in time".into())]
+        );
+        assert!(
+            notices(&new, &new.clone()).is_empty(),
+            "the same error again"
+        );
+        // Healthy is only after the post-boot wait, not an unplanned passage.
+        assert!(notices(&state(Phase::Uncordoning), &state(Phase::Releasing)).is_empty());
+    }
+
+    #[test]
+    fn the_body_is_slack_and_teams_shaped_with_the_facts_as_fields() {
+        let mut s = state(Phase::Draining);
+        s.reason = Some("update_engine: UPDATE_STATUS_UPDATED_NEED_REBOOT".into());
+        let b = body(&Notice::DrainStarted, "node-1", "web", &s);
+        assert_eq!(
+            b["text"],
+            "rebootd: node-1 (group web) is draining before its reboot"
+        );
+        assert_eq!(b["event"], "drain_started");
+        assert_eq!(b["node"], "node-1");
+        assert_eq!(b["phase"], "draining");
+        assert!(b["error"].is_null());
+        let fields = b["attachments"][0]["fields"].as_array().unwrap();
+        assert!(fields.iter().any(|f| f["title"] == "reason"));
+        let f = body(&Notice::Failed("boom".into()), "node-1", "web", &s);
+        assert_eq!(f["error"], "boom");
+        assert_eq!(f["attachments"][0]["color"], "danger");
+    }
+}

@@ -1,0 +1,589 @@
+//! The v2 store (`[lock.etcd] api = "v2"`) against real etcd 3.4 and 3.5 (`--enable-v2=true`)
+//! and the real `locksmithctl`: both sides agree on the semaphore in both directions, waiting is
+//! one long-poll watch (requests counted), the queue is FIFO, a corrupt document is left alone,
+//! a moved document makes every call say so, and a node on v2 follows the semaphore to v3.
+//! No sleeps: waits are on watches and task completion.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rebootd::config;
+use rebootd::lock::document::semaphore_key;
+use rebootd::lock::etcd_v2::follow::FollowV3;
+use rebootd::lock::etcd_v2::{tree, EtcdV2Semaphore, Timeouts};
+use rebootd::lock::{Admin, Fence, Identity, LockError, Semaphore};
+use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
+use rebootd_lab::locksmith::{LocksmithEtcd, Locksmithctl};
+use rebootd_lab::v2_watcher::{self, V2DocWatcher};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+struct Env {
+    etcd: EtcdServer,
+}
+
+impl Env {
+    fn settings(&self) -> config::Etcd {
+        config::Etcd {
+            api: config::EtcdApi::V2,
+            endpoints: vec![self.etcd.endpoint()],
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            username: None,
+            password_file: None,
+        }
+    }
+
+    async fn store(&self, group: &str) -> EtcdV2Semaphore {
+        let timeouts = Timeouts {
+            backoff_min: Duration::from_millis(50),
+            backoff_max: Duration::from_millis(500),
+            queue_ttl: Duration::from_secs(30),
+            ..Timeouts::default()
+        };
+        EtcdV2Semaphore::connect_with(&self.settings(), group, None, timeouts)
+            .await
+            .expect("connect")
+    }
+
+    /// locksmithctl for `group` (rebootd's "default" is locksmith's empty group).
+    fn ctl(&self, group: &str) -> Locksmithctl {
+        let g = if group == "default" { "" } else { group };
+        Locksmithctl::new(LocksmithEtcd::new(&self.etcd.endpoint(), g)).expect("locksmithctl")
+    }
+
+    async fn watcher(&self, group: &str) -> V2DocWatcher {
+        V2DocWatcher::start(&self.etcd.endpoint(), &format!("/{}", semaphore_key(group)))
+            .await
+            .expect("watch the v2 document")
+    }
+}
+
+async fn run<F, Fut>(v: EtcdVersion, scenario: F)
+where
+    F: FnOnce(Env) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    if !EtcdVersion::available().contains(&v) {
+        assert!(!in_ci(), "{v} is not installed");
+        eprintln!("skipping: {v} is not installed");
+        return;
+    }
+    let etcd = EtcdServer::start_with(v, EtcdOptions::v2())
+        .await
+        .expect("start etcd");
+    scenario(Env { etcd }).await;
+}
+
+macro_rules! per_version {
+    ($($name:ident),* $(,)?) => {
+        mod etcd_3_4 {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::run(super::EtcdVersion::V34, super::$name).await
+                }
+            )*
+        }
+        mod etcd_3_5 {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::run(super::EtcdVersion::V35, super::$name).await
+                }
+            )*
+        }
+    };
+}
+
+per_version!(
+    a_locksmith_holder_makes_rebootd_wait_and_its_unlock_wakes_it_by_watch,
+    locksmithctl_sees_and_respects_rebootds_holder,
+    unlock_and_set_max_agree_in_both_directions,
+    a_named_group_is_locksmiths_escaped_key,
+    waiters_are_served_in_queue_order,
+    a_corrupt_document_is_refused_and_left_untouched,
+    a_moved_document_is_followed_to_v3,
+    a_waiter_survives_a_cleared_watch_index_and_an_etcd_restart,
+);
+
+mod tls {
+    /// TLS with a client certificate and v2's basic authentication, for rebootd and
+    /// locksmithctl alike.
+    #[tokio::test]
+    async fn etcd_3_5_client_certificate_and_password() {
+        super::tls_and_password(super::EtcdVersion::V35).await
+    }
+
+    #[tokio::test]
+    async fn etcd_3_4_client_certificate_and_password() {
+        super::tls_and_password(super::EtcdVersion::V34).await
+    }
+}
+
+fn me(id: &str) -> Identity {
+    Identity {
+        id: id.into(),
+        node: format!("node-{id}"),
+        boot_id: format!("boot-{id}"),
+        token: format!("t-{id}"),
+    }
+}
+
+async fn a_locksmith_holder_makes_rebootd_wait_and_its_unlock_wakes_it_by_watch(env: Env) {
+    let ctl = env.ctl("default");
+    let lock = ctl.run(&["lock", "locksmith-node"]).await.unwrap();
+    assert!(lock.success, "{lock:?}");
+    let watcher = env.watcher("default").await;
+    let store = Arc::new(env.store("default").await);
+    let before = store.requests();
+    let waiter = {
+        let s = store.clone();
+        tokio::spawn(async move { s.acquire(&me("rebootd-node")).await })
+    };
+    // Waiting: its queue entry appears (seen from outside, in etcd).
+    let queue = tree::Keys::new("default").queue;
+    let entries = wait_queue_len(&env.etcd, &queue, 1).await;
+    assert!(entries[0].contains("rebootd-node"), "{entries:?}");
+    assert!(!waiter.is_finished());
+    let waiting = store.requests() - before;
+    // Let etcd's clock run (a key with a 3 s TTL, its expiry awaited by watch): a waiter that
+    // polls would ask meanwhile; one that watches sends at most the long poll that follows the
+    // one its own queue entry ended.
+    let quiet_from = store.requests();
+    v2_watcher::etcd_clock(&env.etcd.endpoint(), Duration::from_secs(3))
+        .await
+        .unwrap();
+    let quiet = store.requests() - quiet_from;
+    assert!(quiet <= 1, "{quiet} requests while nothing changed");
+    assert!(!waiter.is_finished());
+
+    let unlock = ctl.run(&["unlock", "locksmith-node"]).await.unwrap();
+    assert!(unlock.success, "{unlock:?}");
+    let unlocked_at = store.requests();
+    tokio::time::timeout(WAIT, waiter)
+        .await
+        .expect("the waiter takes the freed slot")
+        .unwrap()
+        .unwrap();
+    // After the unlock: the watch's answer, the compare-and-swap, the record, the queue entry.
+    let after_unlock = store.requests() - unlocked_at;
+    assert!(
+        after_unlock <= 5,
+        "{after_unlock} requests after the unlock"
+    );
+    // Before it: a read, the queue entry, and long polls that each ended with a change.
+    assert!(waiting <= 6, "{waiting} requests while waiting");
+
+    // In etcd's own order, rebootd became a holder only after locksmith's holder was gone.
+    let history: Vec<Vec<String>> = watcher
+        .history()
+        .iter()
+        .filter_map(|v| v.holders())
+        .collect();
+    let freed = history.iter().position(|h| h.is_empty()).expect("freed");
+    let taken = history
+        .iter()
+        .position(|h| h == &["rebootd-node".to_string()])
+        .expect("taken");
+    assert!(freed < taken, "{history:?}");
+    assert_eq!(watcher.max_holders_seen(), 1, "{history:?}");
+    // The entry is gone once the slot is held.
+    assert_eq!(queue_entries(&env.etcd, &queue), 0);
+}
+
+async fn locksmithctl_sees_and_respects_rebootds_holder(env: Env) {
+    let store = env.store("default").await;
+    let node = me("0123456789abcdef0123456789abcdef");
+    store.acquire(&node).await.unwrap();
+    store.report_phase(&node, "rebooting").await.unwrap();
+    let ctl = env.ctl("default");
+    let status = ctl.status().await.unwrap();
+    assert_eq!(status.holders, vec![node.id.clone()]);
+    assert_eq!((status.available, status.max), (0, 1));
+    // locksmithctl lock is refused while rebootd holds the only slot.
+    let lock = ctl.run(&["lock", "other-machine"]).await.unwrap();
+    assert!(!lock.success, "{lock:?}");
+    assert!(lock.stderr.contains("semaphore is at 0"), "{lock:?}");
+    assert_eq!(store.fence(&node).await.unwrap(), Fence::Held);
+    // rebootd's status shows its own record beside locksmith's view.
+    let s = store.status().await.unwrap();
+    assert_eq!(
+        s.holders[0].node.as_deref(),
+        Some("node-0123456789abcdef0123456789abcdef")
+    );
+    assert_eq!(s.holders[0].phase.as_deref(), Some("rebooting"));
+    store.release(&node).await.unwrap();
+    assert!(ctl.status().await.unwrap().holders.is_empty());
+    assert!(ctl.run(&["lock", "other-machine"]).await.unwrap().success);
+}
+
+async fn unlock_and_set_max_agree_in_both_directions(env: Env) {
+    let store = env.store("default").await;
+    let ctl = env.ctl("default");
+    // locksmith -> rebootd
+    let out = ctl.run(&["set-max", "3"]).await.unwrap();
+    assert!(out.success && out.stdout.contains("Max: 3"), "{out:?}");
+    assert!(ctl.run(&["lock", "locksmith-a"]).await.unwrap().success);
+    let s = store.status().await.unwrap();
+    assert_eq!((s.max, s.free), (3, 2));
+    assert_eq!(s.holders[0].id, "locksmith-a");
+    assert_eq!(s.holders[0].node, None, "locksmith writes no record");
+    // rebootctl unlock of a locksmith holder
+    store.unlock("locksmith-a").await.unwrap();
+    let c = ctl.status().await.unwrap();
+    assert_eq!((c.available, c.max, c.holders.len()), (3, 3, 0));
+    // rebootd -> locksmith
+    store.set_max(2, false).await.unwrap();
+    let node = me("rebootd-b");
+    store.acquire(&node).await.unwrap();
+    let c = ctl.status().await.unwrap();
+    assert_eq!((c.available, c.max), (1, 2));
+    assert_eq!(c.holders, ["rebootd-b"]);
+    let e = store.set_max(0, false).await.unwrap_err();
+    assert!(matches!(e, LockError::MaxBelowHolders { .. }), "{e}");
+    // locksmithctl unlock of a rebootd holder: rebootd's fence says so, its record goes away
+    // at the next write.
+    assert!(ctl.run(&["unlock", "rebootd-b"]).await.unwrap().success);
+    assert!(matches!(
+        store.fence(&node).await.unwrap(),
+        Fence::Lost { .. }
+    ));
+    store.set_max(1, false).await.unwrap();
+    assert!(store.status().await.unwrap().holders.is_empty());
+    let (_, tree) = env
+        .etcd
+        .curl_v2(
+            "GET",
+            "/v2/keys/coreos.com/updateengine/rebootlock?recursive=true",
+            None,
+        )
+        .unwrap();
+    assert!(
+        !tree.contains("rebootd/holders/rebootd-b"),
+        "orphan record left: {tree}"
+    );
+}
+
+async fn a_named_group_is_locksmiths_escaped_key(env: Env) {
+    let group = "workers/a b";
+    let ctl = env.ctl(group);
+    assert!(ctl.run(&["set-max", "2"]).await.unwrap().success);
+    assert!(ctl.run(&["lock", "locksmith-x"]).await.unwrap().success);
+    let store = env.store(group).await;
+    assert_eq!(
+        store.key(),
+        "/coreos.com/updateengine/rebootlock/groups/workers%2Fa+b/semaphore"
+    );
+    store.acquire(&me("rebootd-y")).await.unwrap();
+    let c = ctl.status().await.unwrap();
+    assert_eq!(c.holders, ["locksmith-x", "rebootd-y"]);
+    assert_eq!(c.available, 0);
+    // The default group is another semaphore: untouched.
+    let d = env.ctl("default").status().await.unwrap();
+    assert_eq!((d.max, d.holders.len()), (1, 0));
+    let other = env.store("default").await;
+    assert!(other.status().await.unwrap().holders.is_empty());
+}
+
+async fn waiters_are_served_in_queue_order(env: Env) {
+    let ctl = env.ctl("default");
+    assert!(
+        ctl.run(&["lock", "locksmith-holder"])
+            .await
+            .unwrap()
+            .success
+    );
+    let store = Arc::new(env.store("default").await);
+    let queue = tree::Keys::new("default").queue;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut tasks = Vec::new();
+    for (i, id) in ["first", "second", "third"].into_iter().enumerate() {
+        let (s, tx) = (store.clone(), tx.clone());
+        tasks.push(tokio::spawn(async move {
+            s.acquire(&me(id)).await.unwrap();
+            tx.send(id).unwrap();
+        }));
+        // Queue them one after the other.
+        wait_queue_len(&env.etcd, &queue, i + 1).await;
+    }
+    let mut order = Vec::new();
+    for holder in ["locksmith-holder", "first", "second"] {
+        assert!(ctl.run(&["unlock", holder]).await.unwrap().success);
+        let got = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        order.push(got);
+    }
+    assert_eq!(order, ["first", "second", "third"]);
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+async fn a_corrupt_document_is_refused_and_left_untouched(env: Env) {
+    let key = format!("/{}", semaphore_key("default"));
+    let bad = r#"{"semaphore":1,"max":1,"holders":[],"extra":true}"#;
+    let (code, _) = env
+        .etcd
+        .curl_v2(
+            "PUT",
+            &format!("/v2/keys{key}"),
+            Some(&format!("value={bad}")),
+        )
+        .unwrap();
+    assert!(code == 201 || code == 200);
+    let store = env.store("default").await;
+    let e = store.acquire(&me("x")).await.unwrap_err();
+    assert!(matches!(e, LockError::Corrupt { .. }), "{e}");
+    assert!(e.to_string().contains(&key), "{e}");
+    assert!(store.set_max(2, false).await.is_err());
+    let (_, body) = env
+        .etcd
+        .curl_v2("GET", &format!("/v2/keys{key}"), None)
+        .unwrap();
+    assert!(body.contains("extra"), "{body}");
+}
+
+async fn a_moved_document_is_followed_to_v3(env: Env) {
+    let key = format!("/{}", semaphore_key("default"));
+    // What rebootctl migrate leaves in v2, and a v3 semaphore with max 2.
+    let moved = tree::moved_document();
+    env.etcd
+        .curl_v2(
+            "PUT",
+            &format!("/v2/keys{key}"),
+            Some(&format!("value={moved}")),
+        )
+        .unwrap();
+    env.etcd
+        .etcdctl_run(&[
+            "put",
+            &semaphore_key("default"),
+            r#"{"semaphore":2,"max":2,"holders":[]}"#,
+        ])
+        .unwrap();
+    // locksmith cannot take a slot in it.
+    let lock = env
+        .ctl("default")
+        .run(&["lock", "locksmith-z"])
+        .await
+        .unwrap();
+    assert!(!lock.success, "{lock:?}");
+    let store = env.store("default").await;
+    let e = store.acquire(&me("a")).await.unwrap_err();
+    assert!(matches!(e, LockError::Moved { .. }), "{e}");
+    assert!(e.to_string().contains("api = \"v3\""), "{e}");
+    // A node on v2 follows to v3.
+    let follow = FollowV3::new(&env.settings(), "default", None);
+    follow.acquire(&me("a")).await.unwrap();
+    assert!(follow.moved());
+    let v3 = env.etcdctl_get(&semaphore_key("default"));
+    assert!(v3.contains("\"holders\":[\"a\"]"), "{v3}");
+    assert_eq!(follow.status().await.unwrap().max, 2);
+}
+
+impl Env {
+    fn etcdctl_get(&self, key: &str) -> String {
+        self.etcd
+            .etcdctl_run(&["get", "--print-value-only", key])
+            .unwrap()
+    }
+}
+
+/// How many entries the v2 queue directory holds now.
+fn queue_entries(etcd: &EtcdServer, queue: &str) -> usize {
+    let (code, body) = etcd
+        .curl_v2("GET", &format!("/v2/keys{queue}?recursive=true"), None)
+        .unwrap();
+    if code == 404 {
+        return 0;
+    }
+    body.matches("\"createdIndex\"").count().saturating_sub(1)
+}
+
+/// Wait until the queue directory holds `n` entries; their values.
+async fn wait_queue_len(etcd: &EtcdServer, queue: &str, n: usize) -> Vec<String> {
+    v2_watcher::wait_dir_len(&etcd.endpoint(), queue, n, WAIT)
+        .await
+        .unwrap()
+}
+
+/// A waiter keeps waiting (and takes the slot when it is freed) after etcd cleared the index of
+/// its watch (more than 1000 events elsewhere while its long poll was re-asked) and after an
+/// etcd restart (its v2 data is kept).
+async fn a_waiter_survives_a_cleared_watch_index_and_an_etcd_restart(mut env: Env) {
+    let ctl = env.ctl("default");
+    assert!(ctl.run(&["lock", "locksmith-node"]).await.unwrap().success);
+    // Long polls re-asked every 500 ms (same index): the index falls out of etcd's history.
+    let timeouts = Timeouts {
+        client: rebootd::etcd_v2::Timeouts {
+            watch: Duration::from_millis(500),
+            request: Duration::from_secs(3),
+            connect: Duration::from_secs(2),
+        },
+        backoff_min: Duration::from_millis(50),
+        backoff_max: Duration::from_millis(500),
+        queue_ttl: Duration::from_secs(30),
+    };
+    let store = Arc::new(
+        EtcdV2Semaphore::connect_with(&env.settings(), "default", None, timeouts)
+            .await
+            .unwrap(),
+    );
+    let (cap, mut logs) = logs_capture();
+    let waiter = {
+        let s = store.clone();
+        tokio::spawn(tracing::instrument::WithSubscriber::with_subscriber(
+            async move { s.acquire(&me("rebootd-node")).await },
+            cap,
+        ))
+    };
+    let queue = tree::Keys::new("default").queue;
+    wait_queue_len(&env.etcd, &queue, 1).await;
+    let churn = test_client(&env.etcd);
+    for i in 0..1100 {
+        churn
+            .put(
+                "/elsewhere",
+                &i.to_string(),
+                rebootd::etcd_v2::Put::default(),
+            )
+            .await
+            .unwrap();
+    }
+    within_logs(&mut logs, "watch index cleared; reading again").await;
+    assert!(!waiter.is_finished());
+    env.etcd.restart().await.unwrap();
+    assert!(!waiter.is_finished());
+    assert!(
+        ctl.run(&["unlock", "locksmith-node"])
+            .await
+            .unwrap()
+            .success
+    );
+    tokio::time::timeout(WAIT, waiter)
+        .await
+        .expect("the waiter takes the slot")
+        .unwrap()
+        .unwrap();
+    assert_eq!(ctl.status().await.unwrap().holders, ["rebootd-node"]);
+}
+
+/// Every log line of the task it is given to (`with_subscriber`), to a channel.
+fn logs_capture() -> (
+    tracing::Dispatch,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    use tracing_subscriber::layer::SubscriberExt;
+    struct Lines(tokio::sync::mpsc::UnboundedSender<String>);
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Lines {
+        fn on_event(
+            &self,
+            event: &tracing::Event<'_>,
+            _ctx: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            struct V(String);
+            impl tracing::field::Visit for V {
+                fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                    self.0.push_str(&format!("{}={:?} ", f.name(), v));
+                }
+            }
+            let mut v = V(String::new());
+            event.record(&mut v);
+            let _ = self.0.send(v.0);
+        }
+    }
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let d = tracing::Dispatch::new(tracing_subscriber::registry().with(Lines(tx)));
+    (d, rx)
+}
+
+/// Wait until a captured line contains `needle`.
+async fn within_logs(lines: &mut tokio::sync::mpsc::UnboundedReceiver<String>, needle: &str) {
+    let mut seen = Vec::new();
+    let found = tokio::time::timeout(WAIT, async {
+        while let Some(line) = lines.recv().await {
+            if line.contains(needle) {
+                return true;
+            }
+            seen.push(line);
+        }
+        false
+    })
+    .await;
+    assert!(
+        found == Ok(true),
+        "no log line with {needle:?}; saw {seen:#?}"
+    );
+}
+
+async fn tls_and_password(v: EtcdVersion) {
+    if !EtcdVersion::available().contains(&v) {
+        assert!(!in_ci(), "{v} is not installed");
+        return;
+    }
+    let options = EtcdOptions {
+        tls: true,
+        enable_v2: true,
+    };
+    let mut etcd = EtcdServer::start_with(v, options)
+        .await
+        .expect("start etcd");
+    etcd.enable_v2_auth("rootpw").unwrap();
+    etcd.add_v2_user("fleet", "s3cret", "/coreos.com/updateengine/rebootlock")
+        .unwrap();
+    let tls = etcd.tls_files().unwrap().clone();
+    let dir = tempfile::tempdir().unwrap();
+    let password_file = dir.path().join("etcd-password");
+    std::fs::write(&password_file, "s3cret\n").unwrap();
+    let settings = config::Etcd {
+        api: config::EtcdApi::V2,
+        endpoints: vec![etcd.endpoint()],
+        ca_file: Some(tls.ca.clone()),
+        cert_file: Some(tls.client_cert.clone()),
+        key_file: Some(tls.client_key.clone()),
+        username: Some("fleet".into()),
+        password_file: Some(password_file.clone()),
+    };
+    let store = EtcdV2Semaphore::connect(&settings, "default", None)
+        .await
+        .expect("connect with TLS and a password");
+    store.acquire(&me("rebootd-node")).await.unwrap();
+    let ctl = Locksmithctl::new(LocksmithEtcd {
+        endpoint: etcd.endpoint(),
+        group: String::new(),
+        ca_file: Some(tls.ca.clone()),
+        cert_file: Some(tls.client_cert.clone()),
+        key_file: Some(tls.client_key.clone()),
+        username: Some("fleet".into()),
+        password: Some("s3cret".into()),
+    })
+    .unwrap();
+    assert_eq!(ctl.status().await.unwrap().holders, ["rebootd-node"]);
+    // A wrong password is refused, naming the key (not retried as if etcd were down).
+    std::fs::write(&password_file, "wrong\n").unwrap();
+    let e = EtcdV2Semaphore::connect(&settings, "default", None)
+        .await
+        .unwrap_err();
+    assert!(!rebootd::lock::retry::is_transient(&e), "{e}");
+    assert!(e.to_string().contains("semaphore"), "{e}");
+}
+
+fn test_client(etcd: &EtcdServer) -> rebootd::etcd_v2::KeysClient {
+    rebootd::etcd_v2::KeysClient::new(&rebootd::etcd_v2::Settings {
+        endpoints: vec![etcd.endpoint()],
+        tls: rebootd::http::TlsFiles {
+            table: "test",
+            ..Default::default()
+        },
+        ..rebootd::etcd_v2::Settings::default()
+    })
+    .unwrap()
+}
