@@ -5,7 +5,7 @@
 //! every side effect is guarded by a state written before it.
 
 use crate::inhibitor::{self, Inhibitor};
-use crate::state::{Phase, RebootRequest, State};
+use crate::state::{GateWait, Phase, RebootRequest, State};
 use jiff::Timestamp;
 use std::time::Duration;
 
@@ -18,6 +18,8 @@ pub struct Policy {
     pub reboot_timeout: Duration,
     /// Back-off after a refusal or a backend error.
     pub retry_interval: Duration,
+    /// A gate that said wait is asked again after this long (`gates.interval`).
+    pub gate_interval: Duration,
 }
 
 /// What happened, as the runtime reports it.
@@ -40,6 +42,8 @@ pub enum Event {
     Transient { error: String },
     /// Pods matching `blocking_pods` run on the node.
     Blocked { pods: Vec<String> },
+    /// A gate (`[gates]`) says wait: its name and what it waits for.
+    Gated { gate: String, why: String },
     /// The node is drained.
     Drained,
     /// The drain did not finish; `reboot_anyway` per `on_drain_failure`.
@@ -174,10 +178,27 @@ fn back_out(s: &mut State, now: Timestamp) {
     enter(s, phase, now);
 }
 
+/// Whether an event shows the gates went (or were not asked, so what they said is stale): the
+/// checks after them ran, the window decided first, or the host rebooted.
+fn clears_gate(event: &Event, s: &State) -> bool {
+    match event {
+        Event::WindowOpen
+        | Event::WindowClosed { .. }
+        | Event::Blocked { .. }
+        | Event::Cordoned { .. }
+        | Event::ReadyToReboot => true,
+        Event::Started { boot_id } => *boot_id != s.boot_id,
+        _ => false,
+    }
+}
+
 /// Apply an event to a state.
 pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step {
     let mut s = old.clone();
     let why: String;
+    if clears_gate(&event, &s) {
+        s.gate = None;
+    }
     match event {
         Event::Started { boot_id } => {
             let rebooted = s.boot_id != boot_id;
@@ -318,6 +339,39 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
             }
             s.waiting_for = Some(format!("blocking pods to finish: {list}"));
         }
+        Event::Gated { gate, why: reason } => {
+            // A gate that closes after the slot was taken backs out like blocking pods: before
+            // the cordon the slot is released at once so another node can go; after the drain
+            // rebootd uncordons what it cordoned and releases, since an alert the drain itself
+            // fired would otherwise hold the node drained for good.
+            let next_check = add(now, policy.gate_interval);
+            let since = match &s.gate {
+                Some(g) if g.name == gate => g.since,
+                _ => now,
+            };
+            s.not_before = Some(next_check);
+            match s.phase {
+                Phase::AcquiringSlot | Phase::Draining | Phase::Rebooting => {
+                    back_out(&mut s, now);
+                    why = format!(
+                        "gate {gate:?} says wait ({reason}); backing out and releasing the slot, asking again at {next_check}"
+                    );
+                }
+                _ => {
+                    why = format!(
+                        "gate {gate:?} says wait ({reason}); not taking a slot, asking again at {next_check}"
+                    )
+                }
+            }
+            let wait = GateWait {
+                name: gate,
+                why: reason,
+                since,
+                next_check,
+            };
+            s.waiting_for = Some(wait.describe());
+            s.gate = Some(wait);
+        }
         Event::Cordoned { by_us } => {
             s.cordon_recorded = true;
             s.cordoned_by_us = by_us;
@@ -445,6 +499,7 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
             }
             if s.reason.is_some() {
                 enter(&mut s, Phase::RebootNeeded, now);
+                s.waiting_for = s.gate.as_ref().map(GateWait::describe);
                 why = "slot released; a reboot is still needed".into();
             } else {
                 enter(&mut s, Phase::Idle, now);
@@ -462,11 +517,15 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
 }
 
 #[cfg(test)]
+mod gate_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
     fn policy() -> Policy {
         Policy {
+            gate_interval: Duration::from_secs(30),
             drain: false,
             reboot_timeout: Duration::from_secs(600),
             retry_interval: Duration::from_secs(60),

@@ -48,6 +48,21 @@ pub async fn offline(config: &Config) -> Vec<String> {
             problems.push(format!("[webhook]: {e}"));
         }
     }
+    // Building the gates reads their URLs; a command gate's program must be there.
+    if let Err(e) = crate::gate::Gates::from_config(&config.gates.before_reboot) {
+        problems.push(format!("[gates]: {e}"));
+    }
+    for (i, g) in config.gates.before_reboot.iter().enumerate() {
+        if let crate::config::GateCheck::Command { argv } = &g.check {
+            let program = argv.first().map(String::as_str).unwrap_or("");
+            if let Err(why) = find_program(program) {
+                problems.push(format!(
+                    "gates.before_reboot[{}].command: {program:?}: {why}",
+                    i + 1
+                ));
+            }
+        }
+    }
     if let Some(cmd) = &config.triggers.sentinel_command {
         if let Err(why) = find_program(&cmd[0]) {
             problems.push(format!("triggers.sentinel_command: {:?}: {why}", cmd[0]));

@@ -5,9 +5,11 @@
 //! wins), then cross-field rules are checked, naming the file that set the offending key.
 
 mod bounds;
+mod gates;
 mod input;
 mod values;
 
+pub use gates::{GateCheck, GateSpec, Gates};
 use input::ConfigInput;
 pub use values::{parse_duration, HumanDuration};
 
@@ -70,6 +72,8 @@ pub struct Config {
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// Where to POST notifications (`[webhook]`); None = none sent.
     pub webhook: Option<crate::notify_webhook::WebhookSettings>,
+    /// Conditions outside rebootd that must hold before a reboot (`[gates]`).
+    pub gates: Gates,
     /// The fragments this came from, in merge order (empty = embedded default).
     pub sources: Vec<PathBuf>,
 }
@@ -492,6 +496,8 @@ fn validate(
         }),
     };
 
+    let gates = gates::validate(input.gates, origin)?;
+
     let reboot_in = input.reboot.unwrap_or_default();
     let reboot = Reboot {
         inhibitors: match reboot_in.inhibitors {
@@ -516,6 +522,7 @@ fn validate(
         reboot,
         metrics_listen: input.metrics.and_then(|m| m.listen),
         webhook,
+        gates,
         sources,
     };
     bounds::check(&config, origin)?;

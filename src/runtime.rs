@@ -41,6 +41,8 @@ pub enum RuntimeError {
     Metrics(String),
     #[error("webhook: {0}")]
     Webhook(String),
+    #[error("gates: {0}")]
+    Gates(String),
 }
 
 /// Read a one-line id file (machine id, boot id), trimmed and checked non-empty.
@@ -119,12 +121,19 @@ pub async fn open_drainer(
     Ok(Some(Box::new(drainer)))
 }
 
+/// The gates before a reboot (`[gates]`), their HTTP clients built.
+pub fn open_gates(config: &Config) -> Result<crate::gate::Gates, RuntimeError> {
+    crate::gate::Gates::from_config(&config.gates.before_reboot)
+        .map_err(|e| RuntimeError::Gates(e.to_string()))
+}
+
 /// The policy the state machine follows, from the configuration.
 pub fn policy(config: &Config) -> Policy {
     Policy {
         drain: config.kubernetes.is_some(),
         reboot_timeout: config.reboot.timeout,
         retry_interval: config.reboot.retry_interval,
+        gate_interval: config.gates.interval,
     }
 }
 
@@ -139,6 +148,8 @@ pub struct Runtime {
     policy: Policy,
     metrics: Metrics,
     webhook: Option<crate::notify_webhook::Webhook>,
+    gates: crate::gate::Gates,
+    watchdog: Watchdog,
 }
 
 /// The one-line status systemd shows: the phase and what it waits for.
@@ -199,7 +210,15 @@ impl Runtime {
             policy,
             metrics: Metrics::default(),
             webhook: None,
+            gates: crate::gate::Gates::default(),
+            watchdog: Watchdog::from_env(),
         }
+    }
+
+    /// Ask these gates before taking a slot, before the cordon and before calling logind.
+    pub fn with_gates(mut self, gates: crate::gate::Gates) -> Runtime {
+        self.gates = gates;
+        self
     }
 
     /// Send notifications of state changes to this webhook (`[webhook]`).
@@ -237,8 +256,8 @@ impl Runtime {
         }
     }
 
-    /// What stands in the way of a reboot now, if anything: a closed window, blocking pods, or
-    /// an error reading them.
+    /// What stands in the way of a reboot now, if anything: a closed window, a gate that says
+    /// wait, blocking pods, or an error reading them.
     async fn obstacle(&self) -> Option<Event> {
         let now = Timestamp::now();
         let windows = &self.config.windows;
@@ -246,6 +265,20 @@ impl Runtime {
             return Some(Event::WindowClosed {
                 next_open: windows.next_open(now),
             });
+        }
+        if !self.gates.is_empty() {
+            // Each check is bounded by its timeout, however many there are: the watchdog is fed
+            // meanwhile.
+            let closed = self.watchdog.run(Duty::Wait, self.gates.check()).await;
+            if let Some(c) = closed {
+                let every = humantime::format_duration(self.policy.gate_interval);
+                info!(gate = %c.name, why = %c.why, "waiting for gate {:?}: {}; asking again in {every}", c.name, c.why);
+                return Some(Event::Gated {
+                    gate: c.name,
+                    why: c.why,
+                });
+            }
+            debug!("every gate says go");
         }
         match self.blockers().await {
             Ok(pods) if pods.is_empty() => None,
@@ -308,7 +341,7 @@ impl Runtime {
             )
             .await?;
         notify::ready(&status_line(&state));
-        let watchdog = Watchdog::from_env();
+        let watchdog = &self.watchdog;
         tokio::pin!(shutdown);
         let result = loop {
             // The loop came round: it is alive. While an action waits the watchdog is fed from

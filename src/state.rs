@@ -122,6 +122,27 @@ pub struct State {
     /// not asked yet).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub inhibited_by: Vec<crate::inhibitor::Inhibitor>,
+    /// The gate (`[gates]`) that said wait at the last check; cleared once they all go.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<GateWait>,
+}
+
+/// A gate that says wait: which, why, since when, and when it is asked again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateWait {
+    pub name: String,
+    pub why: String,
+    /// When this gate was first seen closed (kept while it stays closed).
+    pub since: Timestamp,
+    /// When the gates are asked again.
+    pub next_check: Timestamp,
+}
+
+impl GateWait {
+    /// In words, for `waiting_for`.
+    pub fn describe(&self) -> String {
+        format!("gate {:?}: {}", self.name, self.why)
+    }
 }
 
 impl State {
@@ -145,6 +166,7 @@ impl State {
             last_reboot: None,
             reboots: 0,
             inhibited_by: Vec::new(),
+            gate: None,
         }
     }
 }

@@ -34,6 +34,8 @@ pub struct Status {
     pub semaphore_error: Option<String>,
     /// The block inhibitors on shutdown holding off the reboot now (`waiting for` names them).
     pub inhibited_by: Vec<crate::inhibitor::Inhibitor>,
+    /// The gate (`[gates]`) that says wait now: name, why, since, next check.
+    pub gate: Option<crate::state::GateWait>,
     /// What the operator must know about the semaphore (e.g. two semaphores: etcd v2 still
     /// holds locksmith's while this node uses v3).
     pub warnings: Vec<String>,
@@ -68,6 +70,7 @@ pub fn local(
         semaphore: None,
         semaphore_error: None,
         inhibited_by: state.map(|s| s.inhibited_by.clone()).unwrap_or_default(),
+        gate: state.and_then(|s| s.gate.clone()),
         warnings: Vec::new(),
     }
 }
@@ -155,6 +158,22 @@ pub fn render(s: &Status, now: Timestamp, style: Style) -> String {
     }
     if let Some(w) = &s.waiting_for {
         row("waiting for", w.clone());
+    }
+    if let Some(g) = &s.gate {
+        row(
+            "gate",
+            format!(
+                "{:?} says wait for {}: {} (asked again {})",
+                g.name,
+                age(g.since, now),
+                g.why,
+                if g.next_check > now {
+                    format!("in {}", age(now, g.next_check))
+                } else {
+                    "now".into()
+                }
+            ),
+        );
     }
     if let Some(e) = &s.last_error {
         row("last error", style.paint("31", e));

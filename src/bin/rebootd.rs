@@ -120,7 +120,10 @@ fn main() -> ExitCode {
             ),
             None => None,
         };
-        let mut runtime = Runtime::new(config, store, semaphore, drainer, me).with_metrics(metrics);
+        let gates = runtime::open_gates(&config)?;
+        let mut runtime = Runtime::new(config, store, semaphore, drainer, me)
+            .with_metrics(metrics)
+            .with_gates(gates);
         if let Some(w) = webhook {
             runtime = runtime.with_webhook(w);
         }

@@ -16,6 +16,7 @@ pub(super) struct ConfigInput {
     pub reboot: Option<RebootInput>,
     pub metrics: Option<MetricsInput>,
     pub webhook: Option<WebhookInput>,
+    pub gates: Option<super::gates::GatesInput>,
 }
 
 #[derive(Debug, Default, Deserialize)]

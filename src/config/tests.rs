@@ -295,3 +295,127 @@ fn drain_fallbacks_are_off_unless_set_and_force_delete_comes_before_the_deadline
         "{err}"
     );
 }
+
+#[test]
+fn gates_are_read_in_order_with_names_and_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(Config::embedded_default().gates.before_reboot.is_empty());
+    let a = write(
+        &dir,
+        "g.toml",
+        r#"[gates]
+interval = "15s"
+
+[[gates.before_reboot]]
+command = ["/usr/local/bin/backup-idle", "--quiet"]
+
+[[gates.before_reboot]]
+name = "deployments"
+prometheus_url = "http://prometheus:9090"
+query = "kube_deployment_status_replicas_unavailable > 0"
+timeout = "5s"
+
+[[gates.before_reboot]]
+prometheus_url = "https://prometheus:9090/"
+alerts = ['severity="critical"', 'alertname!~"Watchdog|Info.*"']
+alertmanager_url = "http://alertmanager:9093"
+"#,
+    );
+    let g = Config::load(&[a]).unwrap().gates;
+    assert_eq!(g.interval, Duration::from_secs(15));
+    let names: Vec<&str> = g.before_reboot.iter().map(|g| g.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["command backup-idle", "deployments", "prometheus alerts"]
+    );
+    assert_eq!(g.before_reboot[0].timeout, Duration::from_secs(30));
+    assert_eq!(g.before_reboot[1].timeout, Duration::from_secs(5));
+    match &g.before_reboot[2].check {
+        GateCheck::Alerts {
+            alertmanager_url,
+            selector,
+            ..
+        } => {
+            assert_eq!(
+                alertmanager_url.as_deref(),
+                Some("http://alertmanager:9093")
+            );
+            assert_eq!(selector.len(), 2);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn bad_gates_name_file_key_and_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let prom = "prometheus_url = \"http://p:9090\"\n";
+    for (text, key, value) in [
+        (
+            "[[gates.before_reboot]]\nname = \"x\"\n".to_string(),
+            "gates.before_reboot[1]",
+            "[]",
+        ),
+        (
+            format!("[[gates.before_reboot]]\ncommand = [\"true\"]\n[[gates.before_reboot]]\n{prom}query = \"up\"\nalerts = []\n"),
+            "gates.before_reboot[2]",
+            "[\"query\", \"alerts\"]",
+        ),
+        (
+            "[[gates.before_reboot]]\nquery = \"up\"\n".to_string(),
+            "gates.before_reboot[1].prometheus_url",
+            "\"\"",
+        ),
+        (
+            "[[gates.before_reboot]]\nprometheus_url = \"prometheus:9090\"\nquery = \"up\"\n".to_string(),
+            "gates.before_reboot[1].prometheus_url",
+            "\"prometheus:9090\"",
+        ),
+        (
+            format!("[[gates.before_reboot]]\n{prom}alerts = ['severity']\n"),
+            "gates.before_reboot[1].alerts",
+            "severity",
+        ),
+        (
+            format!("[[gates.before_reboot]]\n{prom}query = \"up\"\nalertmanager_url = \"http://am\"\n"),
+            "gates.before_reboot[1].alertmanager_url",
+            "\"http://am\"",
+        ),
+        (
+            "[[gates.before_reboot]]\ncommand = []\n".to_string(),
+            "gates.before_reboot[1].command",
+            "[]",
+        ),
+        (
+            "[[gates.before_reboot]]\ncommand = [\"true\"]\ntimeout = \"1ms\"\n".to_string(),
+            "gates.before_reboot[1].timeout",
+            "\"1ms\"",
+        ),
+        (
+            "[gates]\ninterval = \"10ms\"\n".to_string(),
+            "gates.interval",
+            "\"10ms\"",
+        ),
+        (
+            "[[gates.before_reboot]]\nname = \" \"\ncommand = [\"true\"]\n".to_string(),
+            "gates.before_reboot[1].name",
+            "\" \"",
+        ),
+    ] {
+        let a = write(&dir, "g.toml", &text);
+        let err = Config::load(std::slice::from_ref(&a))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&a.display().to_string()), "{err}");
+        assert!(err.contains(key), "{key}: {err}");
+        assert!(err.contains(value), "{value}: {err}");
+    }
+    // An unknown key in a gate is refused with its name.
+    let a = write(
+        &dir,
+        "u.toml",
+        "[[gates.before_reboot]]\ncomand = [\"true\"]\n",
+    );
+    let err = Config::load(&[a]).unwrap_err().to_string();
+    assert!(err.contains("comand"), "{err}");
+}

@@ -7,7 +7,10 @@
 //!   selector, minus those an Alertmanager silence covers (kured's `--prometheus-url`).
 //!
 //! A gate that cannot be evaluated (program missing, Prometheus unreachable) answers `Wait`
-//! with the reason: a gate fails closed. Not wired into the agent yet (issue 15).
+//! with the reason: a gate fails closed.
+//!
+//! Configured under `[gates]` ([`crate::config::Gates`]); the runtime asks [`Gates::check`]
+//! before taking a slot, before the cordon and before the call to logind.
 
 pub mod command;
 pub mod prometheus;
@@ -46,4 +49,81 @@ pub async fn check_all(gates: &[Gate]) -> Verdict {
         }
     }
     Verdict::Go
+}
+
+/// A gate with the name it is shown by.
+#[derive(Debug, Clone)]
+pub struct Named {
+    pub name: String,
+    pub gate: Gate,
+}
+
+/// The gate that said wait, and what it waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Closed {
+    pub name: String,
+    pub why: String,
+}
+
+/// The configured gates before a reboot, in order.
+#[derive(Debug, Clone, Default)]
+pub struct Gates(pub Vec<Named>);
+
+impl Gates {
+    /// Build the configured gates (the HTTP clients of the Prometheus ones).
+    pub fn from_config(
+        gates: &[crate::config::GateSpec],
+    ) -> Result<Gates, crate::http::SetupError> {
+        use crate::config::GateCheck;
+        let mut out = Vec::new();
+        for spec in gates {
+            let gate = match &spec.check {
+                GateCheck::Command { argv } => Gate::Command(command::CommandGate {
+                    argv: argv.clone(),
+                    timeout: spec.timeout,
+                }),
+                GateCheck::Query {
+                    prometheus_url,
+                    query,
+                } => Gate::Query(Box::new(prometheus::QueryGate::new(
+                    prometheus_url,
+                    query,
+                    spec.timeout,
+                )?)),
+                GateCheck::Alerts {
+                    prometheus_url,
+                    alertmanager_url,
+                    selector,
+                } => Gate::Alerts(Box::new(prometheus::AlertsGate::new(
+                    prometheus_url,
+                    alertmanager_url.as_deref(),
+                    selector.clone(),
+                    spec.timeout,
+                )?)),
+            };
+            out.push(Named {
+                name: spec.name.clone(),
+                gate,
+            });
+        }
+        Ok(Gates(out))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Ask every gate in order: `None` when all say go, else the first that says wait (the
+    /// later ones are not asked).
+    pub async fn check(&self) -> Option<Closed> {
+        for g in &self.0 {
+            if let Verdict::Wait(why) = g.gate.check().await {
+                return Some(Closed {
+                    name: g.name.clone(),
+                    why,
+                });
+            }
+        }
+        None
+    }
 }

@@ -1,0 +1,293 @@
+//! `[gates]`: conditions outside rebootd that must hold before a reboot (see `crate::gate`).
+//!
+//! ```toml
+//! [gates]
+//! interval = "1m"                 # a gate that says wait is asked again this often
+//!
+//! [[gates.before_reboot]]         # each: exactly one of command, query, alerts
+//! name = "backup-idle"            # optional; shown in `rebootctl status`
+//! command = ["/usr/local/bin/backup-idle"]   # exit 0 = go
+//! timeout = "30s"                 # per check
+//!
+//! [[gates.before_reboot]]
+//! prometheus_url = "http://prometheus:9090"
+//! alerts = ['severity="critical"']            # firing alerts matching all = wait
+//! alertmanager_url = "http://alertmanager:9093"   # optional: silenced alerts do not count
+//! ```
+//!
+//! The raw input is read here and validated into [`Gates`]; every error names the file, the
+//! key (`gates.before_reboot[2].query`) and the value.
+
+use super::values::HumanDuration;
+use super::{file_of, ConfigError};
+use crate::gate::prometheus::Matcher;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How often a closed gate is asked again unless configured: often enough that a reboot
+/// follows a resolved alert within a minute, rarely enough to cost Prometheus nothing.
+const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
+
+/// How long one check may take unless configured (a command, an HTTP request).
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Least interval: shorter would ask Prometheus or run the command in a busy loop.
+const LEAST_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Least timeout: no program starts and no HTTP request is answered in less.
+const LEAST_TIMEOUT: Duration = Duration::from_millis(100);
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct GatesInput {
+    pub interval: Option<HumanDuration>,
+    pub before_reboot: Option<Vec<GateInput>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct GateInput {
+    pub name: Option<String>,
+    pub command: Option<Vec<String>>,
+    pub prometheus_url: Option<String>,
+    pub query: Option<String>,
+    pub alerts: Option<Vec<String>>,
+    pub alertmanager_url: Option<String>,
+    pub timeout: Option<HumanDuration>,
+}
+
+/// The validated `[gates]`.
+#[derive(Debug, Clone)]
+pub struct Gates {
+    /// A gate that said wait is asked again after this long.
+    pub interval: Duration,
+    /// Asked before taking a slot, before the cordon and before the call to logind.
+    pub before_reboot: Vec<GateSpec>,
+}
+
+impl Default for Gates {
+    fn default() -> Gates {
+        Gates {
+            interval: DEFAULT_INTERVAL,
+            before_reboot: Vec::new(),
+        }
+    }
+}
+
+/// One gate: its name (for status and logs) and what it asks.
+#[derive(Debug, Clone)]
+pub struct GateSpec {
+    pub name: String,
+    pub check: GateCheck,
+    /// How long one check may take; longer = wait.
+    pub timeout: Duration,
+}
+
+/// What a gate asks.
+#[derive(Debug, Clone)]
+pub enum GateCheck {
+    /// A program (no shell); exit status 0 = go.
+    Command { argv: Vec<String> },
+    /// A PromQL query; an empty result = go.
+    Query {
+        prometheus_url: String,
+        query: String,
+    },
+    /// Firing alerts matching every matcher (none = any alert); none firing = go.
+    Alerts {
+        prometheus_url: String,
+        alertmanager_url: Option<String>,
+        selector: Vec<Matcher>,
+    },
+}
+
+fn invalid(
+    origin: &BTreeMap<String, PathBuf>,
+    key: String,
+    value: String,
+    reason: &str,
+) -> ConfigError {
+    // The array is one value: the file that set `gates.before_reboot` set every gate in it.
+    let table = if key.starts_with("gates.before_reboot") {
+        "gates.before_reboot"
+    } else {
+        "gates.interval"
+    };
+    ConfigError::Invalid {
+        path: file_of(origin, table),
+        key,
+        value,
+        reason: reason.into(),
+    }
+}
+
+fn url_ok(u: &str) -> bool {
+    u.starts_with("http://") || u.starts_with("https://")
+}
+
+fn fmt(d: Duration) -> String {
+    format!("\"{}\"", humantime::format_duration(d))
+}
+
+pub(super) fn validate(
+    input: Option<GatesInput>,
+    origin: &BTreeMap<String, PathBuf>,
+) -> Result<Gates, ConfigError> {
+    let input = input.unwrap_or_default();
+    let interval = input.interval.map(|d| d.0).unwrap_or(DEFAULT_INTERVAL);
+    if interval < LEAST_INTERVAL {
+        return Err(invalid(
+            origin,
+            "gates.interval".into(),
+            fmt(interval),
+            "must be at least 1s: a gate would be asked in a busy loop",
+        ));
+    }
+    let before_reboot = input
+        .before_reboot
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+        .map(|(i, g)| gate(g, &format!("gates.before_reboot[{}]", i + 1), origin))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Gates {
+        interval,
+        before_reboot,
+    })
+}
+
+/// One gate; `at` is its key (`gates.before_reboot[1]`, counted from 1).
+fn gate(
+    g: GateInput,
+    at: &str,
+    origin: &BTreeMap<String, PathBuf>,
+) -> Result<GateSpec, ConfigError> {
+    let bad = |key: &str, value: String, reason: &str| {
+        invalid(origin, format!("{at}.{key}"), value, reason)
+    };
+    let timeout = g.timeout.map(|d| d.0).unwrap_or(DEFAULT_TIMEOUT);
+    if timeout < LEAST_TIMEOUT {
+        return Err(bad(
+            "timeout",
+            fmt(timeout),
+            "must be at least 100ms: no check answers in less",
+        ));
+    }
+    let kinds: Vec<&str> = [
+        ("command", g.command.is_some()),
+        ("query", g.query.is_some()),
+        ("alerts", g.alerts.is_some()),
+    ]
+    .into_iter()
+    .filter(|(_, set)| *set)
+    .map(|(k, _)| k)
+    .collect();
+    if kinds.len() != 1 {
+        return Err(invalid(
+            origin,
+            at.to_string(),
+            format!("{kinds:?}"),
+            "a gate has exactly one of `command`, `query` or `alerts`",
+        ));
+    }
+    let prometheus_url = || -> Result<String, ConfigError> {
+        match &g.prometheus_url {
+            Some(u) if url_ok(u) => Ok(u.clone()),
+            other => Err(bad(
+                "prometheus_url",
+                format!("{:?}", other.clone().unwrap_or_default()),
+                "a `query` or `alerts` gate needs an http:// or https:// prometheus_url",
+            )),
+        }
+    };
+    let check = if let Some(argv) = g.command {
+        if argv.first().is_none_or(|p| p.is_empty()) {
+            return Err(bad(
+                "command",
+                format!("{argv:?}"),
+                "the command must name a program",
+            ));
+        }
+        if let Some(u) = &g.prometheus_url {
+            return Err(bad(
+                "prometheus_url",
+                format!("{u:?}"),
+                "a `command` gate asks no Prometheus",
+            ));
+        }
+        GateCheck::Command { argv }
+    } else if let Some(query) = g.query {
+        if query.trim().is_empty() {
+            return Err(bad(
+                "query",
+                format!("{query:?}"),
+                "the PromQL query must not be empty",
+            ));
+        }
+        GateCheck::Query {
+            prometheus_url: prometheus_url()?,
+            query,
+        }
+    } else {
+        let matchers = g.alerts.unwrap_or_default();
+        let selector = matchers
+            .iter()
+            .map(|m| Matcher::parse(m))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| bad("alerts", format!("{matchers:?}"), &e))?;
+        GateCheck::Alerts {
+            prometheus_url: prometheus_url()?,
+            alertmanager_url: match &g.alertmanager_url {
+                Some(u) if !url_ok(u) => {
+                    return Err(bad(
+                        "alertmanager_url",
+                        format!("{u:?}"),
+                        "not an http:// or https:// URL",
+                    ))
+                }
+                other => other.clone(),
+            },
+            selector,
+        }
+    };
+    if let (Some(u), GateCheck::Command { .. } | GateCheck::Query { .. }) =
+        (&g.alertmanager_url, &check)
+    {
+        return Err(bad(
+            "alertmanager_url",
+            format!("{u:?}"),
+            "only an `alerts` gate reads Alertmanager's silences",
+        ));
+    }
+    let name = match g.name {
+        Some(n) if n.trim().is_empty() => {
+            return Err(bad(
+                "name",
+                format!("{n:?}"),
+                "a gate's name must not be empty",
+            ))
+        }
+        Some(n) => n,
+        None => default_name(&check),
+    };
+    Ok(GateSpec {
+        name,
+        check,
+        timeout,
+    })
+}
+
+/// A gate's name when none is given: what it asks, briefly.
+fn default_name(check: &GateCheck) -> String {
+    match check {
+        GateCheck::Command { argv } => {
+            let program = argv.first().map(String::as_str).unwrap_or("");
+            let base = program.rsplit('/').next().unwrap_or(program);
+            format!("command {base}")
+        }
+        GateCheck::Query { .. } => "prometheus query".into(),
+        GateCheck::Alerts { .. } => "prometheus alerts".into(),
+    }
+}

@@ -1,0 +1,230 @@
+//! Gates before a reboot (`[gates]`) end to end: real rebootd processes on their private buses
+//! with the lab's fake logind; a real Prometheus whose alert rule fires and resolves on a gauge
+//! the test sets; command gates; and a real etcd semaphore shared by two nodes, to show that a
+//! gate closing after the slot was taken gives the slot to the other node.
+
+mod common;
+
+use common::*;
+use rebootd::gate::prometheus::{AlertsGate, Matcher};
+use rebootd::gate::Verdict;
+use rebootd::state::{Phase, State};
+use rebootd_lab::fleet::{Fleet, FleetEvent, FleetOptions};
+use rebootd_lab::node::Node;
+use rebootd_lab::prometheus::{prometheus, Exporter};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const NEED: &str = "UPDATE_STATUS_UPDATED_NEED_REBOOT";
+
+const RULES: &str = "groups:
+  - name: lab
+    rules:
+      - alert: LabGateHigh
+        expr: lab_gate_value > 0
+        labels:
+          severity: critical
+";
+
+/// How long Prometheus may take to scrape and evaluate (1 s each) on a loaded machine.
+const SETTLE: Duration = Duration::from_secs(60);
+
+async fn idle(node: &Node) {
+    node.wait_ready(WAIT).await.unwrap();
+    assert_eq!(node.state().unwrap().phase, Phase::Idle);
+}
+
+fn gate_named(s: &State, name: &str) -> bool {
+    s.gate.as_ref().is_some_and(|g| g.name == name)
+}
+
+/// While a critical alert fires, the node waits before taking a slot, asking again every
+/// `interval`, and says so in its log and in `rebootctl status`; when the alert resolves, the
+/// reboot follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_firing_alert_holds_the_reboot_until_it_resolves() {
+    let exporter = Exporter::start().await.unwrap();
+    let prom = prometheus(exporter.addr(), RULES).await.unwrap();
+    exporter.set(1.0);
+    // Wait (outside rebootd) for the rule to fire, so the node sees it from its first check.
+    let critical = vec![Matcher::parse("severity=\"critical\"").unwrap()];
+    let probe = AlertsGate::new(&prom.url, None, critical, Duration::from_secs(5)).unwrap();
+    let deadline = Instant::now() + SETTLE;
+    while probe.check().await == Verdict::Go {
+        assert!(Instant::now() < deadline, "LabGateHigh never fired");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    let config = format!(
+        "[gates]\ninterval = \"1s\"\n\n[[gates.before_reboot]]\nname = \"no-critical-alerts\"\n\
+         prometheus_url = {:?}\nalerts = ['severity=\"critical\"']\ntimeout = \"5s\"\n",
+        prom.url
+    );
+    let node = node("g1", &config).await;
+    let mut reboots = node.logind.subscribe();
+    idle(&node).await;
+    node.update_engine.set_status(NEED, "1.0").await.unwrap();
+    let s = node
+        .wait_state("the gate to hold the reboot", WAIT, |s| {
+            gate_named(s, "no-critical-alerts")
+        })
+        .await
+        .unwrap();
+    assert_eq!(s.phase, Phase::RebootNeeded);
+    assert!(!s.slot_held);
+    let g = s.gate.clone().unwrap();
+    assert!(g.why.contains("LabGateHigh"), "{g:?}");
+    assert!(
+        s.waiting_for
+            .as_deref()
+            .unwrap()
+            .contains("no-critical-alerts"),
+        "{s:?}"
+    );
+    log_line(
+        &node,
+        &["waiting for gate", "no-critical-alerts", "LabGateHigh"],
+        WAIT,
+    )
+    .await;
+
+    // Asked again at the interval, still closed, still the same gate since the same time.
+    let again = node
+        .wait_state("the gate to be asked again", WAIT, |s| {
+            s.gate.as_ref().is_some_and(|x| x.next_check > g.next_check)
+        })
+        .await
+        .unwrap();
+    assert_eq!(again.gate.as_ref().unwrap().since, g.since);
+
+    let (code, out, err) = rebootctl(&node, &["status"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("gate:"), "{out}");
+    assert!(out.contains("\"no-critical-alerts\" says wait"), "{out}");
+    let (_, json, _) = rebootctl(&node, &["status", "--json"]).await;
+    let st: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(st["gate"]["name"], "no-critical-alerts", "{json}");
+    assert!(
+        st["gate"]["why"].as_str().unwrap().contains("LabGateHigh"),
+        "{json}"
+    );
+    assert!(node.logind.reboot_calls().is_empty());
+
+    exporter.set(0.0);
+    let resolved = Instant::now();
+    next_reboot(&node, &mut reboots, SETTLE).await;
+    eprintln!(
+        "rebooted {:?} after the gauge went to 0",
+        resolved.elapsed()
+    );
+    let s = node.state().unwrap();
+    assert_eq!(s.gate, None);
+    assert_eq!(node.logind.reboot_calls().len(), 1);
+}
+
+/// A command gate: while it exits non-zero the node waits and shows the first line it wrote to
+/// stderr; once it exits 0 the reboot goes. The command runs with the daemon's environment.
+#[tokio::test]
+async fn a_command_gate_holds_the_reboot_until_it_exits_zero() {
+    let config = "[gates]\ninterval = \"1s\"\n\n[[gates.before_reboot]]\nname = \"backup\"\n\
+         command = [\"sh\", \"-c\", \"if [ -e \\\"$STATE_DIRECTORY/hold\\\" ]; then echo backup running >&2; exit 3; fi\"]\n";
+    let node = node("g2", config).await;
+    let hold = node.state_dir().join("hold");
+    std::fs::write(&hold, "").unwrap();
+    let mut reboots = node.logind.subscribe();
+    idle(&node).await;
+    node.update_engine.set_status(NEED, "2.0").await.unwrap();
+    let s = node
+        .wait_state("the command gate to hold", WAIT, |s| {
+            gate_named(s, "backup")
+        })
+        .await
+        .unwrap();
+    let why = &s.gate.as_ref().unwrap().why;
+    assert!(
+        why.contains("exit status 3") && why.contains("backup running"),
+        "{why}"
+    );
+    assert!(node.logind.reboot_calls().is_empty());
+    std::fs::remove_file(&hold).unwrap();
+    next_reboot(&node, &mut reboots, WAIT).await;
+}
+
+/// Two nodes, one slot in a real etcd. node-1's gate goes while it holds no slot and says wait
+/// once it holds one (as an alert its own reboot would fire): it releases the slot right away,
+/// and node-2, queued behind it, reboots meanwhile. When the gate opens, node-1 reboots too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gate_closing_after_the_slot_was_taken_gives_the_slot_to_the_next_node() {
+    let script = "if [ -e \"$STATE_DIRECTORY/hold\" ] && grep -q '\"slot_held\": *true' \"$STATE_DIRECTORY/state.json\"; then echo closed after the slot >&2; exit 1; fi";
+    let config = format!(
+        "[gates]\ninterval = \"1s\"\n\n[[gates.before_reboot]]\nname = \"late\"\ncommand = [\"sh\", \"-c\", {script:?}]\n"
+    );
+    let fleet = Fleet::start(
+        Path::new(REBOOTD),
+        FleetOptions {
+            nodes: 2,
+            max: 1,
+            config,
+            ..FleetOptions::default()
+        },
+    )
+    .await
+    .expect("start fleet");
+    fleet.wait_ready(WAIT).await.unwrap();
+    let hold = fleet.nodes[0].lock().await.state_dir().join("hold");
+    std::fs::write(&hold, "").unwrap();
+    let mut events = fleet.subscribe();
+
+    let trigger = |i: usize| {
+        let n = fleet.nodes[i].clone();
+        async move {
+            n.lock()
+                .await
+                .update_engine
+                .set_status(NEED, "3.0")
+                .await
+                .unwrap()
+        }
+    };
+    trigger(0).await;
+    // node-1 took the slot, its gate closed, it gave the slot back.
+    fleet
+        .wait_state(0, "node-1 to back out on its gate", WAIT, |s| {
+            gate_named(s, "late") && s.phase == Phase::RebootNeeded && !s.slot_held
+        })
+        .await
+        .unwrap();
+    {
+        let n = fleet.nodes[0].lock().await;
+        log_line(
+            &n,
+            &[
+                "gate \"late\" says wait",
+                "backing out and releasing the slot",
+            ],
+            WAIT,
+        )
+        .await;
+    }
+    trigger(1).await;
+    let first = loop {
+        match tokio::time::timeout(WAIT, events.recv()).await {
+            Ok(Ok(FleetEvent::RebootRequested { node, .. })) => break node,
+            Ok(Ok(_)) => continue,
+            other => panic!("no reboot while node-1's gate held: {other:?}"),
+        }
+    };
+    assert_eq!(first, "node-2", "the slot went to the next node");
+    fleet
+        .wait_rolled_nodes(&[1], WAIT)
+        .await
+        .expect("node-2 completes its reboot");
+    assert!(fleet.nodes[0].lock().await.logind.reboot_calls().is_empty());
+
+    std::fs::remove_file(&hold).unwrap();
+    fleet
+        .wait_rolled_nodes(&[0], WAIT)
+        .await
+        .expect("node-1 reboots once its gate opens");
+    assert_eq!(fleet.max_holders_seen(), 1);
+}
