@@ -230,6 +230,8 @@ pub struct Reboot {
     pub timeout: Duration,
     /// After logind refused (inhibitor, error): how long before asking again.
     pub retry_interval: Duration,
+    /// Flatcar's coordinator file (see `coordinator`); `None` (`coordinator_file = ""`) = none.
+    pub coordinator_file: Option<PathBuf>,
 }
 
 impl Config {
@@ -512,6 +514,11 @@ fn validate(
             .retry_interval
             .map(|d| d.0)
             .unwrap_or(DEFAULT_REBOOT_RETRY),
+        coordinator_file: match reboot_in.coordinator_file {
+            Some(p) if p.as_os_str().is_empty() => None,
+            Some(p) => Some(p),
+            None => Some(PathBuf::from(crate::coordinator::DEFAULT_PATH)),
+        },
     };
     let config = Config {
         identity,

@@ -127,6 +127,25 @@ pub fn open_gates(config: &Config) -> Result<crate::gate::Gates, RuntimeError> {
         .map_err(|e| RuntimeError::Gates(e.to_string()))
 }
 
+/// Flatcar's coordinator file, locked and saying `STATE=starting`, when configured; a failure is
+/// logged with the path and rebootd runs without it.
+pub fn open_coordinator(config: &Config) -> Option<crate::coordinator::CoordinatorFile> {
+    use crate::coordinator::{strategy, CoordinatorError, CoordinatorFile};
+    let path = config.reboot.coordinator_file.as_deref()?;
+    match CoordinatorFile::open(path, strategy(&config.lock.backend)) {
+        Ok(file) => Some(file),
+        Err(e @ CoordinatorError::Held { .. }) => {
+            error!("{e}");
+            None
+        }
+        Err(e) => {
+            let path = path.display().to_string();
+            warn!(%path, "Flatcar's coordinator file {path} is not written: {e}");
+            None
+        }
+    }
+}
+
 /// The policy the state machine follows, from the configuration.
 pub fn policy(config: &Config) -> Policy {
     Policy {
@@ -150,6 +169,7 @@ pub struct Runtime {
     webhook: Option<crate::notify_webhook::Webhook>,
     gates: crate::gate::Gates,
     watchdog: Watchdog,
+    coordinator: Option<crate::coordinator::CoordinatorFile>,
 }
 
 /// The one-line status systemd shows: the phase and what it waits for.
@@ -212,6 +232,7 @@ impl Runtime {
             webhook: None,
             gates: crate::gate::Gates::default(),
             watchdog: Watchdog::from_env(),
+            coordinator: None,
         }
     }
 
@@ -224,6 +245,12 @@ impl Runtime {
     /// Send notifications of state changes to this webhook (`[webhook]`).
     pub fn with_webhook(mut self, webhook: crate::notify_webhook::Webhook) -> Runtime {
         self.webhook = Some(webhook);
+        self
+    }
+
+    /// Show the phase in Flatcar's coordinator file (`[reboot] coordinator_file`).
+    pub fn with_coordinator(mut self, file: crate::coordinator::CoordinatorFile) -> Runtime {
+        self.coordinator = Some(file);
         self
     }
 
@@ -417,6 +444,9 @@ impl Runtime {
             }
         }
         notify::status(&status_line(&next));
+        if let Some(c) = &self.coordinator {
+            c.update(&next);
+        }
         self.metrics.observe(&next, Timestamp::now());
         Ok(next)
     }

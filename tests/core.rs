@@ -841,3 +841,125 @@ fn check_config_checks_what_connecting_would() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Wait until the file at `path` satisfies `pred`, following its directory with inotify (the
+/// coordinator file is replaced by a rename); returns its text.
+async fn wait_file(node: &Node, path: &Path, what: &str, pred: impl Fn(&str) -> bool) -> String {
+    use futures_util::StreamExt;
+    let inotify = inotify::Inotify::init().expect("inotify");
+    inotify
+        .watches()
+        .add(
+            path.parent().unwrap(),
+            inotify::WatchMask::MOVED_TO | inotify::WatchMask::CLOSE_WRITE,
+        )
+        .expect("watch the directory");
+    let mut events = inotify.into_event_stream(vec![0u8; 1024]).expect("stream");
+    let read = || std::fs::read_to_string(path).unwrap_or_default();
+    let found = tokio::time::timeout(WAIT, async {
+        loop {
+            let text = read();
+            if pred(&text) {
+                return text;
+            }
+            events.next().await;
+        }
+    })
+    .await;
+    found.unwrap_or_else(|_| {
+        panic!(
+            "node {}: {what}: {} says {:?}\n--- rebootd log ---\n{}",
+            node.name,
+            path.display(),
+            read(),
+            node.log()
+        )
+    })
+}
+
+/// Whether another process holds a lock on the file (as locksmithd would see it).
+fn locked(path: &Path) -> bool {
+    let f = std::fs::File::open(path).unwrap();
+    matches!(f.try_lock(), Err(std::fs::TryLockError::WouldBlock))
+}
+
+/// Flatcar's coordinator file, as locksmithd writes it: rebootd names itself and its strategy,
+/// holds the lock while it runs, and STATE follows its phase through a whole reboot.
+#[tokio::test]
+async fn the_coordinator_file_names_rebootd_and_follows_its_phase() {
+    let mut node = node("coord1", "").await;
+    let path = node.coordinator_path();
+    let mut reboots = node.logind.subscribe();
+    idle(&node).await;
+    let text = wait_file(&node, &path, "running", |t| t.contains("STATE=running")).await;
+    assert_eq!(
+        text,
+        "NAME=rebootd\nSTRATEGY=reboot\nSTATE=running\nPHASE=idle\n"
+    );
+    assert!(
+        locked(&path),
+        "rebootd holds the lock on {}",
+        path.display()
+    );
+    // What Flatcar's login banner does with it: a lock it cannot take means a coordinator runs;
+    // then it sources the file and reads NAME and STATE.
+    let banner = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(
+            r#"flock --nonblock --exclusive "$1" true && echo nobody; . "$1"; echo "$NAME $STATE""#,
+        )
+        .arg("banner")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&banner.stdout), "rebootd running\n");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o644, "readable by every user, as locksmithd's");
+
+    node.update_engine.set_status(NEED, "3.0").await.unwrap();
+    next_reboot(&node, &mut reboots, WAIT).await;
+    let text = wait_file(&node, &path, "rebooting", |t| t.contains("STATE=rebooting")).await;
+    assert!(text.contains("PHASE=rebooting"), "{text}");
+    assert!(locked(&path));
+
+    node.reboot().await.unwrap();
+    let text = wait_file(&node, &path, "idle after the reboot", |t| {
+        t.contains("PHASE=idle")
+    })
+    .await;
+    assert!(text.contains("STATE=running"), "{text}");
+    assert!(locked(&path), "the new boot's rebootd holds the lock");
+}
+
+/// A coordinator file another coordinator holds (a locksmithd left running) is left alone, the
+/// error names the file and that coordinator, and rebootd runs on.
+#[tokio::test]
+async fn a_coordinator_file_held_by_locksmithd_is_reported_and_rebootd_runs_on() {
+    let mut node = Node::start(
+        Path::new(REBOOTD),
+        NodeOptions {
+            start_daemon: false,
+            ..NodeOptions::new("coord2")
+        },
+    )
+    .await
+    .unwrap();
+    let path = node.coordinator_path();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let theirs = "NAME=locksmithd\nSTRATEGY=etcd-lock\nSTATE=running";
+    std::fs::write(&path, theirs).unwrap();
+    let held = std::fs::File::open(&path).unwrap();
+    held.try_lock().unwrap();
+    node.start_daemon().unwrap();
+    idle(&node).await;
+    let line = log_line(&node, &["another update coordinator holds the lock"], WAIT).await;
+    assert!(line.contains("NAME=locksmithd"), "{line}");
+    assert!(line.contains(&path.display().to_string()), "{line}");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), theirs);
+    // It still does its job.
+    let mut reboots = node.logind.subscribe();
+    node.update_engine.set_status(NEED, "3.1").await.unwrap();
+    next_reboot(&node, &mut reboots, WAIT).await;
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), theirs);
+}

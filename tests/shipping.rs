@@ -147,6 +147,13 @@ fn unit_has_the_settings_the_daemon_relies_on() {
         settings.iter().any(|s| s.starts_with("WatchdogSec=")),
         "the unit lacks WatchdogSec="
     );
+    // Writable beyond its own directories: Flatcar's coordinator file, and nothing else ("-": a
+    // host without /run/update-engine starts rebootd all the same).
+    let writable: Vec<&&str> = settings
+        .iter()
+        .filter(|s| s.starts_with("ReadWrite") || s.starts_with("BindPaths"))
+        .collect();
+    assert_eq!(writable, [&"ReadWritePaths=-/run/update-engine"]);
     // It runs as root on purpose (docs/install.md): a User= or DynamicUser= would need polkit
     // rules for logind's reboot and access to update_engine's bus policy.
     for absent in [
@@ -374,6 +381,14 @@ fn ignition_writes_a_valid_configuration_fragment() {
         .unwrap_or_else(|e| panic!("the Ignition configuration fragment does not load: {e}"));
     assert_eq!(config.lock.backend.name(), "etcd", "locksmith's semaphore");
     assert!(config.triggers.update_engine);
+}
+
+#[test]
+fn ignition_makes_the_coordinator_file_directory_at_boot() {
+    let ign = ignition();
+    let file = ign_file(&ign, "/etc/tmpfiles.d/rebootd.conf");
+    let text = decode_data_url(file["contents"]["source"].as_str().unwrap());
+    assert_eq!(text.trim(), "d /run/update-engine 0755 root root -");
 }
 
 #[test]

@@ -128,10 +128,11 @@ impl Node {
         std::fs::create_dir_all(dir.path().join("state")).map_err(|e| io("state dir", e))?;
         let lab_config = format!(
             "[identity]\nnode_name = {name:?}\nmachine_id_file = {mid:?}\nboot_id_file = {bid:?}\n\n\
-             [reboot]\nretry_interval = \"1s\"\n",
+             [reboot]\nretry_interval = \"1s\"\ncoordinator_file = {cf:?}\n",
             name = opts.name,
             mid = dir.path().join("machine-id"),
             bid = dir.path().join("boot_id"),
+            cf = dir.path().join("update-engine").join("coordinator.conf"),
         );
         std::fs::write(dir.path().join("00-lab.toml"), lab_config).map_err(|e| io("config", e))?;
         std::fs::write(dir.path().join("50-node.toml"), &opts.config)
@@ -176,6 +177,14 @@ impl Node {
             self.dir.path().join("00-lab.toml"),
             self.dir.path().join("50-node.toml"),
         ]
+    }
+
+    /// This node's Flatcar coordinator file (`[reboot] coordinator_file`).
+    pub fn coordinator_path(&self) -> PathBuf {
+        self.dir
+            .path()
+            .join("update-engine")
+            .join("coordinator.conf")
     }
 
     pub fn log_path(&self) -> PathBuf {

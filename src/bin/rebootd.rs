@@ -121,9 +121,13 @@ fn main() -> ExitCode {
             None => None,
         };
         let gates = runtime::open_gates(&config)?;
+        let coordinator = runtime::open_coordinator(&config);
         let mut runtime = Runtime::new(config, store, semaphore, drainer, me)
             .with_metrics(metrics)
             .with_gates(gates);
+        if let Some(c) = coordinator {
+            runtime = runtime.with_coordinator(c);
+        }
         if let Some(w) = webhook {
             runtime = runtime.with_webhook(w);
         }

@@ -168,4 +168,5 @@ pub(super) struct RebootInput {
     pub inhibitors: Option<InhibitorsInput>,
     pub timeout: Option<HumanDuration>,
     pub retry_interval: Option<HumanDuration>,
+    pub coordinator_file: Option<PathBuf>,
 }

@@ -419,3 +419,25 @@ fn bad_gates_name_file_key_and_value() {
     let err = Config::load(&[a]).unwrap_err().to_string();
     assert!(err.contains("comand"), "{err}");
 }
+
+#[test]
+fn coordinator_file_defaults_to_flatcars_and_an_empty_path_turns_it_off() {
+    let c = Config::embedded_default();
+    assert_eq!(
+        c.reboot.coordinator_file.as_deref(),
+        Some(Path::new("/run/update-engine/coordinator.conf"))
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let a = write(
+        &dir,
+        "a.toml",
+        "[reboot]\ncoordinator_file = \"/tmp/c.conf\"\n",
+    );
+    let c = Config::load(&[a]).unwrap();
+    assert_eq!(
+        c.reboot.coordinator_file.as_deref(),
+        Some(Path::new("/tmp/c.conf"))
+    );
+    let b = write(&dir, "b.toml", "[reboot]\ncoordinator_file = \"\"\n");
+    assert_eq!(Config::load(&[b]).unwrap().reboot.coordinator_file, None);
+}

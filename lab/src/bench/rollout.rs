@@ -286,7 +286,7 @@ pub async fn run(a: Args) -> Result<(), String> {
         let config = format!(
             "[identity]\nnode_name = \"node-{i}\"\nmachine_id_file = {mid:?}\nboot_id_file = {bid:?}\n\n\
              [triggers]\nupdate_engine = false\n\n\
-             [reboot]\nretry_interval = \"1s\"\n\n{lock}",
+             [reboot]\nretry_interval = \"1s\"\ncoordinator_file = \"\"\n\n{lock}",
             mid = dir.join("machine-id"),
             bid = dir.join("boot_id"),
             lock = backend.lock_config(),
