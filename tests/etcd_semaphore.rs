@@ -119,6 +119,7 @@ per_version!(
     named_group_uses_the_escaped_key,
     waiter_survives_an_etcd_restart,
     stale_holders_are_reclaimed_only_with_max_hold,
+    a_beating_holder_is_never_reclaimed,
     stale_locksmith_holder_is_reclaimed_after_max_hold_of_waiting,
     set_max_below_holders_needs_force,
     paused_etcd_is_unreachable_then_recovers,
@@ -644,7 +645,8 @@ async fn waiter_survives_an_etcd_restart(mut env: Env) {
 
 async fn stale_holders_are_reclaimed_only_with_max_hold(mut env: Env) {
     let etcd = &env.etcd;
-    // A holder that reported its last phase two hours ago.
+    // A holder whose record says (by its clock) it reported its last phase two hours ago, and
+    // that stopped: its record gets no new revision.
     ctl_put(
         etcd,
         DEFAULT_KEY,
@@ -662,18 +664,39 @@ async fn stale_holders_are_reclaimed_only_with_max_hold(mut env: Env) {
     let dead_key = document::holder_record_key("default", "dead");
     ctl_put(etcd, &dead_key, &record.to_json());
 
-    // Off by default: this waiter sees a two-hour-old holder and waits.
+    // Times written by another host are never compared: with max_hold = 1h, a waiter that has
+    // just seen the holder waits for an hour of its own clock, whatever the record says.
+    let hour = sem(etcd, "default", Some(Duration::from_secs(3600))).await;
+    let hour = tokio::spawn(async move { hour.acquire(&me("hour")).await });
+    let line = env
+        .logs
+        .expect(&[
+            "waiting for a free slot",
+            "id=hour",
+            "dead",
+            "reclaim_check_in=Some",
+        ])
+        .await;
+    assert!(
+        line.contains("reclaim_check_in=Some(3599") || line.contains("reclaim_check_in=Some(3600"),
+        "{line}"
+    );
+    hour.abort();
+    let _ = hour.await;
+
+    // With max_hold = 1s, the head of the queue reclaims it once it saw no sign of life for 1s,
+    // loudly; a waiter behind it (and without max_hold) never does.
+    let max_hold = Duration::from_secs(1);
+    let eager = sem(etcd, "default", Some(max_hold)).await;
+    let started = Instant::now();
+    let eager_task = tokio::spawn(async move { eager.acquire(&me("eager")).await.map(|()| eager) });
+    waits_at(&mut env.logs, "eager", 1).await;
     let patient = sem(etcd, "default", None).await;
     let patient = tokio::spawn(async move { patient.acquire(&me("patient")).await });
-    env.logs
-        .expect(&["waiting for a free slot", "id=patient", "dead"])
-        .await;
-
-    // With max_hold = 1h, a waiter reclaims it at once, loudly.
-    let eager = sem(etcd, "default", Some(Duration::from_secs(3600))).await;
-    within("reclaim", eager.acquire(&me("eager")))
-        .await
-        .unwrap();
+    let eager = within("reclaim", eager_task).await.unwrap().unwrap();
+    let took = started.elapsed();
+    eprintln!("reclaimed {took:?} after the waiter started (max_hold {max_hold:?})");
+    assert!(took >= max_hold, "reclaimed after only {took:?}");
     let warn = env.logs.expect(&["RECLAIMING", "holder=dead"]).await;
     assert!(warn.starts_with("WARN"), "{warn}");
     assert_eq!(
@@ -690,6 +713,60 @@ async fn stale_holders_are_reclaimed_only_with_max_hold(mut env: Env) {
     assert!(!patient.is_finished());
     eager.unlock("eager").await.unwrap();
     within("patient", patient).await.unwrap().unwrap();
+}
+
+/// A holder that beats (heartbeats give its record new revisions) keeps its slot however long
+/// it holds it; once it stops, the head of the queue reclaims it after max_hold of silence, and
+/// the old holder's fence says it lost the slot.
+async fn a_beating_holder_is_never_reclaimed(mut env: Env) {
+    let etcd = &env.etcd;
+    let max_hold = Duration::from_millis(800);
+    let holder = sem(etcd, "default", Some(max_hold)).await;
+    holder.acquire(&me("h")).await.unwrap();
+    let every = holder.heartbeat_every().expect("beats with max_hold");
+    assert_eq!(every, max_hold / 8);
+
+    let w = sem(etcd, "default", Some(max_hold)).await;
+    let waiter = tokio::spawn(async move { w.acquire(&me("w")).await });
+    waits_at(&mut env.logs, "w", 1).await;
+    // Beat for three times max_hold: the waiter must not reclaim meanwhile.
+    let beating = Instant::now();
+    let mut tick = tokio::time::interval(every);
+    while beating.elapsed() < max_hold * 3 {
+        tick.tick().await;
+        assert_eq!(
+            holder.heartbeat(&me("h")).await.unwrap(),
+            rebootd::lock::Fence::Held,
+            "reclaimed while beating, after {:?}",
+            beating.elapsed()
+        );
+    }
+    assert!(
+        !waiter.is_finished(),
+        "the waiter took a live holder's slot"
+    );
+    assert_eq!(
+        holder.fence(&me("h")).await.unwrap(),
+        rebootd::lock::Fence::Held
+    );
+
+    // Stopped: reclaimed after max_hold of silence, not before.
+    let stopped = Instant::now();
+    within("reclaim", waiter).await.unwrap().unwrap();
+    let after = stopped.elapsed();
+    eprintln!("reclaimed {after:?} after the last heartbeat (max_hold {max_hold:?})");
+    assert!(after >= max_hold - every, "{after:?}");
+    env.logs.expect(&["RECLAIMING", "holder=h"]).await;
+    match holder.fence(&me("h")).await.unwrap() {
+        rebootd::lock::Fence::Lost { why } => {
+            assert!(why.contains("not among the holders"), "{why}")
+        }
+        held => panic!("the reclaimed holder's fence says {held:?}"),
+    }
+    assert!(matches!(
+        holder.heartbeat(&me("h")).await.unwrap(),
+        rebootd::lock::Fence::Lost { .. }
+    ));
 }
 
 async fn stale_locksmith_holder_is_reclaimed_after_max_hold_of_waiting(mut env: Env) {

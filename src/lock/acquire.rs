@@ -54,6 +54,8 @@ pub trait Waiting: Send {
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub backend: &'static str,
+    /// What log lines call the store when it is in trouble (`etcd`, `Kubernetes API`).
+    pub label: &'static str,
     /// What log lines say the semaphore is (a key, a Lease name).
     pub target: String,
     pub policy: Policy,
@@ -62,8 +64,8 @@ pub struct Settings {
     pub backoff_max: Duration,
 }
 
-/// What a waiter last said it waits for.
-type Logged = (u64, Vec<(String, Option<String>)>, usize);
+/// What a waiter last said it waits for: free slots, holders, waiters ahead.
+type Logged = (i64, Vec<String>, usize);
 
 /// Take a slot for `me` through `w`, waiting as long as it takes. Transient errors are retried
 /// with back-off; anything else is returned.
@@ -117,7 +119,7 @@ pub async fn acquire(
             backoff.reset();
         }
         let pause = backoff.next_delay();
-        tracing::warn!(backend = settings.backend, target = %settings.target, error = %failed, retry_in = ?pause, "trouble while waiting for a slot; retrying");
+        tracing::warn!(backend = settings.backend, target = %settings.target, error = %failed, retry_in = ?pause, "{} trouble while waiting for a slot; retrying", settings.label);
         // Say again what we wait for once the store answers.
         logged = None;
         tokio::time::sleep(pause).await;
@@ -154,14 +156,14 @@ async fn round(
         let now = Instant::now();
         observations.update(&view, now);
         let decision = arbiter::decide(&view, &who, observations, &settings.policy, now);
-        let (until, head) = match decision {
+        let (until, head, behind) = match decision {
             Decision::Held => return Ok(true),
             Decision::Adopt { holder } => {
                 tracing::warn!(target = %settings.target, id = %me.id, node = %me.node, %holder, "a slot is held under this machine's id (or node name) without this host's token; taking it over as this host's");
                 if w.adopt(&holder).await? {
                     return Ok(true);
                 }
-                (None, false)
+                (None, false, None)
             }
             Decision::Take { rank } => {
                 if w.take(rank).await? {
@@ -176,7 +178,7 @@ async fn round(
                     );
                     return Ok(true);
                 }
-                (None, false)
+                (None, false, None)
             }
             Decision::Reclaim {
                 holder,
@@ -188,7 +190,7 @@ async fn round(
                     tracing::warn!(target = %settings.target, %holder, by = %me.id, "reclaimed the slot");
                     return Ok(true);
                 }
-                (None, true)
+                (None, true, None)
             }
             Decision::Duplicate { holder, token } => {
                 if !*reported_duplicate {
@@ -203,14 +205,15 @@ async fn round(
                     );
                     *reported_duplicate = true;
                 }
-                (None, false)
+                (None, false, None)
             }
-            Decision::Wait { until, behind } => {
-                log_waiting(settings, me, &view, behind, until, logged);
-                (until, behind == 0)
-            }
+            Decision::Wait { until, behind } => (until, behind == 0, Some(behind)),
         };
         w.enqueue().await?;
+        // Said once in the queue, so that the position logged is one others see.
+        if let Some(behind) = behind {
+            log_waiting(settings, me, &view, behind, until, logged);
+        }
         // After a lost race too: the watch brings the change that beat us.
         if w.wait(until, head).await? == Wake::Reread {
             return Ok(false);
@@ -247,26 +250,23 @@ fn log_waiting(
     until: Option<Instant>,
     logged: &mut Option<Logged>,
 ) {
-    let holders: Vec<(String, Option<String>)> = view
-        .holders
-        .iter()
-        .map(|h| {
-            (
-                h.node.clone().unwrap_or_else(|| h.id.clone()),
-                h.phase.clone(),
-            )
-        })
-        .collect();
-    let state = (view.max, holders, behind);
+    let ids: Vec<String> = view.holders.iter().map(|h| h.id.clone()).collect();
+    let state = (view.free(), ids, behind);
     if logged.as_ref() == Some(&state) {
         return;
     }
+    let nodes: Vec<(&str, Option<&str>)> = view
+        .holders
+        .iter()
+        .map(|h| (h.node.as_deref().unwrap_or(&h.id), h.phase.as_deref()))
+        .collect();
     tracing::info!(
         target = %settings.target,
         id = %me.id,
         free = view.free(),
         max = view.max,
         holders = ?state.1,
+        nodes = ?nodes,
         waiters_ahead = behind,
         position = behind + 1,
         reclaim_check_in = ?until.map(|u| u.saturating_duration_since(Instant::now())),

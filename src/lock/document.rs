@@ -15,9 +15,9 @@
 //! a holder (node, boot id, phase, since) lives in one small JSON key per holder
 //! ([`HolderRecord`]), so locksmith never sees it and concurrent phase reports of different
 //! holders never touch the same key. A record is only ever written in a transaction that also
-//! compares the document's version and finds its holder in the document, so a record whose
+//! compares the document's mod revision and finds its holder in the document, so a record whose
 //! holder is gone from the document (unlocked by `locksmithctl`) is an orphan that may be
-//! deleted in any later transaction guarded by the document's version.
+//! deleted in any later transaction guarded by the document's mod revision.
 //!
 //! A rebootd waiting for a slot keeps a queue entry ([`WaiterRecord`]) attached to an etcd lease;
 //! the entries' create revisions order the waiters (see `super::etcd`). locksmith never reads them.

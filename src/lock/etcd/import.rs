@@ -21,20 +21,24 @@ pub enum Import {
 
 impl EtcdSemaphore {
     /// Write `doc` and `records` (holder id, record) if the document key is absent.
-    #[tracing::instrument(skip(self, records), fields(key = %self.key))]
+    #[tracing::instrument(skip(self, records), fields(key = %self.keys.doc))]
     pub async fn import(
         &self,
         doc: &SemaphoreDoc,
         records: &[(String, HolderRecord)],
     ) -> Result<Import, LockError> {
-        let mut puts = vec![TxnOp::put(self.key.clone(), doc.to_json(), None)];
+        let mut puts = vec![TxnOp::put(self.keys.doc.clone(), doc.to_json(), None)];
         for (id, record) in records {
             puts.push(TxnOp::put(self.record_key(id), record.to_json(), None));
         }
         let txn = Txn::new()
-            .when([Compare::version(self.key.clone(), CompareOp::Equal, 0)])
+            .when([Compare::mod_revision(
+                self.keys.doc.clone(),
+                CompareOp::Equal,
+                0,
+            )])
             .and_then(puts)
-            .or_else([TxnOp::get(self.key.clone(), None)]);
+            .or_else([TxnOp::get(self.keys.doc.clone(), None)]);
         let resp = self.txn(txn).await?;
         if resp.succeeded() {
             return Ok(Import::Created {
@@ -62,7 +66,7 @@ impl EtcdSemaphore {
     /// locksmith's document in v3, if it exists.
     pub async fn read_doc(&self) -> Result<Option<SemaphoreDoc>, LockError> {
         let resp = self
-            .txn(Txn::new().and_then([TxnOp::get(self.key.clone(), None)]))
+            .txn(Txn::new().and_then([TxnOp::get(self.keys.doc.clone(), None)]))
             .await?;
         let value = resp.op_responses().into_iter().find_map(|op| match op {
             TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
@@ -73,15 +77,15 @@ impl EtcdSemaphore {
 
     /// Delete what [`EtcdSemaphore::import`] created at `revision`, if nothing changed the
     /// document since. Returns whether it did.
-    #[tracing::instrument(skip(self, ids), fields(key = %self.key))]
+    #[tracing::instrument(skip(self, ids), fields(key = %self.keys.doc))]
     pub async fn undo_import(&self, revision: i64, ids: &[String]) -> Result<bool, LockError> {
-        let mut deletes = vec![TxnOp::delete(self.key.clone(), None)];
+        let mut deletes = vec![TxnOp::delete(self.keys.doc.clone(), None)];
         for id in ids {
             deletes.push(TxnOp::delete(self.record_key(id), None));
         }
         let txn = Txn::new()
             .when([Compare::mod_revision(
-                self.key.clone(),
+                self.keys.doc.clone(),
                 CompareOp::Equal,
                 revision,
             )])

@@ -23,6 +23,7 @@ use crate::etcd_v2::{KeysClient, Response, V2Error};
 pub(super) async fn acquire(store: &EtcdV2Semaphore, me: &Identity) -> Result<(), LockError> {
     let settings = Settings {
         backend: BACKEND,
+        label: "etcd",
         target: store.keys.doc.clone(),
         policy: Policy {
             max_hold: store.max_hold,

@@ -1,0 +1,519 @@
+//! Lock store `[lock.etcd] api = "v3"` (the default): locksmith's semaphore document in etcd v3,
+//! rebootd's holder records and FIFO waiter queue beside it. An adapter on the lock core: it reads
+//! a view (the document, the records and the queue in one transaction, [`snapshot`]), commits the
+//! arbiter's decisions by compare-and-swap on the document key's **mod revision** (`== 0` to
+//! create it), and waits by one watch of the group's keys ([`waiting`]). The document format and
+//! the key layout are in [`super::document`]; connecting and sorting errors in [`connect`].
+//!
+//! Every write of the document is one transaction guarded by the mod revision read, so a lost
+//! race is detected and retried on a fresh state, and a document that does not parse is never
+//! written over: parsing happens before any write is built. Transactions are bounded: the
+//! document, one record, one queue entry and the orphan records read (one per holder at most).
+//!
+//! # Waiting: a FIFO queue beside locksmith's document
+//!
+//! A waiter puts a queue entry (`.../rebootd/waiters/<id>`) under an etcd lease it keeps alive
+//! while `acquire` runs; the entry's create revision is its ticket. The arbiter lets it try the
+//! compare-and-swap only when the document has more free slots than live waiters ahead of it, so a
+//! release wakes the head of the queue, not every waiter. The transaction that takes the slot
+//! also deletes the entry. One watch, on the key range from the holder records to the document,
+//! keeps the view up to date locally for the whole wait: a change costs the waiters no request; a
+//! fresh read happens only after a compaction, a reconnect or an error. A waiter that dies leaves
+//! an entry that vanishes with its lease ([`Timeouts::queue_ttl`]); a restarted one re-puts its
+//! entry under a new lease, which keeps the create revision, so it keeps its place. locksmith
+//! never reads the queue: it takes free slots by CAS as before, and queued waiters wait on.
+//!
+//! # Liveness of holders
+//!
+//! A holder's record gets a new revision at every heartbeat and phase report; a waiter judges a
+//! holder stopped when that revision did not change for `max_hold` of its own clock (a holder
+//! without a record, locksmith's, from when the waiter first saw it). No time written by another
+//! host is compared. A reclaim compares the stopped holder's record revision too, so a holder
+//! that beats at the last moment keeps its slot.
+
+mod connect;
+mod import;
+pub mod snapshot;
+mod waiting;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse, TxnResponse};
+
+use super::document::{DocError, HolderRecord, SemaphoreDoc};
+use super::retry::{Cas, MAX_CONFLICTS};
+use super::{Admin, Fence, Holder, Identity, LockError, Semaphore, SemaphoreStatus};
+use crate::config;
+pub use connect::check_settings;
+use connect::{classify, connect_options, explain_wrong_protocol};
+pub use import::Import;
+use snapshot::{Keys, Kv, Snapshot};
+
+const BACKEND: &str = "etcd";
+
+/// Time limits of the etcd backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// Connecting to an endpoint.
+    pub connect: Duration,
+    /// One request (read, transaction, opening a watch).
+    pub request: Duration,
+    /// First pause after a transient error inside `acquire`; doubled each time, up to
+    /// `backoff_max`.
+    pub backoff_min: Duration,
+    pub backoff_max: Duration,
+    /// Time to live of a waiter's queue entry (its etcd lease, kept alive every third of it
+    /// while `acquire` runs): the longest a waiter that died without a word holds up the queue.
+    /// Whole seconds, rounded up; etcd may raise a very short one to its minimum.
+    pub queue_ttl: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            connect: Duration::from_secs(5),
+            request: Duration::from_secs(10),
+            backoff_min: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(10),
+            // Longer than backoff_max, so a waiter retrying an unreachable cluster keeps its place.
+            queue_ttl: Duration::from_secs(30),
+        }
+    }
+}
+
+/// locksmith's semaphore in etcd, plus rebootd's records about its holders and its waiters.
+pub struct EtcdSemaphore {
+    client: Client,
+    keys: Keys,
+    /// The endpoints, for error messages.
+    target: String,
+    max_hold: Option<Duration>,
+    timeouts: Timeouts,
+}
+
+impl std::fmt::Debug for EtcdSemaphore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdSemaphore")
+            .field("target", &self.target)
+            .field("group", &self.keys.group)
+            .field("key", &self.keys.doc)
+            .field("max_hold", &self.max_hold)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdSemaphore {
+    /// Connect to the cluster in `settings` for the semaphore of `group`, with default
+    /// [`Timeouts`]. An unreachable cluster is [`LockError::Unreachable`] naming the endpoints.
+    pub async fn connect(
+        settings: &config::Etcd,
+        group: &str,
+        max_hold: Option<Duration>,
+    ) -> Result<Self, LockError> {
+        Self::connect_with(settings, group, max_hold, Timeouts::default()).await
+    }
+
+    /// [`EtcdSemaphore::connect`] with explicit time limits.
+    #[tracing::instrument(skip(settings), fields(endpoints = ?settings.endpoints))]
+    pub async fn connect_with(
+        settings: &config::Etcd,
+        group: &str,
+        max_hold: Option<Duration>,
+        timeouts: Timeouts,
+    ) -> Result<Self, LockError> {
+        let options = connect_options(settings, timeouts)?;
+        let target = settings.endpoints.join(",");
+        let within = timeouts.connect + timeouts.request;
+        let client =
+            match tokio::time::timeout(within, Client::connect(&settings.endpoints, Some(options)))
+                .await
+            {
+                Err(_) => {
+                    return Err(LockError::Unreachable {
+                        backend: BACKEND,
+                        target,
+                        reason: format!("no answer within {within:?}"),
+                    })
+                }
+                Ok(Err(etcd_client::Error::InvalidArgs(e))) => {
+                    return Err(LockError::Refused(format!("lock.etcd: {e}")))
+                }
+                Ok(Err(etcd_client::Error::InvalidUri(e))) => {
+                    return Err(LockError::Refused(format!("lock.etcd.endpoints: {e}")))
+                }
+                Ok(Err(e)) => return Err(classify(&target, e)),
+                Ok(Ok(c)) => c,
+            };
+        let this = EtcdSemaphore {
+            client,
+            keys: Keys::new(group),
+            target,
+            max_hold,
+            timeouts,
+        };
+        // The client connects lazily: make sure someone answers, and say what else did.
+        if let Err(e) = this.probe().await {
+            return Err(explain_wrong_protocol(e, &settings.endpoints, timeouts.connect).await);
+        }
+        Ok(this)
+    }
+
+    /// The key of locksmith's document this semaphore uses.
+    pub fn key(&self) -> &str {
+        &self.keys.doc
+    }
+
+    /// The prefix of rebootd's holder records.
+    pub fn records_prefix(&self) -> &str {
+        &self.keys.records
+    }
+
+    /// The prefix of rebootd's queue of waiters.
+    pub fn queue_prefix(&self) -> &str {
+        &self.keys.queue
+    }
+
+    pub fn group(&self) -> &str {
+        &self.keys.group
+    }
+
+    fn unreachable(&self, reason: String) -> LockError {
+        LockError::Unreachable {
+            backend: BACKEND,
+            target: self.target.clone(),
+            reason,
+        }
+    }
+
+    /// [`classify`], naming the key in permanent errors (e.g. permission denied).
+    fn classify(&self, e: etcd_client::Error) -> LockError {
+        match classify(&self.target, e) {
+            LockError::Backend { backend, reason } => LockError::Backend {
+                backend,
+                reason: format!("{reason} (key {})", self.keys.doc),
+            },
+            other => other,
+        }
+    }
+
+    fn parse_doc(&self, value: &[u8]) -> Result<SemaphoreDoc, LockError> {
+        self.keys.parse_doc(value)
+    }
+
+    fn record_key(&self, id: &str) -> String {
+        self.keys.record(id)
+    }
+
+    /// `fut` within the request time limit, its error sorted.
+    async fn request<T>(
+        &self,
+        what: &str,
+        fut: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, LockError> {
+        match tokio::time::timeout(self.timeouts.request, fut).await {
+            Err(_) => Err(self.unreachable(format!(
+                "{what}no answer within {:?}",
+                self.timeouts.request
+            ))),
+            Ok(Err(e)) => Err(self.classify(e)),
+            Ok(Ok(r)) => Ok(r),
+        }
+    }
+
+    #[tracing::instrument(level = "debug", skip(self), fields(key = %self.keys.doc))]
+    async fn probe(&self) -> Result<(), LockError> {
+        let mut kv = self.client.kv_client();
+        let get = kv.get(
+            self.keys.doc.clone(),
+            Some(GetOptions::new().with_count_only()),
+        );
+        self.request("", get).await.map(|_| ())
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<TxnResponse, LockError> {
+        let mut kv = self.client.kv_client();
+        self.request("", kv.txn(txn)).await
+    }
+
+    /// Read the document and the records (and the queue when `with_queue`) at one revision. A
+    /// document that does not parse is [`LockError::Corrupt`].
+    #[tracing::instrument(level = "debug", skip(self), fields(key = %self.keys.doc))]
+    async fn read(&self, with_queue: bool) -> Result<Snapshot, LockError> {
+        let prefix = |p: &str| TxnOp::get(p.to_owned(), Some(GetOptions::new().with_prefix()));
+        let mut gets = vec![
+            TxnOp::get(self.keys.doc.clone(), None),
+            prefix(&self.keys.records),
+        ];
+        if with_queue {
+            gets.push(prefix(&self.keys.queue));
+        }
+        let expected = gets.len();
+        let resp = self.txn(Txn::new().and_then(gets)).await?;
+        let revision = resp.header().map(|h| h.revision()).unwrap_or_default();
+        let mut snap = Snapshot::empty(revision);
+        let mut answered = 0;
+        for op in resp.op_responses() {
+            let TxnOpResponse::Get(get) = op else {
+                continue;
+            };
+            answered += 1;
+            for kv in get.kvs() {
+                snap.put(&self.keys, &Kv::from(kv))?;
+            }
+        }
+        if answered != expected {
+            return Err(LockError::Backend {
+                backend: BACKEND,
+                reason: format!("unexpected answer to a read of {}", self.keys.doc),
+            });
+        }
+        Ok(snap)
+    }
+
+    /// Run `ops` if the document is still at `snap`'s mod revision and `extra` holds. Returns
+    /// whether it ran.
+    async fn commit(
+        &self,
+        snap: &Snapshot,
+        extra: Vec<Compare>,
+        ops: Vec<TxnOp>,
+    ) -> Result<bool, LockError> {
+        let mut compares = vec![Compare::mod_revision(
+            self.keys.doc.clone(),
+            CompareOp::Equal,
+            snap.doc_revision,
+        )];
+        compares.extend(extra);
+        let resp = self.txn(Txn::new().when(compares).and_then(ops)).await?;
+        if !resp.succeeded() {
+            tracing::debug!(key = %self.keys.doc, revision = snap.doc_revision, "lost a race");
+        }
+        Ok(resp.succeeded())
+    }
+
+    fn put_doc(&self, doc: &SemaphoreDoc) -> TxnOp {
+        TxnOp::put(self.keys.doc.clone(), doc.to_json(), None)
+    }
+
+    /// Deletes of the orphan records in `snap` once the document is `after`.
+    fn stale_record_deletes(&self, snap: &Snapshot, after: &SemaphoreDoc) -> Vec<TxnOp> {
+        snap.stale_records(&self.keys, after)
+            .into_iter()
+            .map(|k| TxnOp::delete(k, None))
+            .collect()
+    }
+
+    /// The record `me` writes on its slot: `phase` when given (`since` moves when it or the boot
+    /// changes), else the one in `snap`.
+    fn my_record(&self, snap: &Snapshot, me: &Identity, phase: Option<&str>) -> HolderRecord {
+        let now = jiff::Timestamp::now();
+        let previous = snap.record(&self.keys, &me.id);
+        let phase = match phase {
+            Some(p) => Some(p.to_owned()),
+            None => previous.and_then(|p| p.phase.clone()),
+        };
+        let since = match previous {
+            Some(p) if p.phase == phase && p.boot_id == me.boot_id => p.since,
+            _ => now,
+        };
+        HolderRecord {
+            node: me.node.clone(),
+            boot_id: me.boot_id.clone(),
+            phase,
+            since,
+            acquired: previous.map_or(now, |p| p.acquired),
+            token: Some(me.token.clone()),
+        }
+    }
+
+    /// A compare that the record of `id` is as in `snap` (absent: still absent).
+    fn record_unchanged(&self, snap: &Snapshot, id: &str) -> Compare {
+        let key = self.record_key(id);
+        let revision = snap.records.get(&key).map_or(0, |e| e.mod_revision);
+        Compare::mod_revision(key, CompareOp::Equal, revision)
+    }
+
+    /// One attempt of an update other than `acquire`: `f` builds the operations from a fresh
+    /// read (`None` = nothing to do).
+    async fn try_update<F>(&self, f: &mut F) -> Result<Cas<()>, LockError>
+    where
+        F: FnMut(&Snapshot) -> Result<Option<Vec<TxnOp>>, LockError> + Send,
+    {
+        let snap = self.read(false).await?;
+        let Some(ops) = f(&snap)? else {
+            return Ok(Cas::Done(()));
+        };
+        Ok(match self.commit(&snap, Vec::new(), ops).await? {
+            true => Cas::Done(()),
+            false => Cas::Conflict,
+        })
+    }
+
+    /// The compare-and-swap loop of the calls other than `acquire`.
+    async fn update<F>(&self, what: &str, mut f: F) -> Result<(), LockError>
+    where
+        F: FnMut(&Snapshot) -> Result<Option<Vec<TxnOp>>, LockError> + Send,
+    {
+        for _ in 0..MAX_CONFLICTS {
+            if let Cas::Done(()) = self.try_update(&mut f).await? {
+                return Ok(());
+            }
+            tracing::debug!(what, key = %self.keys.doc, "lost a race; reading again");
+        }
+        Err(LockError::Backend {
+            backend: BACKEND,
+            reason: format!(
+                "{what}: gave up after {MAX_CONFLICTS} conflicting updates of {}",
+                self.keys.doc
+            ),
+        })
+    }
+}
+
+#[async_trait]
+impl Semaphore for EtcdSemaphore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    /// The lock core's acquire loop over this store (see the module documentation). Cancelled
+    /// (dropped), it revokes its queue entry's lease from a spawned task.
+    #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
+    async fn acquire(&self, me: &Identity) -> Result<(), LockError> {
+        waiting::acquire(self, me).await
+    }
+
+    #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
+    async fn fence(&self, me: &Identity) -> Result<Fence, LockError> {
+        let snap = self.read(false).await?;
+        Ok(snap.fence(&self.keys, &me.id, &me.token))
+    }
+
+    fn heartbeat_every(&self) -> Option<Duration> {
+        super::heartbeat_every(self.max_hold)
+    }
+
+    /// Writes my record again (a new revision of its key), if I hold my slot.
+    #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
+    async fn heartbeat(&self, me: &Identity) -> Result<Fence, LockError> {
+        let key = self.record_key(&me.id);
+        let mut fence = Fence::Held;
+        self.update("heartbeat", |snap| {
+            fence = snap.fence(&self.keys, &me.id, &me.token);
+            if fence != Fence::Held {
+                return Ok(None);
+            }
+            let record = self.my_record(snap, me, None);
+            Ok(Some(vec![TxnOp::put(key.clone(), record.to_json(), None)]))
+        })
+        .await?;
+        Ok(fence)
+    }
+
+    /// Releases my slot, unless the record says another host (another token) holds it.
+    #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
+    async fn release(&self, me: &Identity) -> Result<(), LockError> {
+        let snap = self.read(false).await?;
+        if let Fence::Lost { why } = snap.fence(&self.keys, &me.id, &me.token) {
+            if snap.doc.holds(&me.id) {
+                tracing::error!(key = %self.keys.doc, id = %me.id, %why, "not releasing a slot another host holds under this machine id");
+                return Ok(());
+            }
+        }
+        Admin::unlock(self, &me.id).await
+    }
+
+    /// Records the phase of a holder; `since` moves only when the phase or boot id changes. Not
+    /// holding a slot is a no-op (there is nothing to annotate).
+    #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
+    async fn report_phase(&self, me: &Identity, phase: &str) -> Result<(), LockError> {
+        let key = self.record_key(&me.id);
+        self.update("report phase", |snap| {
+            if !snap.doc.holds(&me.id) {
+                tracing::debug!(id = %me.id, phase, "not holding a slot; phase not recorded");
+                return Ok(None);
+            }
+            if let Some(p) = snap.record(&self.keys, &me.id) {
+                if p.phase.as_deref() == Some(phase)
+                    && p.boot_id == me.boot_id
+                    && p.node == me.node
+                    && p.token.as_deref() == Some(me.token.as_str())
+                {
+                    return Ok(None);
+                }
+            }
+            let record = self.my_record(snap, me, Some(phase));
+            Ok(Some(vec![TxnOp::put(key.clone(), record.to_json(), None)]))
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl Admin for EtcdSemaphore {
+    #[tracing::instrument(skip(self), fields(key = %self.keys.doc))]
+    async fn unlock(&self, id: &str) -> Result<(), LockError> {
+        self.update("release", |snap| {
+            let mut doc = snap.doc.clone();
+            let held = doc.unlock(id);
+            let mut ops = Vec::new();
+            if held {
+                ops.push(self.put_doc(&doc));
+            }
+            ops.extend(self.stale_record_deletes(snap, &doc));
+            Ok((!ops.is_empty()).then_some(ops))
+        })
+        .await?;
+        tracing::info!(key = %self.keys.doc, %id, "released");
+        Ok(())
+    }
+
+    #[tracing::instrument(skip(self), fields(key = %self.keys.doc))]
+    async fn status(&self) -> Result<SemaphoreStatus, LockError> {
+        let snap = self.read(false).await?;
+        let holders = snap
+            .doc
+            .holders
+            .iter()
+            .map(|id| {
+                let record = snap.record(&self.keys, id).cloned();
+                Holder {
+                    id: id.clone(),
+                    node: record.as_ref().map(|r| r.node.clone()),
+                    phase: record.as_ref().and_then(|r| r.phase.clone()),
+                    since: record.as_ref().map(|r| r.since),
+                    boot_id: record.map(|r| r.boot_id),
+                }
+            })
+            .collect();
+        Ok(SemaphoreStatus {
+            backend: BACKEND.into(),
+            group: self.keys.group.clone(),
+            max: snap.doc.max,
+            free: snap.doc.free(),
+            holders,
+        })
+    }
+
+    #[tracing::instrument(skip(self), fields(key = %self.keys.doc))]
+    async fn set_max(&self, max: u64, force: bool) -> Result<(), LockError> {
+        self.update("set-max", |snap| {
+            let mut doc = snap.doc.clone();
+            doc.set_max(max, force).map_err(|e| match e {
+                DocError::MaxBelowHolders { requested, holders } => {
+                    LockError::MaxBelowHolders { requested, holders }
+                }
+                other => LockError::Refused(format!("set-max {max}: {other}")),
+            })?;
+            if doc == snap.doc && snap.doc_revision != 0 {
+                return Ok(None);
+            }
+            if doc.free() < 0 {
+                tracing::warn!(key = %self.keys.doc, max, holders = ?doc.holders, "set-max below the current holders (forced)");
+            }
+            Ok(Some(vec![self.put_doc(&doc)]))
+        })
+        .await
+    }
+}

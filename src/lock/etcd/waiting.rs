@@ -1,0 +1,510 @@
+//! `acquire` on the v3 store: the lock core's loop over [`V3Waiting`]. A waiter queues as the key
+//! `…/rebootd/waiters/<id>` under an etcd lease it keeps alive (every third of its time to live,
+//! on one keep-alive stream), and waits on one watch of the group's keys, from the holder records
+//! to the document, opened after a read from the revision read: each change is applied to the
+//! snapshot and the arbiter decides again without a request. Decisions are committed in one
+//! transaction each, guarded by the document's mod revision (and, to reclaim or adopt a slot, by
+//! the holder record's): taking a slot writes the document, my record and deletes my entry.
+//! Dropped, an `acquire` revokes its lease from a spawned task; a dead one's entry expires with it.
+
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, EventType, LeaseKeepAliveStream, LeaseKeeper, PutOptions, TxnOp, WatchOptions,
+    WatchStream,
+};
+
+use super::super::acquire::{self, Settings, Waiting, Wake};
+use super::super::arbiter::Policy;
+use super::super::document::{HolderRecord, WaiterRecord};
+use super::super::view::{Me, View};
+use super::super::{Identity, LockError};
+use super::snapshot::{Kv, QueueEntry, Snapshot};
+use super::{EtcdSemaphore, BACKEND};
+
+/// gRPC NotFound: etcd's "requested lease not found" (it expired while etcd was away).
+const GRPC_NOT_FOUND: i32 = 5;
+
+/// Take a slot for `me` in `store`, waiting in its queue as long as it takes.
+pub(super) async fn acquire(store: &EtcdSemaphore, me: &Identity) -> Result<(), LockError> {
+    let settings = Settings {
+        backend: BACKEND,
+        label: "etcd",
+        target: store.keys.doc.clone(),
+        policy: Policy {
+            max_hold: store.max_hold,
+            // Queue entries live by their lease: this applies to none of them.
+            waiter_timeout: store.timeouts.queue_ttl,
+        },
+        backoff_min: store.timeouts.backoff_min,
+        backoff_max: store.timeouts.backoff_max,
+    };
+    let mut w = V3Waiting {
+        store,
+        me,
+        queue_key: store.keys.waiter(&me.id),
+        started: jiff::Timestamp::now(),
+        snap: None,
+        lease: LeaseGuard {
+            client: store.client.clone(),
+            request: store.timeouts.request,
+            lease: None,
+        },
+        watch: None,
+        keep_alive: None,
+        keep_alive_at: None,
+        left: false,
+    };
+    acquire::acquire(&mut w, me, &settings).await
+}
+
+/// The lease of my queue entry; revoked (from a spawned task, best effort) when dropped, so an
+/// `acquire` that returns or is cancelled leaves no entry behind. If the process dies instead,
+/// the lease expires.
+struct LeaseGuard {
+    client: Client,
+    request: Duration,
+    /// The lease and its granted time to live.
+    lease: Option<(i64, Duration)>,
+}
+
+impl LeaseGuard {
+    fn revoke(&mut self) {
+        let Some((id, _)) = self.lease.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mut lease = self.client.lease_client();
+        let request = self.request;
+        runtime.spawn(async move {
+            match tokio::time::timeout(request, lease.revoke(id)).await {
+                Ok(Ok(_)) => tracing::debug!(lease = id, "queue lease revoked"),
+                Ok(Err(e)) => {
+                    tracing::debug!(lease = id, error = %e, "queue lease not revoked; it expires")
+                }
+                Err(_) => {
+                    tracing::debug!(lease = id, "queue lease not revoked in time; it expires")
+                }
+            }
+        });
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        self.revoke();
+    }
+}
+
+/// The lease keep-alive stream, opened at the first keep-alive after a read.
+struct KeepAlive {
+    keeper: LeaseKeeper,
+    stream: LeaseKeepAliveStream,
+}
+
+struct V3Waiting<'a> {
+    store: &'a EtcdSemaphore,
+    me: &'a Identity,
+    /// My queue entry's key.
+    queue_key: String,
+    /// When this `acquire` started (written in the queue entry).
+    started: jiff::Timestamp,
+    snap: Option<Snapshot>,
+    lease: LeaseGuard,
+    /// The watch from the last read on; opened at the first wait after it.
+    watch: Option<WatchStream>,
+    keep_alive: Option<KeepAlive>,
+    /// When my lease needs its next keep-alive.
+    keep_alive_at: Option<Instant>,
+    /// My queue entry went with the transaction that made me a holder.
+    left: bool,
+}
+
+/// What ended one wait of the `select!` in [`V3Waiting::wait`].
+enum Woken {
+    Timer,
+    KeepAliveDue,
+    KeepAlive(Result<Option<etcd_client::LeaseKeepAliveResponse>, etcd_client::Error>),
+    Watch(Result<Option<etcd_client::WatchResponse>, etcd_client::Error>),
+}
+
+impl V3Waiting<'_> {
+    fn snap(&self) -> Result<&Snapshot, LockError> {
+        self.snap.as_ref().ok_or_else(|| LockError::Backend {
+            backend: BACKEND,
+            reason: "internal: no snapshot read yet".into(),
+        })
+    }
+
+    fn me(&self) -> Me<'_> {
+        Me {
+            id: &self.me.id,
+            node: &self.me.node,
+            token: &self.me.token,
+        }
+    }
+
+    /// A fresh record of mine, for a slot just taken.
+    fn fresh_record(&self) -> HolderRecord {
+        let now = jiff::Timestamp::now();
+        HolderRecord {
+            node: self.me.node.clone(),
+            boot_id: self.me.boot_id.clone(),
+            phase: None,
+            since: now,
+            acquired: now,
+            token: Some(self.me.token.clone()),
+        }
+    }
+
+    /// When my lease needs its next keep-alive: a third of its time to live from now.
+    fn keep_alive_due(&self) -> Instant {
+        let ttl = self
+            .lease
+            .lease
+            .map_or(self.store.timeouts.queue_ttl, |(_, ttl)| ttl);
+        Instant::now() + (ttl / 3).max(Duration::from_millis(300))
+    }
+
+    /// Grant the lease of my queue entry.
+    async fn grant(&mut self) -> Result<i64, LockError> {
+        let ttl = i64::try_from(self.store.timeouts.queue_ttl.as_millis().div_ceil(1000))
+            .unwrap_or(i64::MAX)
+            .max(1);
+        let mut lease = self.store.client.lease_client();
+        let resp = self
+            .store
+            .request("granting a lease: ", lease.grant(ttl, None))
+            .await?;
+        let granted = Duration::from_secs(u64::try_from(resp.ttl()).unwrap_or(1).max(1));
+        self.lease.lease = Some((resp.id(), granted));
+        self.keep_alive = None;
+        self.keep_alive_at = Some(self.keep_alive_due());
+        Ok(resp.id())
+    }
+
+    /// Send a keep-alive for my lease, opening the keep-alive stream the first time. `false`
+    /// when the lease is gone.
+    async fn send_keep_alive(&mut self) -> Result<bool, LockError> {
+        let Some((id, _)) = self.lease.lease else {
+            return Ok(false);
+        };
+        if let Some(k) = self.keep_alive.as_mut() {
+            return match k.keeper.keep_alive().await {
+                Ok(()) => Ok(true),
+                Err(e) => Err(self.store.unreachable(format!("lease keep-alive: {e}"))),
+            };
+        }
+        let mut lease = self.store.client.lease_client();
+        match tokio::time::timeout(self.store.timeouts.request, lease.keep_alive(id)).await {
+            Err(_) => Err(self.store.unreachable(format!(
+                "lease keep-alive: no answer within {:?}",
+                self.store.timeouts.request
+            ))),
+            Ok(Ok((keeper, stream))) => {
+                self.keep_alive = Some(KeepAlive { keeper, stream });
+                Ok(true)
+            }
+            // What the client says when the server answers with a TTL of 0: lease not found.
+            Ok(Err(etcd_client::Error::LeaseKeepAliveError(_))) => Ok(false),
+            Ok(Err(e)) => Err(self.store.classify(e)),
+        }
+    }
+
+    /// My lease expired: its entry went with it. Forget both; the next decision queues again.
+    fn lease_lost(&mut self) {
+        tracing::warn!(key = %self.queue_key, lease = ?self.lease.lease.map(|(id, _)| id), "the lease of my queue entry expired; queueing again");
+        self.lease.lease = None;
+        self.keep_alive = None;
+        self.keep_alive_at = None;
+    }
+
+    /// Open the watch of the holder records, the queue and the document (one key range, see
+    /// [`super::super::document`]) from `revision`.
+    async fn open_watch(&self, revision: i64) -> Result<WatchStream, LockError> {
+        let keys = &self.store.keys;
+        let mut end = keys.doc.clone().into_bytes();
+        end.push(0);
+        let options = WatchOptions::new()
+            .with_range(end)
+            .with_start_revision(revision);
+        let mut watch = self.store.client.watch_client();
+        self.store
+            .request(
+                "opening a watch: ",
+                watch.watch(keys.records.clone(), Some(options)),
+            )
+            .await
+    }
+
+    /// Note my entry, put at `revision`, in the snapshot (its revision stays: the watch still
+    /// has to bring what happened before).
+    fn note_entry(&mut self, revision: i64, lease: i64, record: WaiterRecord) {
+        let key = self.queue_key.clone();
+        if let Some(snap) = self.snap.as_mut() {
+            let create_revision = snap.queue.get(&key).map_or(revision, |e| e.create_revision);
+            snap.queue.insert(
+                key,
+                QueueEntry {
+                    create_revision,
+                    lease,
+                    record: Some(record),
+                },
+            );
+        }
+    }
+}
+
+#[async_trait]
+impl Waiting for V3Waiting<'_> {
+    async fn read(&mut self) -> Result<(), LockError> {
+        // The watch and the keep-alive stream start again from this read.
+        self.watch = None;
+        self.keep_alive = None;
+        self.snap = Some(self.store.read(true).await?);
+        Ok(())
+    }
+
+    fn view(&self) -> Result<View, LockError> {
+        Ok(self.snap()?.view(&self.store.keys, Some(&self.me())))
+    }
+
+    async fn take(&mut self, _rank: usize) -> Result<bool, LockError> {
+        let snap = self.snap()?;
+        let mut doc = snap.doc.clone();
+        if !matches!(doc.lock(&self.me.id), Ok(true)) {
+            return Ok(false);
+        }
+        let store = self.store;
+        let mut ops = vec![
+            store.put_doc(&doc),
+            TxnOp::put(
+                store.record_key(&self.me.id),
+                self.fresh_record().to_json(),
+                None,
+            ),
+        ];
+        ops.extend(store.stale_record_deletes(snap, &doc));
+        ops.push(TxnOp::delete(self.queue_key.clone(), None));
+        if !store.commit(snap, Vec::new(), ops).await? {
+            return Ok(false);
+        }
+        self.left = true;
+        Ok(true)
+    }
+
+    async fn adopt(&mut self, _holder: &str) -> Result<bool, LockError> {
+        let snap = self.snap()?;
+        let store = self.store;
+        let record = store.my_record(snap, self.me, None);
+        let ops = vec![
+            TxnOp::put(store.record_key(&self.me.id), record.to_json(), None),
+            TxnOp::delete(self.queue_key.clone(), None),
+        ];
+        let guard = store.record_unchanged(snap, &self.me.id);
+        if !store.commit(snap, vec![guard], ops).await? {
+            return Ok(false);
+        }
+        self.left = true;
+        Ok(true)
+    }
+
+    async fn reclaim(&mut self, holder: &str, take_over: bool) -> Result<bool, LockError> {
+        let snap = self.snap()?;
+        let store = self.store;
+        let mut doc = snap.doc.clone();
+        doc.unlock(holder);
+        if take_over && !matches!(doc.lock(&self.me.id), Ok(true)) {
+            return Ok(false);
+        }
+        let mut ops = vec![store.put_doc(&doc)];
+        if take_over {
+            ops.push(TxnOp::put(
+                store.record_key(&self.me.id),
+                self.fresh_record().to_json(),
+                None,
+            ));
+            ops.push(TxnOp::delete(self.queue_key.clone(), None));
+        }
+        ops.extend(store.stale_record_deletes(snap, &doc));
+        // The holder did not beat since it was judged stopped.
+        let guard = store.record_unchanged(snap, holder);
+        if !store.commit(snap, vec![guard], ops).await? {
+            return Ok(false);
+        }
+        self.left = take_over;
+        Ok(true)
+    }
+
+    /// Put my entry under my lease (granting one when there is none or it expired), unless it
+    /// is there under that lease already. A put keeps the key's create revision, so an entry
+    /// left by my previous run keeps its place.
+    async fn enqueue(&mut self) -> Result<(), LockError> {
+        let existing = self.snap()?.queue.get(&self.queue_key).cloned();
+        if let (Some(e), Some((lease, _))) = (&existing, self.lease.lease) {
+            if e.lease == lease {
+                return Ok(());
+            }
+        }
+        let record = WaiterRecord {
+            node: self.me.node.clone(),
+            boot_id: self.me.boot_id.clone(),
+            token: Some(self.me.token.clone()),
+            since: existing
+                .as_ref()
+                .and_then(|e| e.record.as_ref())
+                .map_or(self.started, |r| r.since),
+        };
+        for _ in 0..2 {
+            let lease = match self.lease.lease {
+                Some((id, _)) => id,
+                None => self.grant().await?,
+            };
+            let mut kv = self.store.client.kv_client();
+            let put = kv.put(
+                self.queue_key.clone(),
+                record.to_json(),
+                Some(PutOptions::new().with_lease(lease)),
+            );
+            match tokio::time::timeout(self.store.timeouts.request, put).await {
+                Err(_) => {
+                    return Err(self.store.unreachable(format!(
+                        "queueing: no answer within {:?}",
+                        self.store.timeouts.request
+                    )))
+                }
+                Ok(Ok(resp)) => {
+                    let revision = resp.header().map(|h| h.revision()).unwrap_or_default();
+                    tracing::debug!(key = %self.queue_key, lease, revision, kept_place = existing.is_some(), "queued");
+                    self.note_entry(revision, lease, record);
+                    return Ok(());
+                }
+                Ok(Err(etcd_client::Error::GRpcStatus(status)))
+                    if i32::from(status.code()) == GRPC_NOT_FOUND =>
+                {
+                    tracing::debug!(lease, "queue lease expired; granting a new one");
+                    self.lease.lease = None;
+                }
+                Ok(Err(e)) => return Err(self.store.classify(e)),
+            }
+        }
+        Err(LockError::Backend {
+            backend: BACKEND,
+            reason: format!("{}: a lease just granted was not found", self.queue_key),
+        })
+    }
+
+    async fn wait(&mut self, until: Option<Instant>, _head: bool) -> Result<Wake, LockError> {
+        if self.watch.is_none() {
+            let from = self.snap()?.revision + 1;
+            self.watch = Some(self.open_watch(from).await?);
+        }
+        loop {
+            let keep_alive_at = self.keep_alive_at.filter(|_| self.lease.lease.is_some());
+            let Some(watch) = self.watch.as_mut() else {
+                return Ok(Wake::Reread);
+            };
+            let keep_alive = &mut self.keep_alive;
+            let woken = tokio::select! {
+                () = sleep_until(until), if until.is_some() => Woken::Timer,
+                () = sleep_until(keep_alive_at), if keep_alive_at.is_some() => Woken::KeepAliveDue,
+                r = keep_alive_response(keep_alive) => Woken::KeepAlive(r),
+                m = watch.message() => Woken::Watch(m),
+            };
+            match woken {
+                Woken::Timer => return Ok(Wake::Changed),
+                Woken::KeepAliveDue => {
+                    if !self.send_keep_alive().await? {
+                        self.lease_lost();
+                        return Ok(Wake::Changed);
+                    }
+                    self.keep_alive_at = Some(self.keep_alive_due());
+                }
+                Woken::KeepAlive(Ok(Some(r))) if r.ttl() <= 0 => {
+                    self.lease_lost();
+                    return Ok(Wake::Changed);
+                }
+                Woken::KeepAlive(Ok(Some(_))) => {}
+                Woken::KeepAlive(Ok(None)) => {
+                    return Err(self
+                        .store
+                        .unreachable("lease keep-alive stream ended".into()))
+                }
+                Woken::KeepAlive(Err(e)) => return Err(self.store.classify(e)),
+                Woken::Watch(Ok(Some(resp))) => {
+                    if resp.compact_revision() > 0 {
+                        tracing::debug!(
+                            compact_revision = resp.compact_revision(),
+                            "watch start compacted; reading again"
+                        );
+                        return Ok(Wake::Reread);
+                    }
+                    if resp.canceled() {
+                        return Err(self
+                            .store
+                            .unreachable(format!("watch cancelled: {}", resp.cancel_reason())));
+                    }
+                    let events: Vec<(bool, Kv)> = resp
+                        .events()
+                        .iter()
+                        .filter_map(|e| {
+                            e.kv()
+                                .map(|kv| (e.event_type() == EventType::Put, Kv::from(kv)))
+                        })
+                        .collect();
+                    if events.is_empty() {
+                        continue;
+                    }
+                    let keys = &self.store.keys;
+                    if let Some(snap) = self.snap.as_mut() {
+                        snap.apply(keys, &events)?;
+                    }
+                    return Ok(Wake::Changed);
+                }
+                Woken::Watch(Ok(None)) => {
+                    return Err(self.store.unreachable("watch stream ended".into()))
+                }
+                Woken::Watch(Err(e)) => return Err(self.store.classify(e)),
+            }
+        }
+    }
+
+    async fn leave(&mut self, _dead: Vec<String>) {
+        // Entries live by their lease: nobody else's is deleted here. Mine, when the slot came
+        // without the transaction that deletes it (held already, after a restart), goes now.
+        let left_over = self
+            .snap
+            .as_ref()
+            .is_some_and(|s| s.queue.contains_key(&self.queue_key));
+        if !self.left && left_over {
+            let mut kv = self.store.client.kv_client();
+            let delete = kv.delete(self.queue_key.clone(), None);
+            if let Err(e) = self.store.request("leaving the queue: ", delete).await {
+                tracing::debug!(key = %self.queue_key, error = %e, "queue entry not deleted; it expires");
+            }
+        }
+        self.watch = None;
+        self.keep_alive = None;
+        self.lease.revoke();
+    }
+}
+
+/// The next answer on the keep-alive stream, if one is open.
+async fn keep_alive_response(
+    keep_alive: &mut Option<KeepAlive>,
+) -> Result<Option<etcd_client::LeaseKeepAliveResponse>, etcd_client::Error> {
+    match keep_alive {
+        Some(k) => k.stream.message().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+        None => std::future::pending().await,
+    }
+}
