@@ -42,8 +42,13 @@ pub enum Event {
     Transient { error: String },
     /// Pods matching `blocking_pods` run on the node.
     Blocked { pods: Vec<String> },
-    /// A gate (`[gates]`) says wait: its name and what it waits for.
-    Gated { gate: String, why: String },
+    /// A gate (`[gates]`) says wait: its name and what it waits for; `hold`: the node keeps
+    /// its slot meanwhile (a Node gate, whose checks run for the node about to reboot).
+    Gated {
+        gate: String,
+        why: String,
+        hold: bool,
+    },
     /// The node is drained.
     Drained,
     /// The drain did not finish; `reboot_anyway` per `on_drain_failure`.
@@ -339,25 +344,39 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
             }
             s.waiting_for = Some(format!("blocking pods to finish: {list}"));
         }
-        Event::Gated { gate, why: reason } => {
+        Event::Gated {
+            gate,
+            why: reason,
+            hold,
+        } => {
             // A gate that closes after the slot was taken backs out like blocking pods: before
             // the cordon the slot is released at once so another node can go; after the drain
             // rebootd uncordons what it cordoned and releases, since an alert the drain itself
-            // fired would otherwise hold the node drained for good.
+            // fired would otherwise hold the node drained for good. A Node gate (`hold`) is
+            // asked only with the slot held and keeps it, as FLUO counts a node in its
+            // before-reboot checks as rebooting.
             let next_check = add(now, policy.gate_interval);
             let since = match &s.gate {
                 Some(g) if g.name == gate => g.since,
                 _ => now,
             };
-            s.not_before = Some(next_check);
             match s.phase {
+                Phase::Draining | Phase::Rebooting if hold && s.slot_held => {
+                    s.reboot = None;
+                    s.retry_at = Some(next_check);
+                    why = format!(
+                        "gate {gate:?} says wait ({reason}); holding the slot, asking again at {next_check}"
+                    );
+                }
                 Phase::AcquiringSlot | Phase::Draining | Phase::Rebooting => {
+                    s.not_before = Some(next_check);
                     back_out(&mut s, now);
                     why = format!(
                         "gate {gate:?} says wait ({reason}); backing out and releasing the slot, asking again at {next_check}"
                     );
                 }
                 _ => {
+                    s.not_before = Some(next_check);
                     why = format!(
                         "gate {gate:?} says wait ({reason}); not taking a slot, asking again at {next_check}"
                     )

@@ -49,8 +49,8 @@ pub async fn offline(config: &Config) -> Vec<String> {
         }
     }
     // Building the gates reads their URLs; a command gate's program must be there.
-    if let Err(e) = crate::gate::Gates::from_config(&config.gates.before_reboot) {
-        problems.push(format!("[gates]: {e}"));
+    if let Err(e) = crate::runtime::open_gates(config).await {
+        problems.push(e.to_string());
     }
     for (i, g) in config.gates.before_reboot.iter().enumerate() {
         if let crate::config::GateCheck::Command { argv } = &g.check {

@@ -498,7 +498,7 @@ fn validate(
         }),
     };
 
-    let gates = gates::validate(input.gates, origin)?;
+    let gates = gates::validate(input.gates, kubernetes.is_some(), origin)?;
 
     let reboot_in = input.reboot.unwrap_or_default();
     let reboot = Reboot {

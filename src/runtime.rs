@@ -4,6 +4,7 @@
 use crate::agent::{self, Action, Event, Policy};
 use crate::config::{Config, DrainFailure};
 use crate::drain::{Drainer, KubeDrainer};
+use crate::gate::Stage;
 use crate::lock::{self, Fence, LockError, Semaphore};
 use crate::metrics::Metrics;
 use crate::notify::{self, Duty, Watchdog};
@@ -121,10 +122,22 @@ pub async fn open_drainer(
     Ok(Some(Box::new(drainer)))
 }
 
-/// The gates before a reboot (`[gates]`), their HTTP clients built.
-pub fn open_gates(config: &Config) -> Result<crate::gate::Gates, RuntimeError> {
-    crate::gate::Gates::from_config(&config.gates.before_reboot)
-        .map_err(|e| RuntimeError::Gates(e.to_string()))
+/// The gates before a reboot (`[gates]`), their HTTP clients built (and a Kubernetes client
+/// for the Node gates).
+pub async fn open_gates(config: &Config) -> Result<crate::gate::Gates, RuntimeError> {
+    let specs = &config.gates.before_reboot;
+    let client = match &config.kubernetes {
+        Some(k) if crate::gate::Gates::needs_kube(specs) => Some(
+            crate::kube_client::connect(k.kubeconfig.as_deref())
+                .await
+                .map_err(|e| RuntimeError::Kubernetes(e.to_string()))?,
+        ),
+        _ => None,
+    };
+    let kube = client
+        .as_ref()
+        .map(|c| (c, config.identity.node_name.as_str()));
+    crate::gate::Gates::from_config(specs, kube).map_err(|e| RuntimeError::Gates(e.to_string()))
 }
 
 /// Flatcar's coordinator file, locked and saying `STATE=starting`, when configured; a failure is
@@ -285,7 +298,7 @@ impl Runtime {
 
     /// What stands in the way of a reboot now, if anything: a closed window, a gate that says
     /// wait, blocking pods, or an error reading them.
-    async fn obstacle(&self) -> Option<Event> {
+    async fn obstacle(&self, stage: Stage) -> Option<Event> {
         let now = Timestamp::now();
         let windows = &self.config.windows;
         if !windows.is_open(now) {
@@ -296,13 +309,14 @@ impl Runtime {
         if !self.gates.is_empty() {
             // Each check is bounded by its timeout, however many there are: the watchdog is fed
             // meanwhile.
-            let closed = self.watchdog.run(Duty::Wait, self.gates.check()).await;
+            let closed = self.watchdog.run(Duty::Wait, self.gates.check(stage)).await;
             if let Some(c) = closed {
                 let every = humantime::format_duration(self.policy.gate_interval);
-                info!(gate = %c.name, why = %c.why, "waiting for gate {:?}: {}; asking again in {every}", c.name, c.why);
+                info!(gate = %c.name, why = %c.why, hold = c.hold, "waiting for gate {:?}: {}; asking again in {every}", c.name, c.why);
                 return Some(Event::Gated {
                     gate: c.name,
                     why: c.why,
+                    hold: c.hold,
                 });
             }
             debug!("every gate says go");
@@ -468,13 +482,26 @@ impl Runtime {
                 sleep_until(*until).await;
                 Event::RetryDue
             }
-            Action::CheckWindow => self.obstacle().await.unwrap_or(Event::WindowOpen),
-            Action::PrepareReboot => self.obstacle().await.unwrap_or(Event::ReadyToReboot),
+            Action::CheckWindow => self
+                .obstacle(Stage::BeforeSlot)
+                .await
+                .unwrap_or(Event::WindowOpen),
+            Action::PrepareReboot => match self.obstacle(Stage::WithSlot).await {
+                Some(obstacle) => obstacle,
+                // The Node gates' checks are used: their label and annotations go.
+                None => match self.gates.used().await {
+                    Ok(()) => Event::ReadyToReboot,
+                    Err(error) => Event::Transient { error },
+                },
+            },
             Action::WaitForWindow => loop {
                 let now = Timestamp::now();
                 let windows = &self.config.windows;
                 if windows.is_open(now) {
-                    return self.obstacle().await.unwrap_or(Event::WindowOpen);
+                    return self
+                        .obstacle(Stage::BeforeSlot)
+                        .await
+                        .unwrap_or(Event::WindowOpen);
                 }
                 match windows.next_open(now) {
                     Some(at) => {
@@ -521,7 +548,7 @@ impl Runtime {
             Action::RecordCordon => match &self.drainer {
                 // Time may have passed waiting for the slot: look at the blockers again before
                 // touching the node.
-                Some(d) => match self.obstacle().await {
+                Some(d) => match self.obstacle(Stage::WithSlot).await {
                     Some(obstacle) => obstacle,
                     None => match d.is_unschedulable().await {
                         Ok(already) => Event::Cordoned { by_us: !already },

@@ -3,16 +3,21 @@
 //! the test sets; command gates; and a real etcd semaphore shared by two nodes, to show that a
 //! gate closing after the slot was taken gives the slot to the other node.
 
+#[path = "common/admission.rs"]
+mod admission;
 mod common;
 
 use common::*;
 use rebootd::gate::prometheus::{AlertsGate, Matcher};
 use rebootd::gate::Verdict;
 use rebootd::state::{Phase, State};
-use rebootd_lab::fleet::{Fleet, FleetEvent, FleetOptions};
+use rebootd_lab::fleet::{Fleet, FleetEvent, FleetLock, FleetOptions};
+use rebootd_lab::kube_api::{Admission, Kind};
 use rebootd_lab::node::Node;
 use rebootd_lab::prometheus::{prometheus, Exporter};
+use serde_json::Value;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const NEED: &str = "UPDATE_STATUS_UPDATED_NEED_REBOOT";
@@ -227,4 +232,170 @@ async fn a_gate_closing_after_the_slot_was_taken_gives_the_slot_to_the_next_node
         .await
         .expect("node-1 reboots once its gate opens");
     assert_eq!(fleet.max_holders_seen(), 1);
+}
+
+/// An admission hook in the API stand-in that enforces `deploy/kubernetes/admission-policy.yaml`
+/// and records what it denied.
+fn enforcing() -> (Admission, Arc<Mutex<Vec<String>>>) {
+    let denied: Arc<Mutex<Vec<String>>> = Arc::default();
+    let log = denied.clone();
+    thread_local! {
+        static POLICY: admission::Policy = admission::Policy::load();
+    }
+    let hook = Admission::new(move |req: &Value| {
+        let verdict = POLICY.with(|p| p.admit(req));
+        if let Err(m) = &verdict {
+            log.lock().unwrap().push(format!(
+                "{} {} {}: {m}",
+                req["operation"], req["resource"]["resource"], req["name"]
+            ));
+        }
+        verdict.map(|_| ())
+    });
+    (hook, denied)
+}
+
+const CHECK: &str = "rebootd.io/check-backup";
+const LABEL: &str = "rebootd.io/before-reboot";
+
+/// FLUO's before-reboot contract with Lease slots (max 1), per-node identities and the
+/// admission policy enforced: the node holding the slot labels its Node, removing a stale
+/// annotation first, and waits with the slot held (not cordoned) until a checker sets the
+/// annotation; the other node meanwhile waits for the slot and is not labelled. Once set, the
+/// node reboots and its label and annotation are gone; then the other node's turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_gate_holds_the_slot_until_a_checker_annotates_the_node() {
+    let (hook, denied) = enforcing();
+    let fleet = Fleet::start(
+        Path::new(REBOOTD),
+        FleetOptions {
+            nodes: 2,
+            max: 1,
+            lock: FleetLock::Kubernetes,
+            drain: true,
+            reboot_time: Duration::from_millis(300),
+            node_identities: true,
+            kube_admission: Some(hook),
+            config: format!(
+                "[gates]\ninterval = \"1s\"\n\n[[gates.before_reboot]]\nname = \"checks\"\nnode_annotations = [{CHECK:?}]\n"
+            ),
+            ..FleetOptions::default()
+        },
+    )
+    .await
+    .expect("start fleet");
+    fleet.wait_ready(WAIT).await.unwrap();
+    let cluster = fleet.kube.as_ref().unwrap().cluster().clone();
+    let annotate = |node: &str| {
+        cluster
+            .update(Kind::Node, "", node, |n| {
+                n["metadata"]["annotations"][CHECK] = "true".into();
+            })
+            .unwrap();
+    };
+    let node_obj = |node: &str| cluster.get(Kind::Node, "", node).unwrap();
+    // Left from an earlier cycle: must not count.
+    annotate("node-1");
+    let trigger = |i: usize| {
+        let n = fleet.nodes[i].clone();
+        async move {
+            n.lock()
+                .await
+                .update_engine
+                .set_status(NEED, "4.0")
+                .await
+                .unwrap()
+        }
+    };
+    trigger(0).await;
+    let s = fleet
+        .wait_state(0, "node-1 to wait for its checks", WAIT, |s| {
+            gate_named(s, "checks") && s.slot_held
+        })
+        .await
+        .unwrap();
+    assert_eq!(s.phase, Phase::Draining, "{s:?}");
+    let n = node_obj("node-1");
+    assert_eq!(n["metadata"]["labels"][LABEL], "true", "{n}");
+    assert!(n["metadata"]["annotations"][CHECK].is_null(), "stale: {n}");
+    assert_ne!(n["spec"]["unschedulable"], true, "not cordoned yet: {n}");
+
+    trigger(1).await;
+    let first = s.gate.unwrap().next_check;
+    fleet
+        .wait_state(0, "node-1 to ask again, still holding", WAIT, |s| {
+            s.gate.as_ref().is_some_and(|g| g.next_check > first) && s.slot_held
+        })
+        .await
+        .unwrap();
+    let s2 = fleet
+        .wait_state(1, "node-2 to wait for the slot", WAIT, |s| {
+            s.phase == Phase::AcquiringSlot
+        })
+        .await
+        .unwrap();
+    assert!(!s2.slot_held);
+    assert!(node_obj("node-2")["metadata"]["labels"][LABEL].is_null());
+
+    // The checker says go.
+    annotate("node-1");
+    fleet
+        .wait_rolled_nodes(&[0], Duration::from_secs(60))
+        .await
+        .expect("node-1 reboots once annotated");
+    let n = node_obj("node-1");
+    assert!(n["metadata"]["labels"][LABEL].is_null(), "{n}");
+    assert!(n["metadata"]["annotations"][CHECK].is_null(), "{n}");
+
+    fleet
+        .wait_state(1, "node-2 to wait for its checks", WAIT, |s| {
+            gate_named(s, "checks") && s.slot_held
+        })
+        .await
+        .unwrap();
+    annotate("node-2");
+    fleet
+        .wait_rolled_nodes(&[1], Duration::from_secs(60))
+        .await
+        .expect("node-2 reboots once annotated");
+    let denied = denied.lock().unwrap().clone();
+    assert!(denied.is_empty(), "the policy denied rebootd: {denied:?}");
+}
+
+/// The admission policy's `managedAnnotations`: a node identity may remove a listed annotation
+/// from its own Node (a Node gate's used checks), never set one, and nothing unlisted.
+#[test]
+fn the_policy_lets_a_node_remove_only_the_listed_gate_annotations() {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kubernetes/admission-policy.yaml"),
+    )
+    .unwrap();
+    let default = admission::Policy::from_yaml(&text);
+    let listed = admission::Policy::from_yaml(&text.replacen(
+        "name: managedAnnotations\n      expression: \"[]\"",
+        "name: managedAnnotations\n      expression: \"['example.com/backup-done']\"",
+        1,
+    ));
+    let node = |annotations: Value| {
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "worker-1", "annotations": annotations, "labels": {}},
+            "spec": {},
+        })
+    };
+    let with =
+        node(serde_json::json!({"example.com/backup-done": "true", "rebootd.io/phase": "x"}));
+    let without = node(serde_json::json!({"rebootd.io/phase": "x"}));
+    let nodes = ("", "v1", "nodes");
+    let user = "rebootd:node:worker-1";
+    let remove = admission::request(user, "UPDATE", nodes, "", Some(&with), Some(&without));
+    let set = admission::request(user, "UPDATE", nodes, "", Some(&without), Some(&with));
+    let denies = |p: &admission::Policy, req: &Value| {
+        p.admit(req)
+            .expect_err("admitted")
+            .contains("rebootd.io/ annotations")
+    };
+    assert!(denies(&default, &remove), "unlisted: removal denied");
+    assert_eq!(listed.admit(&remove), Ok(true), "listed: removal allowed");
+    assert!(denies(&listed, &set), "listed: setting it is still denied");
 }

@@ -28,6 +28,7 @@ fn gated(gate: &str, why: &str) -> Event {
     Event::Gated {
         gate: gate.into(),
         why: why.into(),
+        hold: false,
     }
 }
 
@@ -171,4 +172,43 @@ fn the_gate_is_forgotten_once_the_checks_after_it_run_or_the_host_rebooted() {
         let after = run(&s, &p, 5, vec![e.clone()]);
         assert_eq!(after.gate, None, "{e:?}");
     }
+}
+
+#[test]
+fn a_node_gate_holds_the_slot_and_asks_again_in_place() {
+    let p = policy(true);
+    let s = run(
+        &State::new("b", t(0)),
+        &p,
+        0,
+        vec![needed(), Event::WindowOpen, Event::SlotAcquired],
+    );
+    let hold = |why: &str| Event::Gated {
+        gate: "fluo".into(),
+        why: why.into(),
+        hold: true,
+    };
+    // Before the cordon: the slot is kept, the same action comes again after the interval.
+    let s = run(&s, &p, 10, vec![hold("annotations a.io/x to be \"true\"")]);
+    assert_eq!(s.phase, Phase::Draining);
+    assert!(s.slot_held && !s.cordon_recorded);
+    assert_eq!(next_action(&s, &p), Action::Sleep { until: t(40) });
+    assert!(s.waiting_for.as_deref().unwrap().contains("fluo"));
+    assert_eq!(s.last_error, None);
+    let s = run(&s, &p, 40, vec![Event::RetryDue]);
+    assert_eq!(next_action(&s, &p), Action::RecordCordon);
+    assert_eq!(s.gate.as_ref().unwrap().since, t(10), "still shown");
+    // Right before logind, likewise.
+    let s = run(
+        &s,
+        &p,
+        41,
+        vec![Event::Cordoned { by_us: true }, Event::Drained],
+    );
+    assert_eq!(s.gate, None, "went before the cordon");
+    let s = run(&s, &p, 50, vec![hold("x")]);
+    assert_eq!(s.phase, Phase::Rebooting);
+    assert!(s.slot_held && s.cordoned_by_us);
+    let s = run(&s, &p, 80, vec![Event::RetryDue]);
+    assert_eq!(next_action(&s, &p), Action::PrepareReboot);
 }

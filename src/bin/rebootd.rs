@@ -120,7 +120,7 @@ fn main() -> ExitCode {
             ),
             None => None,
         };
-        let gates = runtime::open_gates(&config)?;
+        let gates = runtime::open_gates(&config).await?;
         let coordinator = runtime::open_coordinator(&config);
         let mut runtime = Runtime::new(config, store, semaphore, drainer, me)
             .with_metrics(metrics)

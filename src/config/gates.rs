@@ -13,6 +13,10 @@
 //! prometheus_url = "http://prometheus:9090"
 //! alerts = ['severity="critical"']            # firing alerts matching all = wait
 //! alertmanager_url = "http://alertmanager:9093"   # optional: silenced alerts do not count
+//!
+//! [[gates.before_reboot]]                     # FLUO's before-reboot checks; needs [kubernetes]
+//! node_annotations = ["example.com/backup-done"]  # each "true" on this Node = go
+//! node_label = "rebootd.io/before-reboot"     # set "true" while the checks run (the default)
 //! ```
 //!
 //! The raw input is read here and validated into [`Gates`]; every error names the file, the
@@ -36,6 +40,10 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Least interval: shorter would ask Prometheus or run the command in a busy loop.
 const LEAST_INTERVAL: Duration = Duration::from_secs(1);
 
+/// The label a Node gate sets while its checks run, unless configured (FLUO's is
+/// `flatcar-linux-update.v1.flatcar-linux.net/before-reboot`).
+pub const DEFAULT_NODE_LABEL: &str = "rebootd.io/before-reboot";
+
 /// Least timeout: no program starts and no HTTP request is answered in less.
 const LEAST_TIMEOUT: Duration = Duration::from_millis(100);
 
@@ -55,6 +63,8 @@ pub(super) struct GateInput {
     pub query: Option<String>,
     pub alerts: Option<Vec<String>>,
     pub alertmanager_url: Option<String>,
+    pub node_annotations: Option<Vec<String>>,
+    pub node_label: Option<String>,
     pub timeout: Option<HumanDuration>,
 }
 
@@ -101,6 +111,12 @@ pub enum GateCheck {
         alertmanager_url: Option<String>,
         selector: Vec<Matcher>,
     },
+    /// Annotations other controllers set on this Node, each `"true"` = go; `label` is set to
+    /// `"true"` while they are awaited (FLUO's before-reboot contract, `crate::gate::node`).
+    NodeAnnotations {
+        label: String,
+        annotations: Vec<String>,
+    },
 }
 
 fn invalid(
@@ -131,8 +147,10 @@ fn fmt(d: Duration) -> String {
     format!("\"{}\"", humantime::format_duration(d))
 }
 
+/// `has_kubernetes`: whether `[kubernetes]` is configured (a Node gate needs it).
 pub(super) fn validate(
     input: Option<GatesInput>,
+    has_kubernetes: bool,
     origin: &BTreeMap<String, PathBuf>,
 ) -> Result<Gates, ConfigError> {
     let input = input.unwrap_or_default();
@@ -152,6 +170,21 @@ pub(super) fn validate(
         .enumerate()
         .map(|(i, g)| gate(g, &format!("gates.before_reboot[{}]", i + 1), origin))
         .collect::<Result<Vec<_>, _>>()?;
+    if !has_kubernetes {
+        if let Some(i) = before_reboot
+            .iter()
+            .position(|g| matches!(g.check, GateCheck::NodeAnnotations { .. }))
+        {
+            return Err(ConfigError::Missing {
+                key: "kubernetes".into(),
+                because: format!(
+                    "gates.before_reboot[{}] reads annotations of this Node (set in {})",
+                    i + 1,
+                    file_of(origin, "gates.before_reboot").display()
+                ),
+            });
+        }
+    }
     Ok(Gates {
         interval,
         before_reboot,
@@ -179,6 +212,7 @@ fn gate(
         ("command", g.command.is_some()),
         ("query", g.query.is_some()),
         ("alerts", g.alerts.is_some()),
+        ("node_annotations", g.node_annotations.is_some()),
     ]
     .into_iter()
     .filter(|(_, set)| *set)
@@ -189,7 +223,7 @@ fn gate(
             origin,
             at.to_string(),
             format!("{kinds:?}"),
-            "a gate has exactly one of `command`, `query` or `alerts`",
+            "a gate has exactly one of `command`, `query`, `alerts` or `node_annotations`",
         ));
     }
     let prometheus_url = || -> Result<String, ConfigError> {
@@ -218,6 +252,33 @@ fn gate(
             ));
         }
         GateCheck::Command { argv }
+    } else if let Some(annotations) = g.node_annotations {
+        if annotations.is_empty() {
+            return Err(bad(
+                "node_annotations",
+                "[]".into(),
+                "name at least one annotation",
+            ));
+        }
+        if let Some(k) = annotations.iter().find(|k| !is_key(k)) {
+            return Err(bad(
+                "node_annotations",
+                format!("{k:?}"),
+                "not a Kubernetes annotation key ([prefix/]name)",
+            ));
+        }
+        let label = g
+            .node_label
+            .clone()
+            .unwrap_or_else(|| DEFAULT_NODE_LABEL.to_string());
+        if !is_key(&label) {
+            return Err(bad(
+                "node_label",
+                format!("{label:?}"),
+                "not a Kubernetes label key ([prefix/]name)",
+            ));
+        }
+        GateCheck::NodeAnnotations { label, annotations }
     } else if let Some(query) = g.query {
         if query.trim().is_empty() {
             return Err(bad(
@@ -252,8 +313,27 @@ fn gate(
             selector,
         }
     };
-    if let (Some(u), GateCheck::Command { .. } | GateCheck::Query { .. }) =
-        (&g.alertmanager_url, &check)
+    if let (Some(u), GateCheck::NodeAnnotations { .. }) = (&g.prometheus_url, &check) {
+        return Err(bad(
+            "prometheus_url",
+            format!("{u:?}"),
+            "a `node_annotations` gate asks no Prometheus",
+        ));
+    }
+    if let (Some(l), false) = (
+        &g.node_label,
+        matches!(check, GateCheck::NodeAnnotations { .. }),
+    ) {
+        return Err(bad(
+            "node_label",
+            format!("{l:?}"),
+            "only a `node_annotations` gate sets a label",
+        ));
+    }
+    if let (
+        Some(u),
+        GateCheck::Command { .. } | GateCheck::Query { .. } | GateCheck::NodeAnnotations { .. },
+    ) = (&g.alertmanager_url, &check)
     {
         return Err(bad(
             "alertmanager_url",
@@ -289,5 +369,35 @@ fn default_name(check: &GateCheck) -> String {
         }
         GateCheck::Query { .. } => "prometheus query".into(),
         GateCheck::Alerts { .. } => "prometheus alerts".into(),
+        GateCheck::NodeAnnotations { .. } => "node annotations".into(),
     }
+}
+
+/// A Kubernetes label or annotation key: an optional DNS-subdomain prefix and `/`, then a name
+/// of at most 63 characters, alphanumeric at both ends, `-`, `_`, `.` inside.
+pub(crate) fn is_key(key: &str) -> bool {
+    let (prefix, name) = match key.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    let name_ok = !name.is_empty()
+        && name.len() <= 63
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    let prefix_ok = prefix.is_none_or(|p| {
+        !p.is_empty()
+            && p.len() <= 253
+            && p.split('.').all(|part| {
+                !part.is_empty()
+                    && part.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+                    && part.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+                    && part
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            })
+    });
+    name_ok && prefix_ok
 }

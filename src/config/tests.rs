@@ -441,3 +441,63 @@ fn coordinator_file_defaults_to_flatcars_and_an_empty_path_turns_it_off() {
     let b = write(&dir, "b.toml", "[reboot]\ncoordinator_file = \"\"\n");
     assert_eq!(Config::load(&[b]).unwrap().reboot.coordinator_file, None);
 }
+
+#[test]
+fn node_gates_need_kubernetes_and_valid_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let gate = "[[gates.before_reboot]]\nnode_annotations = [\"example.com/backup-done\"]\n";
+    let a = write(&dir, "n.toml", gate);
+    let err = Config::load(std::slice::from_ref(&a))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("`kubernetes`") && err.contains("gates.before_reboot[1]"),
+        "{err}"
+    );
+    let a = write(&dir, "k.toml", &format!("[kubernetes]\n{gate}"));
+    let g = &Config::load(&[a]).unwrap().gates.before_reboot[0];
+    assert_eq!(g.name, "node annotations");
+    match &g.check {
+        GateCheck::NodeAnnotations { label, annotations } => {
+            assert_eq!(label, "rebootd.io/before-reboot");
+            assert_eq!(annotations, &["example.com/backup-done"]);
+        }
+        other => panic!("{other:?}"),
+    }
+    for (text, key, value) in [
+        (
+            "node_annotations = [\"Bad Key\"]\n",
+            "gates.before_reboot[1].node_annotations",
+            "\"Bad Key\"",
+        ),
+        (
+            "node_annotations = [\"a.io/x\"]\nnode_label = \"-x\"\n",
+            "gates.before_reboot[1].node_label",
+            "\"-x\"",
+        ),
+        (
+            "command = [\"true\"]\nnode_label = \"a.io/x\"\n",
+            "gates.before_reboot[1].node_label",
+            "\"a.io/x\"",
+        ),
+        (
+            "node_annotations = []\n",
+            "gates.before_reboot[1].node_annotations",
+            "[]",
+        ),
+    ] {
+        let a = write(
+            &dir,
+            "b.toml",
+            &format!("[kubernetes]\n[[gates.before_reboot]]\n{text}"),
+        );
+        let err = Config::load(std::slice::from_ref(&a))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&a.display().to_string()), "{err}");
+        assert!(err.contains(key) && err.contains(value), "{err}");
+    }
+    assert!(gates::is_key(
+        "flatcar-linux-update.v1.flatcar-linux.net/before-reboot"
+    ));
+}

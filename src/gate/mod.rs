@@ -4,7 +4,9 @@
 //!
 //! - [`command`]: a program; exit status 0 = go (kured's and FLUO's hooks);
 //! - [`prometheus`]: a PromQL query that must return nothing, or the firing alerts matching a
-//!   selector, minus those an Alertmanager silence covers (kured's `--prometheus-url`).
+//!   selector, minus those an Alertmanager silence covers (kured's `--prometheus-url`);
+//! - [`node`]: annotations other controllers set on this Node (FLUO's before-reboot checks);
+//!   asked only once the slot is held, and it keeps the slot while it waits.
 //!
 //! A gate that cannot be evaluated (program missing, Prometheus unreachable) answers `Wait`
 //! with the reason: a gate fails closed.
@@ -13,6 +15,7 @@
 //! before taking a slot, before the cordon and before the call to logind.
 
 pub mod command;
+pub mod node;
 pub mod prometheus;
 
 /// What a gate says now.
@@ -29,6 +32,7 @@ pub enum Gate {
     Command(command::CommandGate),
     Query(Box<prometheus::QueryGate>),
     Alerts(Box<prometheus::AlertsGate>),
+    Node(Box<node::NodeGate>),
 }
 
 impl Gate {
@@ -37,7 +41,14 @@ impl Gate {
             Gate::Command(g) => g.check().await,
             Gate::Query(g) => g.check().await,
             Gate::Alerts(g) => g.check().await,
+            Gate::Node(g) => g.check().await,
         }
+    }
+
+    /// Whether the node keeps its slot while this gate waits (and it is asked only once the
+    /// slot is held): a gate whose checks run for the node about to reboot.
+    pub fn holds_slot(&self) -> bool {
+        matches!(self, Gate::Node(_))
     }
 }
 
@@ -63,6 +74,17 @@ pub struct Named {
 pub struct Closed {
     pub name: String,
     pub why: String,
+    /// The node keeps its slot while this gate waits.
+    pub hold: bool,
+}
+
+/// Where the gates are asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Before taking a slot: the gates that hold the slot are not asked yet.
+    BeforeSlot,
+    /// With the slot held (before the cordon, before the call to logind): every gate.
+    WithSlot,
 }
 
 /// The configured gates before a reboot, in order.
@@ -70,9 +92,11 @@ pub struct Closed {
 pub struct Gates(pub Vec<Named>);
 
 impl Gates {
-    /// Build the configured gates (the HTTP clients of the Prometheus ones).
+    /// Build the configured gates (the HTTP clients of the Prometheus ones); `kube` (a client
+    /// and this node's name) is needed by the Node gates.
     pub fn from_config(
         gates: &[crate::config::GateSpec],
+        kube: Option<(&kube::Client, &str)>,
     ) -> Result<Gates, crate::http::SetupError> {
         use crate::config::GateCheck;
         let mut out = Vec::new();
@@ -100,6 +124,20 @@ impl Gates {
                     selector.clone(),
                     spec.timeout,
                 )?)),
+                GateCheck::NodeAnnotations { label, annotations } => match kube {
+                    Some((client, node)) => Gate::Node(Box::new(node::NodeGate::new(
+                        client.clone(),
+                        node,
+                        label,
+                        annotations,
+                    ))),
+                    None => {
+                        return Err(crate::http::SetupError(format!(
+                            "gate {:?} reads the Node: it needs [kubernetes]",
+                            spec.name
+                        )))
+                    }
+                },
             };
             out.push(Named {
                 name: spec.name.clone(),
@@ -113,17 +151,41 @@ impl Gates {
         self.0.is_empty()
     }
 
-    /// Ask every gate in order: `None` when all say go, else the first that says wait (the
-    /// later ones are not asked).
-    pub async fn check(&self) -> Option<Closed> {
+    /// Whether a Node gate is configured (it needs a Kubernetes client).
+    pub fn needs_kube(specs: &[crate::config::GateSpec]) -> bool {
+        specs
+            .iter()
+            .any(|s| matches!(s.check, crate::config::GateCheck::NodeAnnotations { .. }))
+    }
+
+    /// Ask every gate of `stage` in order: `None` when all say go, else the first that says
+    /// wait (the later ones are not asked).
+    pub async fn check(&self, stage: Stage) -> Option<Closed> {
         for g in &self.0 {
+            if stage == Stage::BeforeSlot && g.gate.holds_slot() {
+                continue;
+            }
             if let Verdict::Wait(why) = g.gate.check().await {
                 return Some(Closed {
                     name: g.name.clone(),
                     why,
+                    hold: g.gate.holds_slot(),
                 });
             }
         }
         None
+    }
+
+    /// Every gate went right before the call to logind: the Node gates' label and annotations
+    /// are removed, so the next reboot needs fresh checks.
+    pub async fn used(&self) -> Result<(), String> {
+        for g in &self.0 {
+            if let Gate::Node(n) = &g.gate {
+                n.clear()
+                    .await
+                    .map_err(|e| format!("gate {:?}: {e}", g.name))?;
+            }
+        }
+        Ok(())
     }
 }
