@@ -5,7 +5,7 @@
 //! every side effect is guarded by a state written before it.
 
 use crate::inhibitor::{self, Inhibitor};
-use crate::state::{GateWait, Phase, RebootRequest, State};
+use crate::state::{GateWait, Pause, Phase, RebootRequest, State};
 use jiff::Timestamp;
 use std::time::Duration;
 
@@ -75,6 +75,12 @@ pub enum Event {
     Released,
     /// A back-off ended.
     RetryDue,
+    /// The operator paused this node (`rebootctl pause`).
+    Paused { reason: Option<String> },
+    /// The operator resumed this node (`rebootctl resume`).
+    Resumed,
+    /// The operator cancelled the pending reboot (`rebootctl cancel`).
+    Cancelled,
 }
 
 /// What the runtime must do next for a state.
@@ -108,6 +114,8 @@ pub enum Action {
     Uncordon,
     /// Give the slot back.
     ReleaseSlot,
+    /// Paused with a reboot needed: wait for `rebootctl resume` (or another operator request).
+    WaitForResume,
 }
 
 /// The result of a step: the new state and, when the phase changed, why.
@@ -124,6 +132,10 @@ pub fn next_action(s: &State, policy: &Policy) -> Action {
     }
     match s.phase {
         Phase::Idle => Action::WaitForTrigger,
+        // A paused node starts nothing: no window check, no slot.
+        Phase::RebootNeeded | Phase::WaitingForWindow if s.paused.is_some() => {
+            Action::WaitForResume
+        }
         Phase::RebootNeeded => match s.not_before {
             Some(until) => Action::Sleep { until },
             None => Action::CheckWindow,
@@ -280,6 +292,7 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
             }
         }
         Event::WindowOpen => match s.phase {
+            _ if s.paused.is_some() => why = "window open, but paused: no slot is taken".into(),
             Phase::RebootNeeded | Phase::WaitingForWindow => {
                 enter(&mut s, Phase::AcquiringSlot, now);
                 why = "maintenance window open".into();
@@ -531,8 +544,90 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
             s.not_before = None;
             why = "retrying".into();
         }
+        Event::Paused { reason } => {
+            let said = reason
+                .as_deref()
+                .map_or(String::new(), |r| format!(" ({r})"));
+            s.paused = Some(Pause {
+                since: s.paused.as_ref().map_or(now, |p| p.since),
+                reason,
+            });
+            if before_logind(&s) && holds_or_may_hold(&s) {
+                s.reboot = None;
+                s.retry_at = None;
+                s.gate = None;
+                back_out(&mut s, now);
+                why = format!("paused{said}: backing out of this reboot (undoing rebootd's cordon, giving the slot back); the need is kept for after resume");
+            } else {
+                why = format!(
+                    "paused{said}: no slot is taken and no reboot started until `rebootctl resume`"
+                );
+            }
+        }
+        Event::Resumed => {
+            why = match s.paused.take() {
+                Some(p) => format!("resumed (paused since {})", p.since),
+                None => "resume: not paused (no change)".into(),
+            };
+            if matches!(s.phase, Phase::RebootNeeded | Phase::WaitingForWindow) {
+                s.waiting_for = None;
+            }
+        }
+        Event::Cancelled => match s.phase {
+            Phase::Idle => why = "cancel: no reboot pending (no change)".into(),
+            Phase::WaitingForHealthy | Phase::Uncordoning | Phase::Releasing => {
+                why = format!(
+                    "cancel: the reboot already happened; the post-boot steps go on (phase {})",
+                    s.phase
+                )
+            }
+            _ if !before_logind(&s) => {
+                why = "cancel refused: logind was already asked to reboot".into()
+            }
+            Phase::RebootNeeded | Phase::WaitingForWindow => {
+                drop_need(&mut s);
+                enter(&mut s, Phase::Idle, now);
+                why = "reboot cancelled by the operator".into();
+            }
+            Phase::AcquiringSlot | Phase::Draining | Phase::Rebooting => {
+                drop_need(&mut s);
+                back_out(&mut s, now);
+                why = "reboot cancelled by the operator: undoing rebootd's cordon, giving the slot back".into();
+            }
+        },
+    }
+    if s.paused.is_some()
+        && s.retry_at.is_none()
+        && matches!(s.phase, Phase::RebootNeeded | Phase::WaitingForWindow)
+    {
+        s.waiting_for = Some("`rebootctl resume` (paused)".into());
     }
     Step { state: s, why }
+}
+
+/// Whether logind has not been asked yet in this cycle (an accepted or possibly accepted call
+/// cannot be taken back).
+fn before_logind(s: &State) -> bool {
+    !s.reboot.as_ref().is_some_and(|r| r.called)
+}
+
+/// Whether this node holds a slot or is taking one (an interrupted acquire may have taken it):
+/// the phases a pause or a cancel backs out of.
+fn holds_or_may_hold(s: &State) -> bool {
+    matches!(
+        s.phase,
+        Phase::AcquiringSlot | Phase::Draining | Phase::Rebooting
+    )
+}
+
+/// Forget the reboot this cycle was for (a cancel).
+fn drop_need(s: &mut State) {
+    s.reason = None;
+    s.gate = None;
+    s.reboot = None;
+    s.retry_at = None;
+    s.not_before = None;
+    s.failed_attempts = 0;
 }
 
 #[cfg(test)]
@@ -1034,5 +1129,212 @@ mod tests {
             ],
         );
         assert_eq!(s.phase, Phase::RebootNeeded);
+    }
+
+    fn run_with(p: &Policy, s: &State, events: Vec<Event>) -> State {
+        let mut s = s.clone();
+        for e in events {
+            s = step(&s, e, t(1), p).state;
+        }
+        s
+    }
+
+    fn paused(reason: &str) -> Event {
+        Event::Paused {
+            reason: Some(reason.into()),
+        }
+    }
+
+    #[test]
+    fn a_paused_node_keeps_its_need_and_takes_no_slot_until_resumed() {
+        let s = run(&State::new("b", t(0)), vec![paused("db migration")]);
+        assert_eq!(s.phase, Phase::Idle);
+        let p = s.paused.clone().unwrap();
+        assert_eq!(p.reason.as_deref(), Some("db migration"));
+        assert_eq!(next_action(&s, &policy()), Action::WaitForTrigger);
+        let s = run(&s, vec![Event::RebootNeeded { reason: "x".into() }]);
+        assert_eq!(s.phase, Phase::RebootNeeded);
+        assert_eq!(next_action(&s, &policy()), Action::WaitForResume);
+        assert!(
+            s.waiting_for.as_deref().unwrap().contains("resume"),
+            "{s:?}"
+        );
+        // Not even a window that opens moves it on.
+        let s = run(&s, vec![Event::WindowOpen]);
+        assert_eq!(s.phase, Phase::RebootNeeded);
+        // A second pause keeps the first one's time; a restart or a reboot keeps the pause.
+        let again = step(&s, paused("still"), t(50), &policy()).state;
+        assert_eq!(again.paused.as_ref().unwrap().since, p.since);
+        let s = run(
+            &again,
+            vec![Event::Started {
+                boot_id: "b".into(),
+            }],
+        );
+        assert!(s.paused.is_some());
+        assert_eq!(next_action(&s, &policy()), Action::WaitForResume);
+        let s = run(&s, vec![Event::Resumed]);
+        assert_eq!(s.paused, None);
+        assert_eq!(s.waiting_for, None);
+        assert_eq!(next_action(&s, &policy()), Action::CheckWindow);
+        let s = run(&s, vec![Event::WindowOpen]);
+        assert_eq!(next_action(&s, &policy()), Action::AcquireSlot);
+    }
+
+    #[test]
+    fn pausing_a_reboot_under_way_backs_out_before_logind_and_not_after() {
+        let p = Policy {
+            drain: true,
+            ..policy()
+        };
+        let need = || {
+            run_with(
+                &p,
+                &State::new("b", t(0)),
+                vec![
+                    Event::RebootNeeded { reason: "x".into() },
+                    Event::WindowOpen,
+                ],
+            )
+        };
+        // Waiting for a slot: leave (a slot an interrupted acquire may have taken is released).
+        let s = run_with(&p, &need(), vec![paused("p")]);
+        assert_eq!(s.phase, Phase::Releasing);
+        let s = run_with(&p, &s, vec![Event::Released]);
+        assert_eq!(s.phase, Phase::RebootNeeded);
+        assert!(s.reason.is_some(), "the need is kept");
+        assert_eq!(next_action(&s, &p), Action::WaitForResume);
+        // Draining after rebootd's cordon: uncordon, release, wait.
+        let s = run_with(
+            &p,
+            &need(),
+            vec![
+                Event::SlotAcquired,
+                Event::Cordoned { by_us: true },
+                paused("p"),
+            ],
+        );
+        assert_eq!(s.phase, Phase::Uncordoning);
+        let s = run_with(&p, &s, vec![Event::Uncordoned, Event::Released]);
+        assert_eq!(s.phase, Phase::RebootNeeded);
+        assert!(!s.slot_held && !s.cordoned_by_us);
+        assert_eq!(next_action(&s, &p), Action::WaitForResume);
+        // A back-off does not delay backing out.
+        let s = run_with(
+            &p,
+            &need(),
+            vec![
+                Event::SlotAcquired,
+                Event::Transient {
+                    error: "api".into(),
+                },
+                paused("p"),
+            ],
+        );
+        assert_eq!(next_action(&s, &p), Action::ReleaseSlot);
+        // logind accepted: too late, the pause is for the next cycle.
+        let s = run_with(
+            &p,
+            &need(),
+            vec![
+                Event::SlotAcquired,
+                Event::Cordoned { by_us: false },
+                Event::Drained,
+                Event::ReadyToReboot,
+                Event::RebootAccepted,
+                paused("p"),
+            ],
+        );
+        assert_eq!(s.phase, Phase::Rebooting);
+        assert!(s.reboot.as_ref().unwrap().called);
+        assert!(s.paused.is_some());
+        assert!(matches!(next_action(&s, &p), Action::AwaitReboot { .. }));
+    }
+
+    #[test]
+    fn cancel_drops_a_pending_reboot_undoing_only_rebootds_cordon() {
+        let p = Policy {
+            drain: true,
+            ..policy()
+        };
+        let base = State::new("b", t(0));
+        let need = vec![Event::RebootNeeded { reason: "x".into() }];
+        // Before the slot: idle again at once, the need forgotten.
+        let s = run_with(&p, &base, need.clone());
+        let s = run_with(&p, &s, vec![Event::Cancelled]);
+        assert_eq!((s.phase, s.reason.clone()), (Phase::Idle, None));
+        let s = run_with(
+            &p,
+            &base,
+            vec![
+                Event::RebootNeeded { reason: "x".into() },
+                Event::WindowClosed { next_open: None },
+                Event::Cancelled,
+            ],
+        );
+        assert_eq!(s.phase, Phase::Idle);
+        assert_eq!(s.waiting_for, None);
+        // Waiting for a slot, with a back-off running: release at once, then idle.
+        let s = run_with(
+            &p,
+            &base,
+            vec![
+                Event::RebootNeeded { reason: "x".into() },
+                Event::WindowOpen,
+                Event::Transient {
+                    error: "etcd".into(),
+                },
+                Event::Cancelled,
+            ],
+        );
+        assert_eq!(s.phase, Phase::Releasing);
+        assert_eq!(next_action(&s, &p), Action::ReleaseSlot);
+        let s = run_with(&p, &s, vec![Event::Released]);
+        assert_eq!((s.phase, s.reason.clone()), (Phase::Idle, None));
+        // Draining: uncordon only when rebootd cordoned.
+        let drained = |by_us| {
+            run_with(
+                &p,
+                &base,
+                vec![
+                    Event::RebootNeeded { reason: "x".into() },
+                    Event::WindowOpen,
+                    Event::SlotAcquired,
+                    Event::Cordoned { by_us },
+                    Event::Cancelled,
+                ],
+            )
+        };
+        let s = drained(true);
+        assert_eq!(s.phase, Phase::Uncordoning);
+        let s = run_with(&p, &s, vec![Event::Uncordoned, Event::Released]);
+        assert_eq!((s.phase, s.slot_held), (Phase::Idle, false));
+        assert_eq!(drained(false).phase, Phase::Releasing);
+        // Right before the logind call (the request is on record, not made): dropped.
+        let ready = run_with(
+            &p,
+            &base,
+            vec![
+                Event::RebootNeeded { reason: "x".into() },
+                Event::WindowOpen,
+                Event::SlotAcquired,
+                Event::Cordoned { by_us: false },
+                Event::Drained,
+                Event::ReadyToReboot,
+            ],
+        );
+        let s = run_with(&p, &ready, vec![Event::Cancelled]);
+        assert_eq!((s.phase, s.reboot.clone()), (Phase::Releasing, None));
+        // logind accepted: refused, nothing changes.
+        let accepted = run_with(&p, &ready, vec![Event::RebootAccepted]);
+        let step = step(&accepted, Event::Cancelled, t(9), &p);
+        assert_eq!(step.state, accepted);
+        assert!(step.why.contains("refused"), "{}", step.why);
+        // Nothing pending, or after the reboot: no change.
+        assert_eq!(run_with(&p, &base, vec![Event::Cancelled]), base);
+        let mut post = base.clone();
+        post.phase = Phase::WaitingForHealthy;
+        post.slot_held = true;
+        assert_eq!(run_with(&p, &post, vec![Event::Cancelled]), post);
     }
 }

@@ -72,6 +72,10 @@ pub fn strategy(backend: &LockBackend) -> &'static str {
 
 /// The coordinator state a node's state shows as.
 pub fn state_of(s: &State) -> CoordinatorState {
+    let called = s.reboot.as_ref().is_some_and(|r| r.called);
+    if s.paused.is_some() && !called {
+        return CoordinatorState::Disabled;
+    }
     match s.phase {
         Phase::Idle | Phase::WaitingForHealthy | Phase::Uncordoning | Phase::Releasing => {
             CoordinatorState::Running
@@ -218,7 +222,7 @@ impl CoordinatorFile {
         let tmp = self
             .path
             .with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-        let result = (|| {
+        let result: Result<File, CoordinatorError> = (|| {
             // A leftover of an earlier process with the same pid (a container) is stale.
             let _ = std::fs::remove_file(&tmp);
             let mut new = OpenOptions::new()
@@ -336,6 +340,16 @@ mod tests {
         assert_eq!(state_of(&s), RebootPlanned, "logind not asked yet");
         s.reboot.as_mut().unwrap().called = true;
         assert_eq!(state_of(&s), Rebooting);
+        // Paused (rebootctl pause): "disabled", unless logind was asked already.
+        let pause = crate::state::Pause {
+            since: Timestamp::UNIX_EPOCH,
+            reason: None,
+        };
+        s.paused = Some(pause.clone());
+        assert_eq!(state_of(&s), Rebooting);
+        let mut idle = state(Phase::Idle);
+        idle.paused = Some(pause);
+        assert_eq!(state_of(&idle), Disabled);
     }
 
     fn mode(path: &Path) -> u32 {

@@ -8,6 +8,7 @@ pub mod agent;
 pub mod app_id;
 pub mod check;
 pub mod config;
+pub mod control;
 pub mod coordinator;
 pub mod drain;
 pub mod etcd_v2;

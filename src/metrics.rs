@@ -30,6 +30,7 @@ struct Values {
     phase_since: Option<Timestamp>,
     reboot_needed: bool,
     slot_held: bool,
+    paused: bool,
     /// Seconds spent in finished waits, by what was waited for.
     waited: BTreeMap<&'static str, f64>,
     evictions_blocked: u64,
@@ -79,6 +80,7 @@ impl Metrics {
             }
             v.reboot_needed = s.reason.is_some();
             v.slot_held = s.slot_held;
+            v.paused = s.paused.is_some();
             v.reboots = s.reboots;
             v.last_reboot = s.last_reboot;
         });
@@ -115,6 +117,7 @@ impl Metrics {
                 let _ = writeln!(out, "rebootd_phase{{phase=\"{p}\"}} {}", flag(v.phase == Some(p)));
             }
             let _ = writeln!(out, "# HELP rebootd_slot_held Whether this node holds a slot of the semaphore.\n# TYPE rebootd_slot_held gauge\nrebootd_slot_held {}", flag(v.slot_held));
+            let _ = writeln!(out, "# HELP rebootd_paused Whether an operator paused this node (rebootctl pause): it takes no slot.\n# TYPE rebootd_paused gauge\nrebootd_paused {}", flag(v.paused));
             let _ = writeln!(out, "# HELP rebootd_wait_seconds_total Time spent waiting, by what for (the current wait included).\n# TYPE rebootd_wait_seconds_total counter");
             for what in ["window", "slot", "drain", "healthy"] {
                 let mut secs = v.waited.get(what).copied().unwrap_or(0.0);
@@ -156,6 +159,14 @@ mod tests {
         let text = m.render(t(0));
         assert!(text.contains("rebootd_phase{phase=\"idle\"} 1"), "{text}");
         assert!(text.contains("rebootd_reboot_needed 0"));
+        assert!(text.contains("rebootd_paused 0"), "{text}");
+        s.paused = Some(crate::state::Pause {
+            since: t(0),
+            reason: None,
+        });
+        m.observe(&s, t(0));
+        assert!(m.render(t(0)).contains("rebootd_paused 1"));
+        s.paused = None;
         s.phase = Phase::WaitingForWindow;
         s.reason = Some("x".into());
         m.observe(&s, t(10));

@@ -3,6 +3,7 @@
 
 use crate::agent::{self, Action, Event, Policy};
 use crate::config::{Config, DrainFailure};
+use crate::control;
 use crate::drain::{Drainer, KubeDrainer};
 use crate::gate::Stage;
 use crate::lock::{self, Fence, LockError, Semaphore};
@@ -204,7 +205,8 @@ fn duty(action: &Action) -> Duty {
         | Action::Drain
         | Action::AwaitReboot { .. }
         | Action::AwaitInhibitors { .. }
-        | Action::WaitHealthy => Duty::Wait,
+        | Action::WaitHealthy
+        | Action::WaitForResume => Duty::Wait,
         Action::CheckWindow
         | Action::PrepareReboot
         | Action::RecordCordon
@@ -212,6 +214,23 @@ fn duty(action: &Action) -> Duty {
         | Action::Uncordon
         | Action::ReleaseSlot => Duty::Call,
     }
+}
+
+/// Whether an operator request may end this action early: waits whose future may be dropped
+/// (an interrupted slot wait leaves nothing behind, see `lock::acquire::Waiting`; a drain is one
+/// future). Not the calls, and not the post-boot health wait, whose timeout would start again.
+fn interruptible(action: &Action) -> bool {
+    matches!(
+        action,
+        Action::WaitForTrigger
+            | Action::Sleep { .. }
+            | Action::WaitForWindow
+            | Action::AcquireSlot
+            | Action::Drain
+            | Action::AwaitInhibitors { .. }
+            | Action::AwaitReboot { .. }
+            | Action::WaitForResume
+    )
 }
 
 fn sleep_until(t: Timestamp) -> tokio::time::Sleep {
@@ -383,17 +402,36 @@ impl Runtime {
             .await?;
         notify::ready(&status_line(&state));
         let watchdog = &self.watchdog;
+        let mut inbox = control::Inbox::open(&self.store);
         tokio::pin!(shutdown);
         let result = loop {
             // The loop came round: it is alive. While an action waits the watchdog is fed from
             // here too; a call that hangs is not fed, so systemd restarts the daemon.
             watchdog.feed();
+            // Operator requests first (pause, resume, cancel): they change what comes next.
+            if let Some((path, envelope)) = inbox.next() {
+                let request = envelope.request.name();
+                let event = envelope.request.event();
+                // Said even when nothing changes (a cancel that comes too late).
+                let why = agent::step(&state, event.clone(), Timestamp::now(), &self.policy).why;
+                let requested_at = envelope.requested_at;
+                info!(request, %requested_at, "operator request {request} (made {requested_at}): {why}");
+                match self.apply(state.clone(), event).await {
+                    Ok(next) => state = next,
+                    Err(e) => break Err(e),
+                }
+                inbox.done(&path);
+                continue;
+            }
             let action = agent::next_action(&state, &self.policy);
             let span = info_span!("action", phase = %state.phase, action = ?action);
             let perform = self.perform(&action, &mut needs).instrument(span);
             let event = tokio::select! {
                 event = watchdog.run(duty(&action), perform) => event,
                 never = self.heartbeat(state.slot_held) => match never {},
+                // A wait gives way to an operator request (the loop applies it, then decides
+                // again); a call finishes first.
+                _ = inbox.arrived(), if interruptible(&action) => continue,
                 _ = &mut shutdown => break Ok(()),
             };
             let consumed_request = matches!(
@@ -476,6 +514,10 @@ impl Runtime {
                     },
                     None => std::future::pending().await,
                 }
+            }
+            Action::WaitForResume => {
+                info!("paused: waiting for `rebootctl resume`");
+                std::future::pending().await
             }
             Action::Sleep { until } => {
                 info!(until = %until, "backing off until {until}");

@@ -125,6 +125,10 @@ pub struct State {
     /// The gate (`[gates]`) that said wait at the last check; cleared once they all go.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gate: Option<GateWait>,
+    /// Set by `rebootctl pause`, cleared by `rebootctl resume`: while set, no slot is taken and
+    /// no reboot started (a need is kept for later).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<Pause>,
 }
 
 /// A gate that says wait: which, why, since when, and when it is asked again.
@@ -143,6 +147,16 @@ impl GateWait {
     pub fn describe(&self) -> String {
         format!("gate {:?}: {}", self.name, self.why)
     }
+}
+
+/// An operator's pause of this node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pause {
+    /// When the daemon applied it.
+    pub since: Timestamp,
+    /// What the operator said (`rebootctl pause --reason`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 impl State {
@@ -167,6 +181,7 @@ impl State {
             reboots: 0,
             inhibited_by: Vec::new(),
             gate: None,
+            paused: None,
         }
     }
 }

@@ -39,6 +39,11 @@ pub struct Status {
     /// What the operator must know about the semaphore (e.g. two semaphores: etcd v2 still
     /// holds locksmith's while this node uses v3).
     pub warnings: Vec<String>,
+    /// Set by `rebootctl pause` (`since`, `reason`); None when not paused.
+    pub paused: Option<crate::state::Pause>,
+    /// Operator requests (`pause`, `resume`, `cancel`) the daemon has not applied yet, oldest
+    /// first.
+    pub requests: Vec<String>,
 }
 
 /// Gather the local part of the status.
@@ -72,6 +77,15 @@ pub fn local(
         inhibited_by: state.map(|s| s.inhibited_by.clone()).unwrap_or_default(),
         gate: state.and_then(|s| s.gate.clone()),
         warnings: Vec::new(),
+        paused: state.and_then(|s| s.paused.clone()),
+        requests: crate::control::pending(&crate::control::dir(store))
+            .unwrap_or_default()
+            .into_iter()
+            .map(|p| match p.request {
+                Ok(e) => e.request.name().to_string(),
+                Err(_) => "unreadable".to_string(),
+            })
+            .collect(),
     }
 }
 
@@ -153,8 +167,31 @@ pub fn render(s: &Status, now: Timestamp, style: Style) -> String {
     if let Some(r) = &s.reason {
         row("reason", r.clone());
     }
+    if let Some(p) = &s.paused {
+        let why = p
+            .reason
+            .as_deref()
+            .map_or(String::new(), |r| format!(": {r}"));
+        row(
+            "paused",
+            style.paint(
+                "33",
+                &format!(
+                    "for {} (since {}){why}; no slot is taken until `rebootctl resume`",
+                    age(p.since, now),
+                    p.since
+                ),
+            ),
+        );
+    }
     if s.reboot_requested {
         row("request", "`rebootctl reboot` pending".into());
+    }
+    for r in &s.requests {
+        row(
+            "request",
+            format!("`rebootctl {r}` not yet applied by rebootd"),
+        );
     }
     if let Some(w) = &s.waiting_for {
         row("waiting for", w.clone());

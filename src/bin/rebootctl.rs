@@ -7,6 +7,7 @@
 
 use clap::{Parser, Subcommand};
 use rebootd::config::{Config, LockBackend};
+use rebootd::control;
 use rebootd::lock::{self, SemaphoreStatus};
 use rebootd::runtime;
 use rebootd::state::{self, StateStore};
@@ -38,6 +39,20 @@ enum Command {
     },
     /// Ask for a coordinated reboot of this host (in its window, holding a slot).
     Reboot,
+    /// Pause this node: it takes no slot and starts no reboot until `resume` (kept in the state
+    /// file across restarts and reboots); a reboot under way that has not reached logind is
+    /// backed out of (rebootd's cordon undone, the slot given back), its need kept.
+    Pause {
+        /// Why, shown by `status`.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Undo `pause`.
+    Resume,
+    /// Drop this node's pending reboot if it has not reached logind: leave the queue or give
+    /// the slot back, undoing only the cordon rebootd made. A trigger that says so again starts
+    /// a new one (use `pause` to hold reboots off).
+    Cancel,
     /// Release a slot of the semaphore (default: this machine's).
     Unlock { id: Option<String> },
     /// Set the number of slots.
@@ -187,6 +202,64 @@ async fn follow(config: &Config, store: &StateStore, json: bool) -> Result<(), F
     }
 }
 
+/// How long `pause`, `resume` and `cancel` wait for a running daemon to apply the request.
+const APPLY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Hand a request to the daemon and wait (a little) until it is applied, then say what the
+/// node does now. A stopped daemon applies it when it starts.
+async fn request(store: &StateStore, request: control::Request) -> Result<(), Failure> {
+    use futures_util::StreamExt;
+    use inotify::{Inotify, WatchMask};
+    let name = request.name();
+    let request_kind = request.clone();
+    let dir = control::dir(store);
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| op(format!("cannot create {}: {e}", dir.display())))?;
+    let inotify = Inotify::init().map_err(op)?;
+    inotify
+        .watches()
+        .add(&dir, WatchMask::DELETE)
+        .map_err(|e| op(format!("cannot watch {}: {e}", dir.display())))?;
+    let mut events = inotify.into_event_stream(vec![0u8; 1024]).map_err(op)?;
+    let path = control::submit(store, request).map_err(op)?;
+    let applied = tokio::time::timeout(APPLY_WAIT, async {
+        while path.exists() {
+            events.next().await;
+        }
+    })
+    .await
+    .is_ok();
+    if !applied {
+        println!(
+            "{name} requested ({}); rebootd has not applied it within {APPLY_WAIT:?}: it will when it runs",
+            path.display()
+        );
+        return Ok(());
+    }
+    let state = store.load().map_err(op)?;
+    if let (control::Request::Cancel, Some(r)) = (
+        &request_kind,
+        state
+            .as_ref()
+            .and_then(|s| s.reboot.as_ref())
+            .filter(|r| r.called),
+    ) {
+        return Err(op(format!(
+            "cancel refused: logind was already asked to reboot (at {}); the host goes down",
+            r.requested_at
+        )));
+    }
+    let now = state.as_ref().map_or(String::new(), |s| {
+        let paused = s.paused.as_ref().map_or("", |_| ", paused");
+        match &s.waiting_for {
+            Some(w) => format!(": now {}{paused}, waiting for {w}", s.phase),
+            None => format!(": now {}{paused}", s.phase),
+        }
+    });
+    println!("{name} applied{now}");
+    Ok(())
+}
+
 fn op<E: std::fmt::Display>(e: E) -> Failure {
     Failure::Operation(e.to_string())
 }
@@ -260,6 +333,25 @@ async fn run(args: Args) -> Result<(), Failure> {
                 config.windows.describe()
             );
             Ok(())
+        }
+        Command::Pause { reason } => request(&store, control::Request::Pause { reason }).await,
+        Command::Resume => request(&store, control::Request::Resume).await,
+        Command::Cancel => {
+            // A `rebootctl reboot` the daemon has not taken up yet is dropped here.
+            match std::fs::remove_file(store.request_path()) {
+                Ok(()) => println!(
+                    "dropped the reboot request {}",
+                    store.request_path().display()
+                ),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(op(format!(
+                        "cannot remove {}: {e}",
+                        store.request_path().display()
+                    )))
+                }
+            }
+            request(&store, control::Request::Cancel).await
         }
         Command::Unlock { id } => {
             let id = match id {

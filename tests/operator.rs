@@ -1,0 +1,246 @@
+//! The operator's levers on one node, end to end: `rebootctl pause`, `resume` and `cancel`
+//! against real rebootd processes on private buses, sharing a real etcd semaphore.
+
+mod common;
+
+use common::*;
+use rebootd::state::Phase;
+use rebootd_lab::etcd::{EtcdServer, EtcdVersion};
+use rebootd_lab::node::{Node, NodeOptions};
+use serde_json::Value;
+use std::path::Path;
+
+const NEED: &str = "UPDATE_STATUS_UPDATED_NEED_REBOOT";
+
+/// A real etcd (the first version installed) and the configuration of a node using it.
+async fn etcd() -> (EtcdServer, String) {
+    let v = *EtcdVersion::available()
+        .first()
+        .expect("an etcd is installed (see tests/etcd_semaphore.rs)");
+    let etcd = EtcdServer::start(v).await.expect("start etcd");
+    let config = format!(
+        "[lock]\nbackend = \"etcd\"\n\n[lock.etcd]\nendpoints = [{:?}]\n",
+        etcd.endpoint()
+    );
+    (etcd, config)
+}
+
+async fn status_json(node: &Node) -> Value {
+    let (code, out, err) = rebootctl(node, &["status", "--json"]).await;
+    assert_eq!(code, 0, "{err}");
+    serde_json::from_str(&out).unwrap()
+}
+
+/// The ids holding a slot, as `rebootctl status --json` shows them.
+async fn holders(node: &Node) -> Vec<String> {
+    let st = status_json(node).await;
+    st["semaphore"]["holders"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no semaphore in {st}"))
+        .iter()
+        .map(|h| h["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Wait until the agent has started waiting for `rebootctl resume` `n` times (this boot and
+/// earlier ones), following the log with inotify.
+async fn waits_for_resume(node: &Node, n: usize) {
+    use futures_util::StreamExt;
+    let needle = "paused: waiting for `rebootctl resume`";
+    let count = || node.log().lines().filter(|l| l.contains(needle)).count();
+    let inotify = inotify::Inotify::init().expect("inotify");
+    inotify
+        .watches()
+        .add(node.log_path(), inotify::WatchMask::MODIFY)
+        .expect("watch the log");
+    let mut events = inotify.into_event_stream(vec![0u8; 1024]).expect("stream");
+    let reached = tokio::time::timeout(WAIT, async {
+        while count() < n {
+            events.next().await;
+        }
+    })
+    .await;
+    assert!(
+        reached.is_ok(),
+        "node {}: fewer than {n} waits for resume within {WAIT:?}\n{}",
+        node.name,
+        node.log()
+    );
+}
+
+/// A paused node keeps its need but takes no slot, across a restart and a reboot, and says so
+/// in `status`, `--json` and the coordinator file; `resume` lets the reboot through.
+#[tokio::test]
+async fn a_paused_node_takes_no_slot_across_restarts_and_reboots_until_resumed() {
+    let (_etcd, config) = etcd().await;
+    let mut node = node("pause1", &config).await;
+    let mut reboots = node.logind.subscribe();
+    node.wait_ready(WAIT).await.unwrap();
+
+    let (code, out, err) = rebootctl(&node, &["pause", "--reason", "db migration"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("pause applied: now idle, paused"), "{out}");
+    let s = node.state().unwrap();
+    assert_eq!(
+        s.paused.as_ref().unwrap().reason.as_deref(),
+        Some("db migration")
+    );
+
+    node.update_engine.set_status(NEED, "4.0").await.unwrap();
+    waits_for_resume(&node, 1).await;
+    let s = node.state().unwrap();
+    assert_eq!(s.phase, Phase::RebootNeeded);
+    assert!(
+        s.waiting_for.as_deref().unwrap().contains("resume"),
+        "{s:?}"
+    );
+    assert!(
+        holders(&node).await.is_empty(),
+        "a paused node takes no slot"
+    );
+    let st = status_json(&node).await;
+    assert_eq!(st["paused"]["reason"], "db migration", "{st}");
+    assert_eq!(st["requests"], serde_json::json!([]), "{st}");
+    let (_, text, _) = rebootctl(&node, &["status"]).await;
+    assert!(text.contains("paused:"), "{text}");
+    assert!(text.contains("db migration"), "{text}");
+    let coordinator = std::fs::read_to_string(node.coordinator_path()).unwrap();
+    assert!(coordinator.contains("STATE=disabled"), "{coordinator}");
+
+    // A restart in the same boot, then a reboot (outside rebootd's control): still paused.
+    node.restart_daemon().await.unwrap();
+    node.wait_ready(WAIT).await.unwrap();
+    waits_for_resume(&node, 2).await;
+    node.reboot().await.unwrap();
+    node.wait_ready(WAIT).await.unwrap();
+    assert!(node.state().unwrap().paused.is_some());
+    node.update_engine.set_status(NEED, "4.1").await.unwrap();
+    waits_for_resume(&node, 3).await;
+    assert!(holders(&node).await.is_empty());
+    assert!(node.logind.reboot_calls().is_empty());
+
+    let (code, out, err) = rebootctl(&node, &["resume"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("resume applied"), "{out}");
+    next_reboot(&node, &mut reboots, WAIT).await;
+    assert_eq!(holders(&node).await, std::slice::from_ref(&node.machine_id));
+    assert_eq!(node.state().unwrap().paused, None);
+}
+
+/// A request made while the daemon is stopped waits in the state directory, shows in `status`,
+/// and is applied when the daemon starts, before it takes any slot.
+#[tokio::test]
+async fn a_pause_made_while_rebootd_is_stopped_is_applied_before_anything_else() {
+    let (_etcd, config) = etcd().await;
+    let mut node = Node::start(
+        Path::new(REBOOTD),
+        NodeOptions {
+            start_daemon: false,
+            ..NodeOptions::new("pause2").config(&config)
+        },
+    )
+    .await
+    .unwrap();
+    let (code, out, err) = rebootctl(&node, &["pause"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("has not applied it"), "{out}");
+    let st = status_json(&node).await;
+    assert_eq!(st["requests"], serde_json::json!(["pause"]), "{st}");
+    assert_eq!(st["paused"], Value::Null);
+    // update_engine already says a reboot is needed when rebootd starts.
+    node.update_engine.set_status(NEED, "5.0").await.unwrap();
+    node.start_daemon().unwrap();
+    waits_for_resume(&node, 1).await;
+    assert!(holders(&node).await.is_empty());
+    assert!(node.logind.reboot_calls().is_empty());
+    let st = status_json(&node).await;
+    assert_eq!(st["requests"], serde_json::json!([]), "{st}");
+    assert!(st["paused"]["since"].is_string(), "{st}");
+    assert!(
+        !node.log().contains("waiting for a reboot slot"),
+        "{}",
+        node.log()
+    );
+}
+
+/// `cancel` while waiting for a slot leaves the queue; while holding it (inhibitors keep logind
+/// from being asked) gives it back; after logind accepted it is refused.
+#[tokio::test]
+async fn cancel_drops_a_reboot_not_yet_at_logind_and_gives_the_slot_back() {
+    let (_etcd, config) = etcd().await;
+    let node = node("cancel1", &config).await;
+    // Another machine holds the only slot (taken by hand, as an operator would).
+    let other = Node::start(
+        Path::new(REBOOTD),
+        NodeOptions {
+            start_daemon: false,
+            ..NodeOptions::new("cancel-other").config(&config)
+        },
+    )
+    .await
+    .unwrap();
+    let (code, _, err) = rebootctl(&other, &["lock"]).await;
+    assert_eq!(code, 0, "{err}");
+    node.wait_ready(WAIT).await.unwrap();
+
+    // 1. Waiting for the slot.
+    node.update_engine.set_status(NEED, "6.0").await.unwrap();
+    log_line(&node, &["waiting for a reboot slot"], WAIT).await;
+    let (code, out, err) = rebootctl(&node, &["cancel"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("cancel applied"), "{out}");
+    let s = node
+        .wait_state("idle after the cancel", WAIT, |s| s.phase == Phase::Idle)
+        .await
+        .unwrap();
+    assert_eq!(s.reason, None);
+    assert_eq!(
+        holders(&node).await,
+        std::slice::from_ref(&other.machine_id)
+    );
+
+    // 2. Holding the slot, a block inhibitor keeping logind from being asked.
+    let (code, _, err) = rebootctl(&other, &["unlock"]).await;
+    assert_eq!(code, 0, "{err}");
+    let inhibitor = node
+        .logind
+        .hold_block_inhibitor("backup-job", "nightly dump");
+    let (code, _, err) = rebootctl(&node, &["reboot"]).await;
+    assert_eq!(code, 0, "{err}");
+    node.wait_state("held, waiting for the inhibitor", WAIT, |s| {
+        s.slot_held && !s.inhibited_by.is_empty()
+    })
+    .await
+    .unwrap();
+    assert_eq!(holders(&node).await, std::slice::from_ref(&node.machine_id));
+    let (code, out, err) = rebootctl(&node, &["cancel"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("cancel applied"), "{out}");
+    let s = node
+        .wait_state("idle again", WAIT, |s| s.phase == Phase::Idle)
+        .await
+        .unwrap();
+    assert!(!s.slot_held);
+    assert!(holders(&node).await.is_empty(), "the slot is given back");
+    assert!(node.logind.reboot_calls().is_empty());
+    assert!(node.log().contains("reboot cancelled by the operator"));
+
+    // 3. logind accepted: too late.
+    inhibitor.release();
+    let mut reboots = node.logind.subscribe();
+    let (code, _, err) = rebootctl(&node, &["reboot"]).await;
+    assert_eq!(code, 0, "{err}");
+    next_reboot(&node, &mut reboots, WAIT).await;
+    node.wait_state("the accepted reboot on record", WAIT, |s| {
+        s.reboot.as_ref().is_some_and(|r| r.called)
+    })
+    .await
+    .unwrap();
+    let (code, _, err) = rebootctl(&node, &["cancel"]).await;
+    assert_eq!(code, 1, "too late is a failure: {err}");
+    assert!(err.contains("logind was already asked"), "{err}");
+    log_line(&node, &["cancel refused: logind was already asked"], WAIT).await;
+    let s = node.state().unwrap();
+    assert_eq!(s.phase, Phase::Rebooting);
+    assert!(s.slot_held);
+}
