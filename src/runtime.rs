@@ -485,6 +485,17 @@ impl Runtime {
                     }
                 }
             }
+            if next.paused != state.paused {
+                if let Some(d) = &self.drainer {
+                    let reason = next
+                        .paused
+                        .as_ref()
+                        .map(|p| p.reason.as_deref().unwrap_or(""));
+                    if let Err(e) = d.annotate_paused(reason).await {
+                        warn!(error = %e, "cannot annotate the node: {e}");
+                    }
+                }
+            }
             if next.slot_held && next.phase != state.phase {
                 if let Err(e) = self
                     .semaphore

@@ -6,6 +6,8 @@ mod common;
 use common::*;
 use rebootd::state::Phase;
 use rebootd_lab::etcd::{EtcdServer, EtcdVersion};
+use rebootd_lab::fleet::{Fleet, FleetLock, FleetOptions};
+use rebootd_lab::kube_api::{Kind, PdbBuilder, ReplicaSetBuilder};
 use rebootd_lab::node::{Node, NodeOptions};
 use serde_json::Value;
 use std::path::Path;
@@ -243,4 +245,125 @@ async fn cancel_drops_a_reboot_not_yet_at_logind_and_gives_the_slot_back() {
     let s = node.state().unwrap();
     assert_eq!(s.phase, Phase::Rebooting);
     assert!(s.slot_held);
+}
+
+/// Whether the stand-in's Node is cordoned.
+fn cordoned(cluster: &rebootd_lab::kube_api::Cluster, node: &str) -> bool {
+    cluster
+        .node(node)
+        .and_then(|n| n["spec"]["unschedulable"].as_bool())
+        .unwrap_or(false)
+}
+
+/// A pause shows as Node annotations. `cancel` in the middle of a drain a PodDisruptionBudget
+/// holds up: rebootd stops evicting, uncordons the Node it cordoned (and leaves alone one an
+/// operator had cordoned), gives the slot back and never calls logind.
+#[tokio::test]
+async fn cancel_during_a_drain_undoes_only_rebootds_cordon() {
+    let version = *EtcdVersion::available().first().expect("an etcd");
+    let fleet = Fleet::start(
+        Path::new(REBOOTD),
+        FleetOptions {
+            nodes: 2,
+            max: 1,
+            lock: FleetLock::Etcd(version),
+            drain: true,
+            kubernetes_config: "drain_timeout = \"10m\"\n".into(),
+            ..FleetOptions::default()
+        },
+    )
+    .await
+    .expect("start fleet");
+    fleet.wait_ready(WAIT).await.unwrap();
+    let cluster = fleet.kube.as_ref().unwrap().cluster().clone();
+    // Every pod of `db` is protected: no eviction is ever allowed.
+    cluster
+        .add_replicaset(
+            &ReplicaSetBuilder::new("db", "pg")
+                .replicas(2)
+                .labels(&[("app", "pg")]),
+            &["node-1", "node-2"],
+        )
+        .unwrap();
+    cluster
+        .add(
+            &PdbBuilder::new("db", "pg")
+                .selector("app", "pg")
+                .min_available(2),
+        )
+        .unwrap();
+    // An operator cordoned node-2 for reasons of their own.
+    cluster
+        .update(Kind::Node, "", "node-2", |n| {
+            n["spec"]["unschedulable"] = true.into();
+        })
+        .unwrap();
+
+    // A pause shows on the Node, and goes with the resume.
+    let paused = |want: bool| {
+        let cluster = cluster.clone();
+        async move {
+            cluster
+                .wait_for(WAIT, |snap| {
+                    let n = snap.get(Kind::Node, "", "node-1")?;
+                    let a = &n["metadata"]["annotations"];
+                    let shown = a["rebootd.io/paused"] == "true"
+                        && a["rebootd.io/paused-reason"] == "kernel freeze";
+                    let gone = a.get("rebootd.io/paused").is_none()
+                        && a.get("rebootd.io/paused-reason").is_none();
+                    (if want { shown } else { gone }).then_some(())
+                })
+                .await
+                .unwrap_or_else(|_| panic!("node-1's paused annotations (want {want})"));
+        }
+    };
+    {
+        let node = fleet.nodes[0].lock().await;
+        let (code, _, err) = rebootctl(&node, &["pause", "--reason", "kernel freeze"]).await;
+        assert_eq!(code, 0, "{err}");
+        paused(true).await;
+        let (code, _, err) = rebootctl(&node, &["resume"]).await;
+        assert_eq!(code, 0, "{err}");
+        paused(false).await;
+    }
+
+    for (i, name, by_us) in [(0, "node-1", true), (1, "node-2", false)] {
+        let node = fleet.nodes[i].lock().await;
+        node.update_engine.set_status(NEED, "7.0").await.unwrap();
+        node.wait_state("draining", WAIT, |s| {
+            s.phase == Phase::Draining && s.cordon_recorded
+        })
+        .await
+        .unwrap();
+        assert_eq!(node.state().unwrap().cordoned_by_us, by_us, "{name}");
+        // The drain is under way: the Node is cordoned and an eviction was refused.
+        cluster
+            .wait_for(WAIT, |snap| {
+                let refused = snap.list(Kind::Event, None).into_iter().any(|e| {
+                    e["involvedObject"]["name"] == name && e["reason"] == "EvictionBlocked"
+                });
+                refused.then_some(())
+            })
+            .await
+            .unwrap_or_else(|_| panic!("{name}: no refused eviction\n{}", node.log()));
+        assert!(cordoned(&cluster, name));
+        assert_eq!(holders(&node).await, std::slice::from_ref(&node.machine_id));
+
+        let (code, out, err) = rebootctl(&node, &["cancel"]).await;
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("cancel applied"), "{out}");
+        let s = node
+            .wait_state("idle after the cancel", WAIT, |s| s.phase == Phase::Idle)
+            .await
+            .unwrap();
+        assert!(!s.slot_held && !s.cordoned_by_us, "{s:?}");
+        assert_eq!(
+            cordoned(&cluster, name),
+            !by_us,
+            "{name}: only rebootd's own cordon is undone"
+        );
+        assert!(holders(&node).await.is_empty(), "{name}: the slot is back");
+        assert!(node.logind.reboot_calls().is_empty());
+        assert_eq!(cluster.pods_on_node(name).len(), 1, "the pod stays");
+    }
 }

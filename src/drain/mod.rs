@@ -55,6 +55,11 @@ pub const ANNOTATION_PHASE: &str = "rebootd.io/phase";
 pub const ANNOTATION_SINCE: &str = "rebootd.io/since";
 /// Node annotation: `"true"` when the host needs a reboot.
 pub const ANNOTATION_REBOOT_NEEDED: &str = "rebootd.io/reboot-needed";
+/// Node annotation: `"true"` while an operator paused this node (`rebootctl pause`); absent
+/// otherwise.
+pub const ANNOTATION_PAUSED: &str = "rebootd.io/paused";
+/// Node annotation: the reason given to `rebootctl pause --reason`, while paused.
+pub const ANNOTATION_PAUSED_REASON: &str = "rebootd.io/paused-reason";
 /// The Event source component and reporting controller.
 pub const COMPONENT: &str = "rebootd";
 /// The annotation the kubelet puts on mirror (static) pods.
@@ -97,6 +102,12 @@ pub trait Drainer: Send + Sync {
         since: jiff::Timestamp,
         reboot_needed: bool,
     ) -> Result<(), DrainError>;
+    /// Node annotations `rebootd.io/paused` ("true") and `rebootd.io/paused-reason` while
+    /// paused (`Some(reason)`; an empty reason leaves the second out); both removed when not.
+    async fn annotate_paused(&self, paused: Option<&str>) -> Result<(), DrainError> {
+        let _ = paused;
+        Ok(())
+    }
     /// A core/v1 Event on the Node (reason CamelCase e.g. DrainStarted, EvictionBlocked,
     /// DrainFailed, Rebooting, Uncordoned, NotReadyAfterReboot; type Normal or Warning), source
     /// component "rebootd".
@@ -1045,6 +1056,26 @@ impl Drainer for KubeDrainer {
             ANNOTATION_PHASE: phase,
             ANNOTATION_SINCE: format!("{since:.0}"),
             ANNOTATION_REBOOT_NEEDED: if reboot_needed { "true" } else { "false" },
+        }}});
+        self.nodes
+            .patch(&self.node, &patch_params(), &Patch::Merge(patch))
+            .await
+            .map_err(|e| DrainError::api(format!("annotate node {}", self.node), e))?;
+        Ok(())
+    }
+
+    #[tracing::instrument(level = "debug", skip(self), fields(node = %self.node))]
+    async fn annotate_paused(&self, paused: Option<&str>) -> Result<(), DrainError> {
+        let (flag, reason) = match paused {
+            Some(r) => (
+                json!("true"),
+                if r.is_empty() { json!(null) } else { json!(r) },
+            ),
+            None => (json!(null), json!(null)),
+        };
+        let patch = json!({"metadata": {"annotations": {
+            ANNOTATION_PAUSED: flag,
+            ANNOTATION_PAUSED_REASON: reason,
         }}});
         self.nodes
             .patch(&self.node, &patch_params(), &Patch::Merge(patch))
