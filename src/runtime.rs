@@ -10,7 +10,7 @@ use crate::lock::{self, Fence, LockError, Semaphore};
 use crate::metrics::Metrics;
 use crate::notify::{self, Duty, Watchdog};
 use crate::reboot::{Logind, RebootError, Rebooter};
-use crate::state::{State, StateError, StateStore};
+use crate::state::{Phase, State, StateError, StateStore};
 use crate::trigger::{self, Need};
 use jiff::Timestamp;
 use std::path::Path;
@@ -416,9 +416,19 @@ impl Runtime {
                 let why = agent::step(&state, event.clone(), Timestamp::now(), &self.policy).why;
                 let requested_at = envelope.requested_at;
                 info!(request, %requested_at, "operator request {request} (made {requested_at}): {why}");
+                let before = state.phase;
                 match self.apply(state.clone(), event).await {
                     Ok(next) => state = next,
                     Err(e) => break Err(e),
+                }
+                // Backing out of this reboot (pause, cancel): a Node gate's before-reboot
+                // label and annotations go, as they would right before the logind call.
+                if before != state.phase
+                    && matches!(state.phase, Phase::Uncordoning | Phase::Releasing)
+                {
+                    if let Err(e) = self.gates.used().await {
+                        warn!(error = %e, "cannot remove the Node gates' label: {e}");
+                    }
                 }
                 inbox.done(&path);
                 continue;

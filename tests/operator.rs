@@ -367,3 +367,50 @@ async fn cancel_during_a_drain_undoes_only_rebootds_cordon() {
         assert_eq!(cluster.pods_on_node(name).len(), 1, "the pod stays");
     }
 }
+
+/// `cancel` while a Node gate (FLUO's before-reboot checks) holds the slot: the slot goes back
+/// and the Node's before-reboot label goes too, so no checker goes on preparing for a reboot
+/// that will not come.
+#[tokio::test]
+async fn cancel_while_a_node_gate_waits_removes_its_label_and_frees_the_slot() {
+    const LABEL: &str = "rebootd.io/before-reboot";
+    let fleet = Fleet::start(
+        Path::new(REBOOTD),
+        FleetOptions {
+            nodes: 1,
+            max: 1,
+            lock: FleetLock::Kubernetes,
+            drain: true,
+            config: "[gates]\ninterval = \"1s\"\n\n[[gates.before_reboot]]\nname = \"checks\"\n\
+                     node_annotations = [\"rebootd.io/check-backup\"]\n"
+                .into(),
+            ..FleetOptions::default()
+        },
+    )
+    .await
+    .expect("start fleet");
+    fleet.wait_ready(WAIT).await.unwrap();
+    let cluster = fleet.kube.as_ref().unwrap().cluster().clone();
+    let node = fleet.nodes[0].lock().await;
+    node.update_engine.set_status(NEED, "8.0").await.unwrap();
+    node.wait_state("the Node gate to hold the slot", WAIT, |s| {
+        s.slot_held && s.gate.as_ref().is_some_and(|g| g.name == "checks")
+    })
+    .await
+    .unwrap();
+    let n = cluster.node("node-1").unwrap();
+    assert_eq!(n["metadata"]["labels"][LABEL], "true", "{n}");
+
+    let (code, out, err) = rebootctl(&node, &["cancel"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("cancel applied"), "{out}");
+    let s = node
+        .wait_state("idle after the cancel", WAIT, |s| s.phase == Phase::Idle)
+        .await
+        .unwrap();
+    assert!(!s.slot_held);
+    let n = cluster.node("node-1").unwrap();
+    assert!(n["metadata"]["labels"][LABEL].is_null(), "{n}");
+    assert!(holders(&node).await.is_empty(), "the Lease is free");
+    assert!(node.logind.reboot_calls().is_empty());
+}
