@@ -260,9 +260,26 @@ impl Host {
         NspawnError::Host {
             host: self.name.clone(),
             what: format!(
-                "{what}\n--- console ---\n{}",
-                super::tail(&self.console(), 40)
+                "{what}\n--- console ---\n{}\n--- journal ---\n{}",
+                super::tail(&self.console(), 40),
+                self.journal_tail(60)
             ),
+        }
+    }
+
+    /// The last lines of the host's persistent journal, read from outside (so also when the
+    /// container hangs in a shutdown): for failure messages.
+    fn journal_tail(&self, n: usize) -> String {
+        let dir = self.root().join("var/log/journal");
+        let out = std::process::Command::new("journalctl")
+            .arg("-D")
+            .arg(&dir)
+            .args(["--no-pager", "-o", "short-monotonic", "-n", &n.to_string()])
+            .stdin(Stdio::null())
+            .output();
+        match out {
+            Ok(o) => String::from_utf8_lossy(&o.stdout).into_owned(),
+            Err(e) => format!("(journalctl -D {}: {e})", dir.display()),
         }
     }
 
@@ -270,9 +287,10 @@ impl Host {
         NspawnError::Timeout {
             after,
             what: format!(
-                "host {}: {what}\n--- console ---\n{}",
+                "host {}: {what}\n--- console ---\n{}\n--- journal ---\n{}",
                 self.name,
-                super::tail(&self.console(), 40)
+                super::tail(&self.console(), 40),
+                self.journal_tail(60)
             ),
         }
     }
@@ -338,9 +356,18 @@ impl Host {
     }
 
     /// Follow a command's output line by line (e.g. `journalctl -f`); the process ends when
-    /// the [`Lines`] is dropped or the container goes down.
+    /// the container goes down, or at its next write once the [`Lines`] is dropped.
+    ///
+    /// The follower is detached inside the container (`setsid -f`: nsenter's child forks it
+    /// and exits, so the container's init adopts it). Left as nsenter's child it would hold up
+    /// a reboot for good: systemd-shutdown SIGSTOPs every process before it signals them,
+    /// nsenter (outside the container, waiting for its child) mirrors the stop, so it never
+    /// reaps the child once that exits, and systemd-shutdown waits for the zombie. (Outside the
+    /// container's PID namespace, `nsenter -F`, `journalctl -f` sees no new entries.)
     pub fn follow(&self, args: &[&str]) -> Result<Lines, NspawnError> {
-        let mut cmd = self.command(args)?;
+        let mut detached = vec!["setsid", "-f"];
+        detached.extend_from_slice(args);
+        let mut cmd = self.command(&detached)?;
         let mut child = cmd
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
