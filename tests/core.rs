@@ -845,13 +845,27 @@ fn check_config_checks_what_connecting_would() {
 /// Wait until the file at `path` satisfies `pred`, following its directory with inotify (the
 /// coordinator file is replaced by a rename); returns its text.
 async fn wait_file(node: &Node, path: &Path, what: &str, pred: impl Fn(&str) -> bool) -> String {
+    let what = format!("node {}: {what}", node.name);
+    wait_text(path, &what, pred, || node.log()).await
+}
+
+/// Wait until the file at `path` satisfies `pred` (inotify on its directory: renames, writes,
+/// appends); fails with `what` and `log()`.
+async fn wait_text(
+    path: &Path,
+    what: &str,
+    pred: impl Fn(&str) -> bool,
+    log: impl Fn() -> String,
+) -> String {
     use futures_util::StreamExt;
     let inotify = inotify::Inotify::init().expect("inotify");
     inotify
         .watches()
         .add(
             path.parent().unwrap(),
-            inotify::WatchMask::MOVED_TO | inotify::WatchMask::CLOSE_WRITE,
+            inotify::WatchMask::MOVED_TO
+                | inotify::WatchMask::CLOSE_WRITE
+                | inotify::WatchMask::MODIFY,
         )
         .expect("watch the directory");
     let mut events = inotify.into_event_stream(vec![0u8; 1024]).expect("stream");
@@ -868,11 +882,10 @@ async fn wait_file(node: &Node, path: &Path, what: &str, pred: impl Fn(&str) -> 
     .await;
     found.unwrap_or_else(|_| {
         panic!(
-            "node {}: {what}: {} says {:?}\n--- rebootd log ---\n{}",
-            node.name,
+            "{what}: {} says {:?}\n--- log ---\n{}",
             path.display(),
             read(),
-            node.log()
+            log()
         )
     })
 }
@@ -962,4 +975,61 @@ async fn a_coordinator_file_held_by_locksmithd_is_reported_and_rebootd_runs_on()
     node.update_engine.set_status(NEED, "3.1").await.unwrap();
     next_reboot(&node, &mut reboots, WAIT).await;
     assert_eq!(std::fs::read_to_string(&path).unwrap(), theirs);
+}
+
+/// The real locksmithd and rebootd on one host's coordinator file: while rebootd runs, a
+/// locksmithd that was not masked cannot become the update coordinator and exits; once rebootd
+/// is gone locksmithd takes the file, and a rebootd started then names it in an error and runs
+/// on.
+#[tokio::test]
+async fn the_real_locksmithd_and_rebootd_exclude_each_other_from_the_coordinator_file() {
+    use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
+    use rebootd_lab::locksmith::{LocksmithEtcd, LocksmithNode};
+    let v = *EtcdVersion::available().first().expect("an etcd");
+    let etcd = EtcdServer::start_with(v, EtcdOptions::v2())
+        .await
+        .expect("start etcd");
+    let mut node = node("coord3", "").await;
+    let path = node.coordinator_path();
+    idle(&node).await;
+    wait_file(&node, &path, "running", |t| t.contains("STATE=running")).await;
+
+    let mut locksmithd = LocksmithNode::start_sharing_update_engine(
+        "coord3-locksmithd",
+        LocksmithEtcd::new(&etcd.endpoint(), ""),
+        path.parent().unwrap(),
+    )
+    .await
+    .expect("start locksmithd");
+    wait_text(
+        &locksmithd.log_path(),
+        "locksmithd refuses to run beside rebootd",
+        |t| t.contains("unable to become 'update coordinator'"),
+        || locksmithd.log(),
+    )
+    .await;
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.starts_with("NAME=rebootd\n"), "{text}");
+    assert!(locked(&path));
+
+    // rebootd stops: locksmithd can take over the file.
+    node.stop_daemon().await;
+    assert!(!locked(&path), "the lock goes with rebootd");
+    locksmithd.start_daemon().unwrap();
+    wait_text(
+        &path,
+        "locksmithd takes the coordinator file",
+        |t| t.contains("NAME=locksmithd") && t.contains("STATE=running"),
+        || locksmithd.log(),
+    )
+    .await;
+    // And a rebootd started now leaves it alone, says who holds it, and runs on.
+    node.start_daemon().unwrap();
+    node.wait_ready(WAIT).await.unwrap();
+    let line = log_line(&node, &["another update coordinator holds the lock"], WAIT).await;
+    assert!(line.contains("NAME=locksmithd"), "{line}");
+    assert!(std::fs::read_to_string(&path)
+        .unwrap()
+        .contains("NAME=locksmithd"));
+    locksmithd.kill_daemon().await;
 }

@@ -211,13 +211,14 @@ impl Locksmithctl {
 }
 
 /// What a locksmithd node runs in its namespace before `exec locksmithd` ($1 the bus socket, $2
-/// the machine-id file, $3 locksmithd).
+/// the machine-id file, $3 locksmithd, $4 a directory to show as /run/update-engine, or empty).
 const NAMESPACE_SETUP: &str = r#"set -e
 mount -t tmpfs -o mode=0755 rebootd-lab-run /run
 mkdir -p /run/dbus /run/update-engine
 : > /run/dbus/system_bus_socket
 mount --bind "$1" /run/dbus/system_bus_socket
 mount --bind "$2" /etc/machine-id
+if [ -n "$4" ]; then mount --bind "$4" /run/update-engine; fi
 exec "$3"
 "#;
 
@@ -232,14 +233,35 @@ pub struct LocksmithNode {
     pub logind: FakeLogind,
     child: Option<Child>,
     boots: u32,
+    /// Shown as `/run/update-engine` in locksmithd's namespace (a host's coordinator file shared
+    /// with a rebootd); `None`: its own.
+    update_engine_dir: Option<PathBuf>,
     // Last: dropped after the fakes connected to it.
     pub bus: PrivateBus,
 }
 
 impl LocksmithNode {
+    /// As [`LocksmithNode::start`], with `dir` as locksmithd's `/run/update-engine`, where it
+    /// writes and locks its coordinator file.
+    pub async fn start_sharing_update_engine(
+        name: &str,
+        etcd: LocksmithEtcd,
+        dir: &Path,
+    ) -> Result<Self, LabError> {
+        Self::start_inner(name, etcd, Some(dir.to_path_buf())).await
+    }
+
     /// Set up the node (bus, fakes, machine id) and start locksmithd with
     /// `REBOOT_STRATEGY=etcd-lock` against `etcd`.
     pub async fn start(name: &str, etcd: LocksmithEtcd) -> Result<Self, LabError> {
+        Self::start_inner(name, etcd, None).await
+    }
+
+    async fn start_inner(
+        name: &str,
+        etcd: LocksmithEtcd,
+        update_engine_dir: Option<PathBuf>,
+    ) -> Result<Self, LabError> {
         let binary = peer_binary("locksmithd")?;
         let dir = tempfile::Builder::new()
             .prefix(&format!("rebootd-lab-{name}-"))
@@ -261,6 +283,7 @@ impl LocksmithNode {
             logind,
             child: None,
             boots: 0,
+            update_engine_dir,
             bus,
         };
         node.start_daemon()?;
@@ -300,7 +323,8 @@ impl LocksmithNode {
         .arg("locksmithd-node")
         .arg(self.bus.dir().join("bus"))
         .arg(self.dir.path().join("machine-id"))
-        .arg(&self.binary);
+        .arg(&self.binary)
+        .arg(self.update_engine_dir.as_deref().unwrap_or(Path::new("")));
         for (k, _) in std::env::vars_os() {
             let k_text = k.to_string_lossy();
             if k_text.starts_with("LOCKSMITH") || k_text.starts_with("DBUS_") {
