@@ -20,6 +20,8 @@ pub struct Policy {
     pub retry_interval: Duration,
     /// A gate that said wait is asked again after this long (`gates.interval`).
     pub gate_interval: Duration,
+    /// Hold the slot this long after the node is back before releasing it (`gates.settle`).
+    pub settle: Option<Duration>,
 }
 
 /// What happened, as the runtime reports it.
@@ -156,7 +158,10 @@ pub fn next_action(s: &State, policy: &Policy) -> Action {
         },
         Phase::WaitingForHealthy => Action::WaitHealthy,
         Phase::Uncordoning => Action::Uncordon,
-        Phase::Releasing => Action::ReleaseSlot,
+        Phase::Releasing => match s.settle_until {
+            Some(until) => Action::Sleep { until },
+            None => Action::ReleaseSlot,
+        },
     }
 }
 
@@ -185,6 +190,13 @@ fn after_slot(policy: &Policy) -> Phase {
     }
 }
 
+/// Say so while the settle time holds the slot.
+fn settling(s: &mut State) {
+    if let Some(t) = s.settle_until {
+        s.waiting_for = Some(format!("the settle time to end at {t} (holding the slot)"));
+    }
+}
+
 /// Undo what was done for a reboot that will not happen now: uncordon, then release.
 fn back_out(s: &mut State, now: Timestamp) {
     let phase = if s.cordoned_by_us {
@@ -203,7 +215,8 @@ fn clears_gate(event: &Event, s: &State) -> bool {
         | Event::WindowClosed { .. }
         | Event::Blocked { .. }
         | Event::Cordoned { .. }
-        | Event::ReadyToReboot => true,
+        | Event::ReadyToReboot
+        | Event::Healthy => true,
         Event::Started { boot_id } => *boot_id != s.boot_id,
         _ => false,
     }
@@ -374,6 +387,13 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
                 _ => now,
             };
             match s.phase {
+                // A check after the boot: the slot stays held, so the rollout waits here.
+                Phase::WaitingForHealthy => {
+                    s.retry_at = Some(next_check);
+                    why = format!(
+                        "after the boot, gate {gate:?} says wait ({reason}); holding the slot, asking again at {next_check}"
+                    );
+                }
                 Phase::Draining | Phase::Rebooting if hold && s.slot_held => {
                     s.reboot = None;
                     s.retry_at = Some(next_check);
@@ -509,12 +529,17 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
             };
             enter(&mut s, next, now);
             why = "node healthy after boot".into();
+            if let Some(d) = policy.settle.filter(|_| s.slot_held) {
+                s.settle_until = Some(add(now, d));
+                settling(&mut s);
+            }
         }
         Event::Uncordoned => {
             s.cordoned_by_us = false;
             s.cordon_recorded = false;
             if s.slot_held {
                 enter(&mut s, Phase::Releasing, now);
+                settling(&mut s);
                 why = "node uncordoned".into();
             } else {
                 // Backing out of a lost slot: nothing to release.
@@ -524,6 +549,7 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
         }
         Event::Released => {
             s.slot_held = false;
+            s.settle_until = None;
             s.cordon_recorded = false;
             s.failed_attempts = 0;
             if s.not_before.is_none() {
@@ -542,6 +568,7 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
             // One sleep served whichever was set; blockers and windows are checked again anyway.
             s.retry_at = None;
             s.not_before = None;
+            s.settle_until = None;
             why = "retrying".into();
         }
         Event::Paused { reason } => {
@@ -640,6 +667,7 @@ mod tests {
     fn policy() -> Policy {
         Policy {
             gate_interval: Duration::from_secs(30),
+            settle: None,
             drain: false,
             reboot_timeout: Duration::from_secs(600),
             retry_interval: Duration::from_secs(60),

@@ -537,6 +537,7 @@ fn validate(
         &config.lock,
         config.kubernetes.as_ref(),
         &config.reboot,
+        config.gates.settle,
         origin,
     )?;
     Ok(config)
@@ -636,12 +637,13 @@ fn validate_lock(
 }
 
 /// `lock.max_hold` must outlast everything a live holder may do without beating: the drain,
-/// the reboot (the host is down, nothing beats) and the wait for Ready. Shorter, a slow but
-/// live holder could lose its slot to a waiter.
+/// the reboot (the host is down, nothing beats), the wait for Ready and the settle time.
+/// Shorter, a slow but live holder could lose its slot to a waiter.
 fn check_max_hold(
     lock: &Lock,
     kubernetes: Option<&Kubernetes>,
     reboot: &Reboot,
+    settle: Option<Duration>,
     origin: &BTreeMap<String, PathBuf>,
 ) -> Result<(), ConfigError> {
     let Some(max_hold) = lock.max_hold else {
@@ -652,6 +654,9 @@ fn check_max_hold(
     if let Some(k) = kubernetes {
         parts.insert(0, ("kubernetes.drain_timeout", k.drain_timeout));
         parts.push(("kubernetes.ready_timeout", k.ready_timeout));
+    }
+    if let Some(d) = settle {
+        parts.push(("gates.settle", d));
     }
     let total = parts
         .iter()

@@ -123,12 +123,13 @@ pub async fn open_drainer(
     Ok(Some(Box::new(drainer)))
 }
 
-/// The gates before a reboot (`[gates]`), their HTTP clients built (and a Kubernetes client
-/// for the Node gates).
-pub async fn open_gates(config: &Config) -> Result<crate::gate::Gates, RuntimeError> {
-    let specs = &config.gates.before_reboot;
+/// The gates before a reboot and the checks after the boot (`[gates]`), their HTTP clients
+/// built (and a Kubernetes client for the Node and pods gates).
+pub async fn open_gates(config: &Config) -> Result<crate::gate::GateSets, RuntimeError> {
+    use crate::gate::Gates;
+    let (before, after) = (&config.gates.before_reboot, &config.gates.after_boot);
     let client = match &config.kubernetes {
-        Some(k) if crate::gate::Gates::needs_kube(specs) => Some(
+        Some(k) if Gates::needs_kube(before) || Gates::needs_kube(after) => Some(
             crate::kube_client::connect(k.kubeconfig.as_deref())
                 .await
                 .map_err(|e| RuntimeError::Kubernetes(e.to_string()))?,
@@ -138,7 +139,11 @@ pub async fn open_gates(config: &Config) -> Result<crate::gate::Gates, RuntimeEr
     let kube = client
         .as_ref()
         .map(|c| (c, config.identity.node_name.as_str()));
-    crate::gate::Gates::from_config(specs, kube).map_err(|e| RuntimeError::Gates(e.to_string()))
+    let err = |e: crate::http::SetupError| RuntimeError::Gates(e.to_string());
+    Ok(crate::gate::GateSets {
+        before_reboot: Gates::from_config(before, kube).map_err(err)?,
+        after_boot: Gates::from_config(after, kube).map_err(err)?,
+    })
 }
 
 /// Flatcar's coordinator file, locked and saying `STATE=starting`, when configured; a failure is
@@ -167,6 +172,7 @@ pub fn policy(config: &Config) -> Policy {
         reboot_timeout: config.reboot.timeout,
         retry_interval: config.reboot.retry_interval,
         gate_interval: config.gates.interval,
+        settle: config.gates.settle,
     }
 }
 
@@ -182,6 +188,7 @@ pub struct Runtime {
     metrics: Metrics,
     webhook: Option<crate::notify_webhook::Webhook>,
     gates: crate::gate::Gates,
+    after_boot: crate::gate::Gates,
     watchdog: Watchdog,
     coordinator: Option<crate::coordinator::CoordinatorFile>,
 }
@@ -263,14 +270,17 @@ impl Runtime {
             metrics: Metrics::default(),
             webhook: None,
             gates: crate::gate::Gates::default(),
+            after_boot: crate::gate::Gates::default(),
             watchdog: Watchdog::from_env(),
             coordinator: None,
         }
     }
 
-    /// Ask these gates before taking a slot, before the cordon and before calling logind.
-    pub fn with_gates(mut self, gates: crate::gate::Gates) -> Runtime {
-        self.gates = gates;
+    /// Ask these gates before taking a slot, before the cordon and before calling logind, and
+    /// these checks after the boot before the uncordon and the release.
+    pub fn with_gates(mut self, gates: crate::gate::GateSets) -> Runtime {
+        self.gates = gates.before_reboot;
+        self.after_boot = gates.after_boot;
         self
     }
 
@@ -660,25 +670,11 @@ impl Runtime {
                 error!(deadline = %deadline, "the reboot did not happen by {deadline}");
                 Event::RebootTimedOut
             }
-            Action::WaitHealthy => match (&self.drainer, &self.config.kubernetes) {
-                (Some(d), Some(k)) => {
-                    info!(timeout = ?k.ready_timeout, "waiting for the node to be Ready (at most {:?})", k.ready_timeout);
-                    match d.wait_ready(k.ready_timeout).await {
-                        Ok(()) => Event::Healthy,
-                        Err(e) => {
-                            let msg = format!(
-                                "node not Ready after the reboot ({e}); rebootd keeps its slot, so the rollout stops here"
-                            );
-                            error!("{msg}");
-                            self.event("NotReadyAfterReboot", &msg, true).await;
-                            Event::NotHealthy {
-                                error: e.to_string(),
-                            }
-                        }
-                    }
-                }
-                _ => Event::Healthy,
+            Action::WaitHealthy => match self.wait_ready().await {
+                Event::Healthy => self.after_boot_checks().await,
+                other => other,
             },
+
             Action::Uncordon => match &self.drainer {
                 Some(d) => match d.uncordon().await {
                     Ok(()) => {
@@ -698,6 +694,56 @@ impl Runtime {
                     }
                 },
                 None => Event::Uncordoned,
+            },
+        }
+    }
+
+    /// The node reports Ready in this boot (no drainer: at once).
+    async fn wait_ready(&self) -> Event {
+        match (&self.drainer, &self.config.kubernetes) {
+            (Some(d), Some(k)) => {
+                info!(timeout = ?k.ready_timeout, "waiting for the node to be Ready (at most {:?})", k.ready_timeout);
+                match d.wait_ready(k.ready_timeout).await {
+                    Ok(()) => Event::Healthy,
+                    Err(e) => {
+                        let msg = format!(
+                            "node not Ready after the reboot ({e}); rebootd keeps its slot, so the rollout stops here"
+                        );
+                        error!("{msg}");
+                        self.event("NotReadyAfterReboot", &msg, true).await;
+                        Event::NotHealthy {
+                            error: e.to_string(),
+                        }
+                    }
+                }
+            }
+            _ => Event::Healthy,
+        }
+    }
+
+    /// The checks after the boot (`[[gates.after_boot]]`): all go = healthy (and the Node
+    /// gates' label and annotations go); one waits = the slot is held and they are asked again.
+    async fn after_boot_checks(&self) -> Event {
+        if self.after_boot.is_empty() {
+            return Event::Healthy;
+        }
+        let closed = self
+            .watchdog
+            .run(Duty::Wait, self.after_boot.check(Stage::WithSlot))
+            .await;
+        match closed {
+            Some(c) => {
+                let every = humantime::format_duration(self.policy.gate_interval);
+                info!(gate = %c.name, why = %c.why, "after the boot, waiting for gate {:?}: {}; holding the slot, asking again in {every}", c.name, c.why);
+                Event::Gated {
+                    gate: c.name,
+                    why: c.why,
+                    hold: true,
+                }
+            }
+            None => match self.after_boot.used().await {
+                Ok(()) => Event::Healthy,
+                Err(error) => Event::Transient { error },
             },
         }
     }

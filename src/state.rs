@@ -129,6 +129,9 @@ pub struct State {
     /// no reboot started (a need is kept for later).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused: Option<Pause>,
+    /// Back after the reboot: the slot is held until then (`gates.settle`), then released.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settle_until: Option<Timestamp>,
 }
 
 /// A gate that says wait: which, why, since when, and when it is asked again.
@@ -182,6 +185,7 @@ impl State {
             inhibited_by: Vec::new(),
             gate: None,
             paused: None,
+            settle_until: None,
         }
     }
 }

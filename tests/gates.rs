@@ -12,7 +12,7 @@ use rebootd::gate::prometheus::{AlertsGate, Matcher};
 use rebootd::gate::Verdict;
 use rebootd::state::{Phase, State};
 use rebootd_lab::fleet::{Fleet, FleetEvent, FleetLock, FleetOptions};
-use rebootd_lab::kube_api::{Admission, Kind};
+use rebootd_lab::kube_api::{Admission, DaemonSetBuilder, Kind};
 use rebootd_lab::node::Node;
 use rebootd_lab::prometheus::{prometheus, Exporter};
 use serde_json::Value;
@@ -398,4 +398,147 @@ fn the_policy_lets_a_node_remove_only_the_listed_gate_annotations() {
     assert!(denies(&default, &remove), "unlisted: removal denied");
     assert_eq!(listed.admit(&remove), Ok(true), "listed: removal allowed");
     assert!(denies(&listed, &set), "listed: setting it is still denied");
+}
+
+/// Checks after the boot hold the slot: a DaemonSet's pod on the rebooted node not Ready keeps
+/// the node cordoned and the slot held (the other node waits), the log and the state say which
+/// gate; once Ready the node is uncordoned, then the settle time holds the slot before the other
+/// node gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_after_the_boot_and_the_settle_time_hold_the_slot() {
+    let fleet = Fleet::start(
+        Path::new(REBOOTD),
+        FleetOptions {
+            nodes: 2,
+            max: 1,
+            lock: FleetLock::Kubernetes,
+            drain: true,
+            reboot_time: Duration::from_millis(300),
+            config: "[gates]\ninterval = \"1s\"\nsettle = \"2s\"\n\n[[gates.after_boot]]\nname = \"csi\"\npods_ready = \"app=csi\"\n".into(),
+            ..FleetOptions::default()
+        },
+    )
+    .await
+    .expect("start fleet");
+    fleet.wait_ready(WAIT).await.unwrap();
+    let cluster = fleet.kube.as_ref().unwrap().cluster().clone();
+    cluster
+        .add(&DaemonSetBuilder::new("kube-system", "csi"))
+        .unwrap();
+    let csi_pod = |node: &str| {
+        cluster
+            .pods_on_node(node)
+            .into_iter()
+            .find(|p| p["metadata"]["labels"]["app"] == "csi")
+    };
+    let ready = |p: &Value| {
+        p["status"]["conditions"].as_array().is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        })
+    };
+    cluster
+        .wait_for(WAIT, |snap| {
+            ["node-1", "node-2"]
+                .iter()
+                .all(|n| {
+                    snap.pods_on_node(n)
+                        .iter()
+                        .any(|p| p["metadata"]["labels"]["app"] == "csi" && ready(p))
+                })
+                .then_some(())
+        })
+        .await
+        .expect("the csi pods run and are Ready");
+    // From now on a pod is Ready only when the test says so.
+    cluster.set_pod_ready_delay(Duration::from_secs(3600));
+    let trigger = |i: usize| {
+        let n = fleet.nodes[i].clone();
+        async move {
+            n.lock()
+                .await
+                .update_engine
+                .set_status(NEED, "5.0")
+                .await
+                .unwrap()
+        }
+    };
+    trigger(0).await;
+    let s = fleet
+        .wait_state(0, "node-1 to wait for its pods after the boot", WAIT, |s| {
+            s.phase == Phase::WaitingForHealthy && gate_named(s, "csi")
+        })
+        .await
+        .unwrap();
+    assert!(s.slot_held && s.cordoned_by_us, "{s:?}");
+    assert!(
+        s.gate.as_ref().unwrap().why.contains("kube-system/csi-"),
+        "{s:?}"
+    );
+    assert_eq!(
+        cluster.node("node-1").unwrap()["spec"]["unschedulable"],
+        true
+    );
+    trigger(1).await;
+    let first = s.gate.unwrap().next_check;
+    fleet
+        .wait_state(0, "node-1 to ask again", WAIT, |s| {
+            s.gate.as_ref().is_some_and(|g| g.next_check > first)
+        })
+        .await
+        .unwrap();
+    let s2 = fleet
+        .wait_state(1, "node-2 to wait for the slot", WAIT, |s| {
+            s.phase == Phase::AcquiringSlot
+        })
+        .await
+        .unwrap();
+    assert!(!s2.slot_held);
+
+    // The pod is Ready: uncordon, then the settle time with the slot held.
+    cluster.set_pod_ready_delay(Duration::from_millis(200));
+    let pod = csi_pod("node-1").expect("csi pod on node-1");
+    assert!(!ready(&pod), "not Ready after the boot: {pod}");
+    let (ns, name) = (
+        pod["metadata"]["namespace"].as_str().unwrap().to_string(),
+        pod["metadata"]["name"].as_str().unwrap().to_string(),
+    );
+    cluster
+        .update(Kind::Pod, &ns, &name, |p| {
+            for c in p["status"]["conditions"].as_array_mut().unwrap() {
+                if c["type"] == "Ready" {
+                    c["status"] = "True".into();
+                }
+            }
+        })
+        .unwrap();
+    let s = fleet
+        .wait_state(0, "node-1 to settle, uncordoned", WAIT, |s| {
+            s.settle_until.is_some() && s.phase == Phase::Releasing
+        })
+        .await
+        .unwrap();
+    assert!(s.slot_held);
+    assert!(
+        s.waiting_for.as_deref().unwrap().contains("settle"),
+        "{s:?}"
+    );
+    assert_ne!(
+        cluster.node("node-1").unwrap()["spec"]["unschedulable"],
+        true
+    );
+    let settle_until = s.settle_until.unwrap();
+    let s2 = fleet
+        .wait_state(1, "node-2 to get the slot", WAIT, |s| s.slot_held)
+        .await
+        .unwrap();
+    assert!(
+        s2.since >= settle_until,
+        "node-2 took the slot at {} before node-1's settle time ended at {settle_until}",
+        s2.since
+    );
+    fleet
+        .wait_rolled(Duration::from_secs(60))
+        .await
+        .expect("both nodes roll");
 }

@@ -12,6 +12,7 @@ fn policy(drain: bool) -> Policy {
         reboot_timeout: Duration::from_secs(600),
         retry_interval: Duration::from_secs(60),
         gate_interval: Duration::from_secs(30),
+        settle: None,
     }
 }
 
@@ -211,4 +212,78 @@ fn a_node_gate_holds_the_slot_and_asks_again_in_place() {
     assert!(s.slot_held && s.cordoned_by_us);
     let s = run(&s, &p, 80, vec![Event::RetryDue]);
     assert_eq!(next_action(&s, &p), Action::PrepareReboot);
+}
+
+/// After the boot, in `waiting_for_healthy`.
+fn back(p: &Policy) -> State {
+    let s = run(
+        &State::new("b1", t(0)),
+        p,
+        0,
+        vec![
+            needed(),
+            Event::WindowOpen,
+            Event::SlotAcquired,
+            Event::Cordoned { by_us: true },
+            Event::Drained,
+            Event::ReadyToReboot,
+            Event::RebootAccepted,
+            Event::Started {
+                boot_id: "b2".into(),
+            },
+        ],
+    );
+    assert_eq!(s.phase, Phase::WaitingForHealthy);
+    s
+}
+
+#[test]
+fn a_check_after_the_boot_holds_the_slot_and_the_cordon_until_it_goes() {
+    let p = policy(true);
+    let s = run(&back(&p), &p, 100, vec![gated("csi", "pods not Ready")]);
+    assert_eq!(s.phase, Phase::WaitingForHealthy);
+    assert!(s.slot_held && s.cordoned_by_us);
+    assert_eq!(next_action(&s, &p), Action::Sleep { until: t(130) });
+    assert!(s.waiting_for.as_deref().unwrap().contains("csi"));
+    let s = run(&s, &p, 130, vec![Event::RetryDue]);
+    assert_eq!(next_action(&s, &p), Action::WaitHealthy);
+    let s = run(&s, &p, 131, vec![Event::Healthy]);
+    assert_eq!(s.phase, Phase::Uncordoning);
+    assert_eq!(s.gate, None);
+}
+
+#[test]
+fn the_settle_time_holds_the_slot_after_the_uncordon_then_releases() {
+    let p = Policy {
+        settle: Some(Duration::from_secs(300)),
+        ..policy(true)
+    };
+    let s = run(&back(&p), &p, 100, vec![Event::Healthy, Event::Uncordoned]);
+    assert_eq!(s.phase, Phase::Releasing);
+    assert_eq!(s.settle_until, Some(t(400)));
+    assert_eq!(next_action(&s, &p), Action::Sleep { until: t(400) });
+    assert!(s.waiting_for.as_deref().unwrap().contains("settle"));
+    // A restart in the same boot keeps waiting it out.
+    let s = run(
+        &s,
+        &p,
+        200,
+        vec![Event::Started {
+            boot_id: "b2".into(),
+        }],
+    );
+    assert_eq!(next_action(&s, &p), Action::Sleep { until: t(400) });
+    let s = run(&s, &p, 400, vec![Event::RetryDue]);
+    assert_eq!(next_action(&s, &p), Action::ReleaseSlot);
+    let s = run(&s, &p, 401, vec![Event::Released]);
+    assert_eq!(s.phase, Phase::Idle);
+    // Backing out before a reboot releases at once, without settling.
+    let s = run(
+        &State::new("b", t(0)),
+        &p,
+        0,
+        vec![needed(), Event::WindowOpen, Event::SlotAcquired],
+    );
+    let s = run(&s, &p, 5, vec![gated("alerts", "x")]);
+    assert_eq!(next_action(&s, &p), Action::ReleaseSlot);
 }

@@ -17,7 +17,12 @@
 //! [[gates.before_reboot]]                     # FLUO's before-reboot checks; needs [kubernetes]
 //! node_annotations = ["example.com/backup-done"]  # each "true" on this Node = go
 //! node_label = "rebootd.io/before-reboot"     # set "true" while the checks run (the default)
+//!
+//! [[gates.after_boot]]            # after the boot, node Ready, before uncordon and release;
+//! pods_ready = "app=csi-node"     # the same kinds, and: pods on this node matching, all Ready
 //! ```
+//! `settle = "5m"` under `[gates]` holds the slot that long after the node is back, before
+//! releasing it.
 //!
 //! The raw input is read here and validated into [`Gates`]; every error names the file, the
 //! key (`gates.before_reboot[2].query`) and the value.
@@ -44,6 +49,10 @@ const LEAST_INTERVAL: Duration = Duration::from_secs(1);
 /// `flatcar-linux-update.v1.flatcar-linux.net/before-reboot`).
 pub const DEFAULT_NODE_LABEL: &str = "rebootd.io/before-reboot";
 
+/// The label an after-boot Node gate sets (FLUO's is
+/// `flatcar-linux-update.v1.flatcar-linux.net/after-reboot`).
+pub const DEFAULT_AFTER_LABEL: &str = "rebootd.io/after-reboot";
+
 /// Least timeout: no program starts and no HTTP request is answered in less.
 const LEAST_TIMEOUT: Duration = Duration::from_millis(100);
 
@@ -51,7 +60,9 @@ const LEAST_TIMEOUT: Duration = Duration::from_millis(100);
 #[serde(deny_unknown_fields)]
 pub(super) struct GatesInput {
     pub interval: Option<HumanDuration>,
+    pub settle: Option<HumanDuration>,
     pub before_reboot: Option<Vec<GateInput>>,
+    pub after_boot: Option<Vec<GateInput>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -65,6 +76,7 @@ pub(super) struct GateInput {
     pub alertmanager_url: Option<String>,
     pub node_annotations: Option<Vec<String>>,
     pub node_label: Option<String>,
+    pub pods_ready: Option<String>,
     pub timeout: Option<HumanDuration>,
 }
 
@@ -75,6 +87,11 @@ pub struct Gates {
     pub interval: Duration,
     /// Asked before taking a slot, before the cordon and before the call to logind.
     pub before_reboot: Vec<GateSpec>,
+    /// Asked after the boot, once the node is Ready, before the uncordon and the release; the
+    /// slot is held while one waits.
+    pub after_boot: Vec<GateSpec>,
+    /// After the node is back (checks passed, uncordoned), hold the slot this long more.
+    pub settle: Option<Duration>,
 }
 
 impl Default for Gates {
@@ -82,6 +99,8 @@ impl Default for Gates {
         Gates {
             interval: DEFAULT_INTERVAL,
             before_reboot: Vec::new(),
+            after_boot: Vec::new(),
+            settle: None,
         }
     }
 }
@@ -117,6 +136,34 @@ pub enum GateCheck {
         label: String,
         annotations: Vec<String>,
     },
+    /// Pods on this node matching the label selector: every one Ready = go (after boot only).
+    PodsReady { selector: String },
+}
+
+impl GateCheck {
+    /// Whether it reads the Kubernetes API (needs `[kubernetes]`).
+    pub fn needs_kube(&self) -> bool {
+        matches!(
+            self,
+            GateCheck::NodeAnnotations { .. } | GateCheck::PodsReady { .. }
+        )
+    }
+}
+
+/// Which list a gate is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum List {
+    BeforeReboot,
+    AfterBoot,
+}
+
+impl List {
+    fn key(self) -> &'static str {
+        match self {
+            List::BeforeReboot => "gates.before_reboot",
+            List::AfterBoot => "gates.after_boot",
+        }
+    }
 }
 
 fn invalid(
@@ -125,14 +172,14 @@ fn invalid(
     value: String,
     reason: &str,
 ) -> ConfigError {
-    // The array is one value: the file that set `gates.before_reboot` set every gate in it.
-    let table = if key.starts_with("gates.before_reboot") {
-        "gates.before_reboot"
-    } else {
-        "gates.interval"
-    };
+    // An array is one value: the file that set `gates.before_reboot` set every gate in it.
+    let table = [List::BeforeReboot.key(), List::AfterBoot.key()]
+        .into_iter()
+        .find(|t| key.starts_with(t))
+        .unwrap_or(key.as_str())
+        .to_string();
     ConfigError::Invalid {
-        path: file_of(origin, table),
+        path: file_of(origin, &table),
         key,
         value,
         reason: reason.into(),
@@ -163,38 +210,56 @@ pub(super) fn validate(
             "must be at least 1s: a gate would be asked in a busy loop",
         ));
     }
-    let before_reboot = input
-        .before_reboot
+    let before_reboot = list(
+        input.before_reboot,
+        List::BeforeReboot,
+        has_kubernetes,
+        origin,
+    )?;
+    let after_boot = list(input.after_boot, List::AfterBoot, has_kubernetes, origin)?;
+    Ok(Gates {
+        interval,
+        before_reboot,
+        after_boot,
+        // Zero is off, as leaving it out.
+        settle: input.settle.map(|d| d.0).filter(|d| !d.is_zero()),
+    })
+}
+
+/// One list of gates; those reading the Kubernetes API need `[kubernetes]`.
+fn list(
+    input: Option<Vec<GateInput>>,
+    which: List,
+    has_kubernetes: bool,
+    origin: &BTreeMap<String, PathBuf>,
+) -> Result<Vec<GateSpec>, ConfigError> {
+    let gates = input
         .unwrap_or_default()
         .into_iter()
         .enumerate()
-        .map(|(i, g)| gate(g, &format!("gates.before_reboot[{}]", i + 1), origin))
+        .map(|(i, g)| gate(g, &format!("{}[{}]", which.key(), i + 1), which, origin))
         .collect::<Result<Vec<_>, _>>()?;
     if !has_kubernetes {
-        if let Some(i) = before_reboot
-            .iter()
-            .position(|g| matches!(g.check, GateCheck::NodeAnnotations { .. }))
-        {
+        if let Some(i) = gates.iter().position(|g| g.check.needs_kube()) {
             return Err(ConfigError::Missing {
                 key: "kubernetes".into(),
                 because: format!(
-                    "gates.before_reboot[{}] reads annotations of this Node (set in {})",
+                    "{}[{}] reads this Node or its pods (set in {})",
+                    which.key(),
                     i + 1,
-                    file_of(origin, "gates.before_reboot").display()
+                    file_of(origin, which.key()).display()
                 ),
             });
         }
     }
-    Ok(Gates {
-        interval,
-        before_reboot,
-    })
+    Ok(gates)
 }
 
 /// One gate; `at` is its key (`gates.before_reboot[1]`, counted from 1).
 fn gate(
     g: GateInput,
     at: &str,
+    which: List,
     origin: &BTreeMap<String, PathBuf>,
 ) -> Result<GateSpec, ConfigError> {
     let bad = |key: &str, value: String, reason: &str| {
@@ -213,6 +278,7 @@ fn gate(
         ("query", g.query.is_some()),
         ("alerts", g.alerts.is_some()),
         ("node_annotations", g.node_annotations.is_some()),
+        ("pods_ready", g.pods_ready.is_some()),
     ]
     .into_iter()
     .filter(|(_, set)| *set)
@@ -223,7 +289,7 @@ fn gate(
             origin,
             at.to_string(),
             format!("{kinds:?}"),
-            "a gate has exactly one of `command`, `query`, `alerts` or `node_annotations`",
+            "a gate has exactly one of `command`, `query`, `alerts`, `node_annotations` or `pods_ready`",
         ));
     }
     let prometheus_url = || -> Result<String, ConfigError> {
@@ -267,10 +333,13 @@ fn gate(
                 "not a Kubernetes annotation key ([prefix/]name)",
             ));
         }
-        let label = g
-            .node_label
-            .clone()
-            .unwrap_or_else(|| DEFAULT_NODE_LABEL.to_string());
+        let label = g.node_label.clone().unwrap_or_else(|| {
+            match which {
+                List::BeforeReboot => DEFAULT_NODE_LABEL,
+                List::AfterBoot => DEFAULT_AFTER_LABEL,
+            }
+            .to_string()
+        });
         if !is_key(&label) {
             return Err(bad(
                 "node_label",
@@ -279,6 +348,24 @@ fn gate(
             ));
         }
         GateCheck::NodeAnnotations { label, annotations }
+    } else if let Some(selector) = g.pods_ready {
+        if which != List::AfterBoot {
+            return Err(bad(
+                "pods_ready",
+                format!("{selector:?}"),
+                "pods are checked after the boot: put this gate in [[gates.after_boot]]",
+            ));
+        }
+        if selector.trim().is_empty() || selector.chars().any(char::is_control) {
+            return Err(bad(
+                "pods_ready",
+                format!("{selector:?}"),
+                "a label selector such as \"app=csi-node\"",
+            ));
+        }
+        GateCheck::PodsReady {
+            selector: selector.trim().to_string(),
+        }
     } else if let Some(query) = g.query {
         if query.trim().is_empty() {
             return Err(bad(
@@ -313,11 +400,13 @@ fn gate(
             selector,
         }
     };
-    if let (Some(u), GateCheck::NodeAnnotations { .. }) = (&g.prometheus_url, &check) {
+    if let (Some(u), GateCheck::NodeAnnotations { .. } | GateCheck::PodsReady { .. }) =
+        (&g.prometheus_url, &check)
+    {
         return Err(bad(
             "prometheus_url",
             format!("{u:?}"),
-            "a `node_annotations` gate asks no Prometheus",
+            "a `node_annotations` or `pods_ready` gate asks no Prometheus",
         ));
     }
     if let (Some(l), false) = (
@@ -332,7 +421,10 @@ fn gate(
     }
     if let (
         Some(u),
-        GateCheck::Command { .. } | GateCheck::Query { .. } | GateCheck::NodeAnnotations { .. },
+        GateCheck::Command { .. }
+        | GateCheck::Query { .. }
+        | GateCheck::NodeAnnotations { .. }
+        | GateCheck::PodsReady { .. },
     ) = (&g.alertmanager_url, &check)
     {
         return Err(bad(
@@ -370,6 +462,7 @@ fn default_name(check: &GateCheck) -> String {
         GateCheck::Query { .. } => "prometheus query".into(),
         GateCheck::Alerts { .. } => "prometheus alerts".into(),
         GateCheck::NodeAnnotations { .. } => "node annotations".into(),
+        GateCheck::PodsReady { selector } => format!("pods {selector}"),
     }
 }
 

@@ -501,3 +501,53 @@ fn node_gates_need_kubernetes_and_valid_keys() {
         "flatcar-linux-update.v1.flatcar-linux.net/before-reboot"
     ));
 }
+
+#[test]
+fn checks_after_the_boot_and_the_settle_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = write(
+        &dir,
+        "a.toml",
+        "[kubernetes]\n[gates]\nsettle = \"5m\"\n[[gates.after_boot]]\npods_ready = \"app=csi\"\n[[gates.after_boot]]\nnode_annotations = [\"a.io/ok\"]\n",
+    );
+    let g = Config::load(&[a]).unwrap().gates;
+    assert_eq!(g.settle, Some(Duration::from_secs(300)));
+    assert!(g.before_reboot.is_empty());
+    assert_eq!(g.after_boot[0].name, "pods app=csi");
+    match &g.after_boot[1].check {
+        GateCheck::NodeAnnotations { label, .. } => assert_eq!(label, "rebootd.io/after-reboot"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(Config::embedded_default().gates.settle, None);
+    // Pods are checked after the boot only; and need [kubernetes].
+    let b = write(
+        &dir,
+        "b.toml",
+        "[kubernetes]\n[[gates.before_reboot]]\npods_ready = \"app=csi\"\n",
+    );
+    let err = Config::load(std::slice::from_ref(&b))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("gates.before_reboot[1].pods_ready") && err.contains("b.toml"),
+        "{err}"
+    );
+    let c = write(
+        &dir,
+        "c.toml",
+        "[[gates.after_boot]]\npods_ready = \"app=csi\"\n",
+    );
+    let err = Config::load(&[c]).unwrap_err().to_string();
+    assert!(
+        err.contains("gates.after_boot[1]") && err.contains("`kubernetes`"),
+        "{err}"
+    );
+    // The settle time counts in lock.max_hold.
+    let d = write(
+        &dir,
+        "d.toml",
+        "[lock]\nmax_hold = \"11m\"\n[gates]\nsettle = \"2m\"\n",
+    );
+    let err = Config::load(&[d]).unwrap_err().to_string();
+    assert!(err.contains("gates.settle (2m)"), "{err}");
+}

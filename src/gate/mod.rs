@@ -6,7 +6,11 @@
 //! - [`prometheus`]: a PromQL query that must return nothing, or the firing alerts matching a
 //!   selector, minus those an Alertmanager silence covers (kured's `--prometheus-url`);
 //! - [`node`]: annotations other controllers set on this Node (FLUO's before-reboot checks);
-//!   asked only once the slot is held, and it keeps the slot while it waits.
+//!   asked only once the slot is held, and it keeps the slot while it waits;
+//! - [`pods`]: after the boot, the pods on this node matching a selector all Ready.
+//!
+//! `[[gates.after_boot]]` are asked after the boot once the node is Ready, before the uncordon
+//! and the release; the slot is held while one waits.
 //!
 //! A gate that cannot be evaluated (program missing, Prometheus unreachable) answers `Wait`
 //! with the reason: a gate fails closed.
@@ -16,6 +20,7 @@
 
 pub mod command;
 pub mod node;
+pub mod pods;
 pub mod prometheus;
 
 /// What a gate says now.
@@ -33,6 +38,7 @@ pub enum Gate {
     Query(Box<prometheus::QueryGate>),
     Alerts(Box<prometheus::AlertsGate>),
     Node(Box<node::NodeGate>),
+    Pods(Box<pods::PodsGate>),
 }
 
 impl Gate {
@@ -42,6 +48,7 @@ impl Gate {
             Gate::Query(g) => g.check().await,
             Gate::Alerts(g) => g.check().await,
             Gate::Node(g) => g.check().await,
+            Gate::Pods(g) => g.check().await,
         }
     }
 
@@ -131,12 +138,15 @@ impl Gates {
                         label,
                         annotations,
                     ))),
-                    None => {
-                        return Err(crate::http::SetupError(format!(
-                            "gate {:?} reads the Node: it needs [kubernetes]",
-                            spec.name
-                        )))
-                    }
+                    None => return Err(needs_kube(&spec.name)),
+                },
+                GateCheck::PodsReady { selector } => match kube {
+                    Some((client, node)) => Gate::Pods(Box::new(pods::PodsGate::new(
+                        client.clone(),
+                        node,
+                        selector,
+                    ))),
+                    None => return Err(needs_kube(&spec.name)),
                 },
             };
             out.push(Named {
@@ -151,11 +161,9 @@ impl Gates {
         self.0.is_empty()
     }
 
-    /// Whether a Node gate is configured (it needs a Kubernetes client).
+    /// Whether a gate reading the Kubernetes API is configured (it needs a client).
     pub fn needs_kube(specs: &[crate::config::GateSpec]) -> bool {
-        specs
-            .iter()
-            .any(|s| matches!(s.check, crate::config::GateCheck::NodeAnnotations { .. }))
+        specs.iter().any(|s| s.check.needs_kube())
     }
 
     /// Ask every gate of `stage` in order: `None` when all say go, else the first that says
@@ -188,4 +196,17 @@ impl Gates {
         }
         Ok(())
     }
+}
+
+fn needs_kube(name: &str) -> crate::http::SetupError {
+    crate::http::SetupError(format!(
+        "gate {name:?} reads the Kubernetes API: it needs [kubernetes]"
+    ))
+}
+
+/// The gates before the reboot and the checks after the boot.
+#[derive(Debug, Clone, Default)]
+pub struct GateSets {
+    pub before_reboot: Gates,
+    pub after_boot: Gates,
 }
