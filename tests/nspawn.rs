@@ -434,6 +434,77 @@ async fn the_watchdog_restarts_a_daemon_stuck_in_a_logind_call() {
     host.wait_boot(2, BOOT).await.unwrap();
 }
 
+/// A real `systemd-inhibit --mode=block` held by root, which real logind would let root's own
+/// reboot call through, holds off the reboot; `rebootctl status` names who holds it and why;
+/// its release (logind's `BlockInhibited` change) lets the reboot through.
+#[tokio::test]
+async fn a_real_block_inhibitor_delays_the_reboot_and_status_names_it() {
+    let host = boot(prepare("inhibit", SENTINEL_ONLY)).await;
+    let mut follow = host
+        .follow(&[
+            "journalctl",
+            "-u",
+            "rebootd",
+            "-f",
+            "-n",
+            "all",
+            "-o",
+            "cat",
+        ])
+        .unwrap();
+    // The inhibitor is held before the trigger exists: systemd-inhibit takes it, then runs the
+    // command, which makes the reboot needed and stays (a transient unit, so nothing of the
+    // test's holds it).
+    host.run(&[
+        "systemd-run",
+        "--unit=backup-job",
+        "systemd-inhibit",
+        "--mode=block",
+        "--what=shutdown",
+        "--who=backup-job",
+        "--why=nightly dump",
+        "sh",
+        "-c",
+        "touch /run/reboot-required; exec sleep infinity",
+    ])
+    .await
+    .unwrap();
+    follow
+        .expect("rebootd names the inhibitor it waits for", BOOT, |l| {
+            l.contains("backup-job (nightly dump")
+        })
+        .await
+        .unwrap();
+    let status = host.run(&["rebootctl", "status"]).await.unwrap();
+    assert!(status.contains("backup-job (nightly dump"), "{status}");
+    let json: Value =
+        serde_json::from_str(&host.run(&["rebootctl", "status", "--json"]).await.unwrap()).unwrap();
+    assert_eq!(json["phase"], "rebooting", "{json}");
+    assert_eq!(json["inhibited_by"][0]["who"], "backup-job", "{json}");
+    assert_eq!(json["inhibited_by"][0]["mode"], "block", "{json}");
+    assert_eq!(host.boot_count(), 1, "rebooted through the block inhibitor");
+
+    host.run(&["systemctl", "stop", "backup-job"])
+        .await
+        .unwrap();
+    let state = host.wait_boot(2, BOOT).await.unwrap();
+    assert_eq!(state, "running", "{}", failed_units(&host).await);
+    let before = host
+        .run(&[
+            "journalctl",
+            "-u",
+            "rebootd",
+            "-b",
+            "-1",
+            "-o",
+            "cat",
+            "--no-pager",
+        ])
+        .await
+        .unwrap();
+    assert!(before.contains("block inhibitors released"), "{before}");
+}
+
 #[tokio::test]
 async fn a_fleet_of_three_with_max_one_reboots_one_at_a_time() {
     let etcd = etcd().await;
