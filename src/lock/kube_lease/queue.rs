@@ -1,7 +1,6 @@
-//! The FIFO queue of the Lease semaphore's waiters: what a waiter Lease says, whether it is
-//! live, a waiter's rank, and the waiter Lease's name for a node. Pure: no I/O.
-
-use std::time::Duration;
+//! The FIFO queue of the Lease semaphore's waiters: what a waiter Lease says (its place) and
+//! the waiter Lease's name for a node. Whether a waiter is alive is the lock core's business
+//! (its Lease's `resourceVersion` changes with each renewal). Pure: no I/O.
 
 use k8s_openapi::api::coordination::v1::Lease;
 
@@ -22,76 +21,25 @@ pub(super) struct Waiter {
     pub name: String,
     /// `spec.acquireTime`: when it started waiting (its place in the queue).
     pub since: jiff::Timestamp,
-    /// `renewTime` (else `acquireTime`) + `leaseDurationSeconds`.
-    pub expires: jiff::Timestamp,
     pub lease: Lease,
 }
 
 impl Waiter {
     /// The waiter `lease` describes; a Lease without `acquireTime` waits since the beginning
-    /// of time and, without `renewTime` and a duration, is dead.
+    /// of time.
     pub fn from_lease(lease: Lease) -> Waiter {
-        let spec = lease.spec.clone().unwrap_or_default();
-        let since = spec
-            .acquire_time
+        let since = lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.acquire_time.as_ref())
             .map(|t| t.0)
             .unwrap_or(jiff::Timestamp::MIN);
-        let renewed = spec.renew_time.map(|t| t.0).unwrap_or(since);
-        let ttl =
-            jiff::SignedDuration::from_secs(spec.lease_duration_seconds.unwrap_or(0).max(0).into());
         Waiter {
             name: lease.metadata.name.clone().unwrap_or_default(),
             since,
-            expires: renewed.saturating_add(ttl).unwrap_or(jiff::Timestamp::MAX),
             lease,
         }
     }
-
-    /// Live while `expires` + `slack` (clock skew between writers) is in the future.
-    pub fn live(&self, now: jiff::Timestamp, slack: Duration) -> bool {
-        self.deadline(slack) > now
-    }
-
-    /// When it stops being live.
-    pub fn deadline(&self, slack: Duration) -> jiff::Timestamp {
-        let slack = jiff::SignedDuration::try_from(slack).unwrap_or(jiff::SignedDuration::MAX);
-        self.expires
-            .saturating_add(slack)
-            .unwrap_or(jiff::Timestamp::MAX)
-    }
-}
-
-/// Where a waiter stands in the queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Position {
-    /// Live waiters ahead.
-    pub rank: usize,
-    /// When the first live waiter ahead stops being live (the rank may drop then).
-    pub next_expiry: Option<jiff::Timestamp>,
-}
-
-/// The position of the waiter `(since, name)` among `waiters` (itself excluded), ordered by
-/// `(acquireTime, name)`; dead waiters do not count.
-pub(super) fn position<'a>(
-    waiters: impl IntoIterator<Item = &'a Waiter>,
-    since: jiff::Timestamp,
-    name: &str,
-    now: jiff::Timestamp,
-    slack: Duration,
-) -> Position {
-    let mut pos = Position {
-        rank: 0,
-        next_expiry: None,
-    };
-    for w in waiters {
-        if w.name == name || (w.since, w.name.as_str()) >= (since, name) || !w.live(now, slack) {
-            continue;
-        }
-        pos.rank += 1;
-        let d = w.deadline(slack);
-        pos.next_expiry = Some(pos.next_expiry.map_or(d, |e: jiff::Timestamp| e.min(d)));
-    }
-    pos
 }
 
 /// The waiter Lease name prefix of semaphore `semaphore`.
@@ -157,42 +105,6 @@ fn fnv1a(bytes: &[u8]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::coordination::v1::LeaseSpec;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-
-    fn ts(s: i64) -> jiff::Timestamp {
-        jiff::Timestamp::from_second(1_700_000_000 + s).unwrap()
-    }
-
-    fn waiter(name: &str, since: i64, renewed: i64, ttl: i32) -> Waiter {
-        let mut l = Lease::default();
-        l.metadata.name = Some(name.into());
-        l.spec = Some(LeaseSpec {
-            acquire_time: Some(MicroTime(ts(since))),
-            renew_time: Some(MicroTime(ts(renewed))),
-            lease_duration_seconds: Some(ttl),
-            ..LeaseSpec::default()
-        });
-        Waiter::from_lease(l)
-    }
-
-    #[test]
-    fn rank_counts_live_waiters_ahead_in_order() {
-        let slack = Duration::from_secs(1);
-        let ws = [
-            waiter("r-waiter-a", 0, 10, 30),
-            waiter("r-waiter-b", 1, 1, 5), // dead at 6 + 1 (slack)
-            waiter("r-waiter-c", 2, 10, 30),
-            waiter("r-waiter-d", 2, 10, 30),
-        ];
-        let at = |now| position(&ws, ts(2), "r-waiter-d", ts(now), slack);
-        assert_eq!(at(5).rank, 3);
-        assert_eq!(at(5).next_expiry, Some(ts(7)));
-        assert_eq!(at(7).rank, 2, "b is dead");
-        assert_eq!(position(&ws, ts(0), "r-waiter-a", ts(5), slack).rank, 0);
-        // A newcomer (no Lease yet) queues behind everyone.
-        assert_eq!(position(&ws, ts(3), "r-waiter-z", ts(8), slack).rank, 3);
-    }
 
     #[test]
     fn waiter_names_never_look_like_slots() {

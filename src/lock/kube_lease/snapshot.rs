@@ -1,0 +1,282 @@
+//! The Lease semaphore as one list showed it (kept up to date from the watch): the control
+//! Lease, the slots and the waiters, and what the lock core needs of it: the store-neutral
+//! [`View`] and whether a holder still holds its slot. Pure: no I/O.
+//!
+//! A holder is alive while its slot Lease gets new `resourceVersion`s (heartbeats, phase
+//! reports), a waiter while its waiter Lease does (renewals): as the observer's own clock sees
+//! them. No time written by another host is compared.
+
+use std::collections::{BTreeMap, HashMap};
+
+use k8s_openapi::api::coordination::v1::Lease;
+
+use super::super::view::{Beat, HolderView, Ticket, View, WaiterView};
+use super::objects::{annotation, Slot, SlotHolder};
+use super::queue::{Waiter, ANNOTATION_WAITER_NODE};
+use super::*;
+
+/// The semaphore's Leases, as listed (and watched).
+#[derive(Debug, Clone)]
+pub(super) struct Snapshot {
+    pub control: Option<Lease>,
+    pub max: u64,
+    pub slots: BTreeMap<u64, Slot>,
+    /// The waiter Leases, by name.
+    pub waiters: BTreeMap<String, Waiter>,
+}
+
+impl Snapshot {
+    pub(super) fn held(&self) -> impl Iterator<Item = (&Slot, &SlotHolder)> {
+        self.slots
+            .values()
+            .filter_map(|s| s.holder.as_ref().map(|h| (s, h)))
+    }
+
+    pub(super) fn holders(&self) -> usize {
+        self.held().count()
+    }
+
+    /// The slot `me` holds: by machine id first, else by node name.
+    pub(super) fn mine(&self, me: &Identity) -> Option<(&Slot, &SlotHolder)> {
+        self.held()
+            .find(|(_, h)| h.machine_id.as_deref() == Some(me.id.as_str()))
+            .or_else(|| self.held().find(|(_, h)| h.node == me.node))
+    }
+
+    pub(super) fn free(&self) -> i64 {
+        i64::try_from(self.max)
+            .unwrap_or(i64::MAX)
+            .saturating_sub(i64::try_from(self.holders()).unwrap_or(i64::MAX))
+    }
+}
+
+impl KubeLeaseSemaphore {
+    /// Put `lease` (listed or seen on the watch) in `snap` as the control Lease, a slot or a
+    /// waiter; anything else is ignored. `snap.max` is not recomputed.
+    pub(super) fn put_lease(&self, snap: &mut Snapshot, lease: Lease) {
+        let lease_name = lease.metadata.name.clone().unwrap_or_default();
+        if lease_name == self.name {
+            snap.control = Some(lease);
+        } else if let Some(index) = self.slot_index(&lease_name) {
+            let holder = SlotHolder::from_lease(&lease);
+            snap.slots.insert(
+                index,
+                Slot {
+                    index,
+                    lease,
+                    holder,
+                },
+            );
+        } else if lease_name.starts_with(&self.waiter_prefix) {
+            snap.waiters.insert(lease_name, Waiter::from_lease(lease));
+        } else {
+            tracing::debug!(lease = %lease_name, selector = %self.selector, "ignoring a Lease that is neither the control Lease, a slot nor a waiter");
+        }
+    }
+
+    /// Remove the Lease named `lease_name` (deleted) from `snap`.
+    pub(super) fn drop_lease(&self, snap: &mut Snapshot, lease_name: &str) {
+        if lease_name == self.name {
+            snap.control = None;
+        } else if let Some(index) = self.slot_index(lease_name) {
+            snap.slots.remove(&index);
+        } else {
+            snap.waiters.remove(lease_name);
+        }
+    }
+
+    /// The number of slots `snap` says. A control Lease whose max does not parse is
+    /// [`LockError::Corrupt`].
+    pub(super) fn max_of(&self, snap: &Snapshot) -> Result<u64, LockError> {
+        match &snap.control {
+            None => Ok((snap.slots.len() as u64).max(DEFAULT_MAX)),
+            Some(c) => match annotation(c, ANNOTATION_MAX) {
+                None => Err(self.corrupt(
+                    "",
+                    format!("the control Lease has no {ANNOTATION_MAX} annotation"),
+                )),
+                Some(v) => v
+                    .trim()
+                    .parse::<u64>()
+                    .map_err(|e| self.corrupt(v, format!("not a number of slots: {e}"))),
+            },
+        }
+    }
+
+    /// Whether `me` holds a slot in `snap`: one with its machine id (or node name) whose token,
+    /// if it has one, is `me`'s.
+    pub(super) fn fence_of(&self, snap: &Snapshot, me: &Identity) -> Fence {
+        match snap.mine(me) {
+            None => Fence::Lost {
+                why: format!(
+                    "no slot of Leases {}/{}* is held by {} ({})",
+                    self.namespace, self.name, me.node, me.id
+                ),
+            },
+            Some((slot, h)) => match h.token.as_deref() {
+                Some(t) if t != me.token => Fence::Lost {
+                    why: format!(
+                        "slot Lease {} is held by another host under this machine id or node \
+                         name (holder token {t}, ours {})",
+                        slot.name(),
+                        me.token
+                    ),
+                },
+                _ => Fence::Held,
+            },
+        }
+    }
+}
+
+impl Snapshot {
+    /// Nothing listed yet.
+    pub(super) fn empty() -> Snapshot {
+        Snapshot {
+            control: None,
+            max: DEFAULT_MAX,
+            slots: BTreeMap::new(),
+            waiters: BTreeMap::new(),
+        }
+    }
+}
+
+/// A Lease's `resourceVersion`: its beat.
+fn beat(lease: &Lease) -> Beat {
+    Beat::Revision(lease.metadata.resource_version.clone().unwrap_or_default())
+}
+
+/// A waiter's place: when it started waiting (`acquireTime`, the waiter's clock: it orders the
+/// queue, it never decides who is alive), then its name.
+fn ticket(w: &Waiter) -> Ticket {
+    Ticket {
+        order: (w.since.as_microsecond(), 0),
+        name: w.name.clone(),
+    }
+}
+
+impl KubeLeaseSemaphore {
+    /// The arbiter's view of `snap` for the waiter whose waiter Lease is `my_waiter`; `gone`:
+    /// why the Nodes of some holders are known to be gone (node name → the uid the holder
+    /// recorded, words). A control
+    /// Lease whose max does not parse is [`LockError::Corrupt`].
+    pub(super) fn view(
+        &self,
+        snap: &Snapshot,
+        my_waiter: &str,
+        gone: &HashMap<String, (String, String)>,
+    ) -> Result<View, LockError> {
+        let max = self.max_of(snap)?;
+        let holders = snap
+            .held()
+            .map(|(slot, h): (&Slot, &SlotHolder)| HolderView {
+                id: h.id().to_owned(),
+                node: Some(h.node.clone()),
+                boot_id: h.boot_id.clone(),
+                phase: h.phase.clone(),
+                token: h.token.clone(),
+                beat: beat(&slot.lease),
+                gone: gone
+                    .get(&h.node)
+                    .filter(|(uid, _)| h.node_uid.as_ref() == Some(uid))
+                    .map(|(_, why)| why.clone()),
+            })
+            .collect();
+        let mut waiters: Vec<WaiterView> = snap
+            .waiters
+            .values()
+            .map(|w| WaiterView {
+                key: w.name.clone(),
+                ticket: ticket(w),
+                id: None,
+                node: annotation(&w.lease, ANNOTATION_WAITER_NODE).map(str::to_owned),
+                beat: beat(&w.lease),
+                mine: w.name == my_waiter,
+            })
+            .collect();
+        waiters.sort_by(|a, b| a.ticket.cmp(&b.ticket));
+        Ok(View {
+            max,
+            holders,
+            waiters,
+            node_is_identity: true,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn me(x: &str) -> Identity {
+        Identity {
+            id: format!("m-{x}"),
+            node: format!("node-{x}"),
+            boot_id: format!("boot-{x}"),
+            token: format!("t-{x}"),
+        }
+    }
+
+    fn with_rv(mut l: Lease, rv: &str) -> Lease {
+        l.metadata.resource_version = Some(rv.into());
+        l
+    }
+
+    #[tokio::test]
+    async fn the_view_beats_by_resource_version_and_queues_by_acquire_time() {
+        let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        let settings = config::KubeLease {
+            namespace: "ns".into(),
+            name: "reboot".into(),
+            kubeconfig: None,
+        };
+        let s = KubeLeaseSemaphore::new(client, &settings, None);
+        let t0 = jiff::Timestamp::from_second(1_700_000_000).unwrap();
+        let mut snap = Snapshot::empty();
+        s.put_lease(&mut snap, with_rv(s.control_lease(2), "1"));
+        let held = KubeLeaseSemaphore::taken(&s.free_slot_lease(0), &me("a"), t0, Some("uid-a"));
+        s.put_lease(&mut snap, with_rv(held, "7"));
+        s.put_lease(&mut snap, with_rv(s.free_slot_lease(1), "2"));
+        let later = t0 + jiff::SignedDuration::from_secs(5);
+        s.put_lease(&mut snap, with_rv(s.waiter_lease(&me("c"), later), "9"));
+        s.put_lease(&mut snap, with_rv(s.waiter_lease(&me("b"), t0), "8"));
+        let why = "its Node node-a no longer exists".to_owned();
+        let gone = HashMap::from([("node-a".to_owned(), ("uid-a".to_owned(), why))]);
+        let v = s.view(&snap, &s.waiter_name("node-c"), &gone).unwrap();
+        assert_eq!(v.max, 2);
+        assert!(v.node_is_identity);
+        assert_eq!(v.holders.len(), 1);
+        let h = &v.holders[0];
+        assert_eq!((h.id.as_str(), h.node.as_deref()), ("m-a", Some("node-a")));
+        assert_eq!(h.token.as_deref(), Some("t-a"));
+        assert_eq!(h.beat, Beat::Revision("7".into()));
+        assert_eq!(h.gone.as_deref(), Some("its Node node-a no longer exists"));
+        let order: Vec<(&str, bool)> = v
+            .waiters
+            .iter()
+            .map(|w| (w.node.as_deref().unwrap_or(""), w.mine))
+            .collect();
+        assert_eq!(order, vec![("node-b", false), ("node-c", true)]);
+        assert_eq!(v.waiters[0].beat, Beat::Revision("8".into()));
+
+        // A holder without a node uid is never gone; a corrupt max is an error.
+        let ghost = KubeLeaseSemaphore::taken(&s.free_slot_lease(1), &me("g"), t0, None);
+        s.put_lease(&mut snap, with_rv(ghost, "10"));
+        let gone = HashMap::from([
+            ("node-g".to_owned(), ("uid-g".to_owned(), "x".to_owned())),
+            (
+                "node-a".to_owned(),
+                ("an-older-uid".to_owned(), "x".to_owned()),
+            ),
+        ]);
+        let v = s.view(&snap, "", &gone).unwrap();
+        assert!(v.holders.iter().all(|h| h.gone.is_none()));
+        let mut bad = s.control_lease(2);
+        bad.metadata.annotations = None;
+        s.put_lease(&mut snap, bad);
+        assert!(matches!(
+            s.view(&snap, "", &gone),
+            Err(LockError::Corrupt { .. })
+        ));
+    }
+}

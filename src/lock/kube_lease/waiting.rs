@@ -1,0 +1,585 @@
+//! `acquire` on the Lease store: the lock core's loop over [`LeaseWaiting`]. The semaphore's
+//! Leases are read and then kept up to date by one kube-runtime watcher (its initial list is the
+//! read; it resumes its watch from the last `resourceVersion` and bookmark when the server ends
+//! it, and a 410 Gone reads again): each change is applied to the snapshot and the arbiter decides
+//! again without a request. A waiter queues as its waiter Lease, renewed every third of its TTL.
+//! The head of the queue also watches the Node of each holder that recorded one (a watcher on
+//! `metadata.name=<node>`), so a deleted or re-registered Node makes that holder gone.
+//!
+//! Every decision is committed by a replace carrying the `resourceVersion` read (or a create);
+//! a lost race (409) reads again at once, as the Lease store always did. A dropped `acquire`
+//! leaves its waiter Lease to expire: it stops holding its place after its TTL.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures_util::stream::{BoxStream, SelectAll, StreamExt};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::runtime::watcher;
+
+use super::super::acquire::{self, Settings, Waiting, Wake};
+use super::super::arbiter::Policy;
+use super::super::view::View;
+use super::calls::{CallError, NodeLookup};
+use super::objects::Slot;
+use super::snapshot::Snapshot;
+use super::*;
+
+type LeaseEvents = BoxStream<'static, Result<watcher::Event<Lease>, watcher::Error>>;
+/// One event of a holder's Node watcher, with the node's name.
+type NodeEvent = (String, Result<watcher::Event<Node>, watcher::Error>);
+type NodeEvents = BoxStream<'static, NodeEvent>;
+
+/// Take a slot for `me` in `store`, waiting in its queue as long as it takes.
+pub(super) async fn acquire(store: &KubeLeaseSemaphore, me: &Identity) -> Result<(), LockError> {
+    store.check()?;
+    let ttl = Duration::from_secs(u64::try_from(store.waiter_ttl_secs()).unwrap_or(1));
+    let settings = Settings {
+        backend: BACKEND,
+        label: "Kubernetes API",
+        target: format!("Leases {}/{}", store.namespace, store.name),
+        policy: Policy {
+            max_hold: store.max_hold,
+            // Renewed every third of its TTL: not renewed for the TTL (plus slack), it is dead.
+            waiter_timeout: ttl + WAITER_CLOCK_SLACK,
+        },
+        backoff_min: store.timeouts.backoff_min,
+        backoff_max: store.timeouts.backoff_max,
+    };
+    let mut w = LeaseWaiting {
+        store,
+        me,
+        my_waiter: store.waiter_name(&me.node),
+        snap: None,
+        relisting: None,
+        leases: None,
+        nodes: NodeWatches::default(),
+        gone: HashMap::new(),
+        own_node_uid: None,
+        node_access_warned: false,
+        reread: false,
+    };
+    acquire::acquire(&mut w, me, &settings).await
+}
+
+/// The watchers of the holders' Nodes (head of the queue only).
+#[derive(Default)]
+struct NodeWatches {
+    /// The holders watched: (node, uid recorded on the slot).
+    watched: BTreeSet<(String, String)>,
+    /// Nodes whose watch was refused: not watched again.
+    refused: BTreeSet<String>,
+    /// Whether each node's current list found it.
+    found: HashMap<String, bool>,
+    streams: SelectAll<NodeEvents>,
+}
+
+struct LeaseWaiting<'a> {
+    store: &'a KubeLeaseSemaphore,
+    me: &'a Identity,
+    my_waiter: String,
+    snap: Option<Snapshot>,
+    /// A list the watcher started again (after it lost its place): built until `InitDone`.
+    relisting: Option<Snapshot>,
+    leases: Option<LeaseEvents>,
+    nodes: NodeWatches,
+    /// Why holders' Nodes are gone: node name → (the uid the holder recorded, words).
+    gone: HashMap<String, (String, String)>,
+    /// Our own Node's uid, looked up once, when first about to take a slot.
+    own_node_uid: Option<Option<String>>,
+    node_access_warned: bool,
+    /// A write lost a race: read again at once.
+    reread: bool,
+}
+
+/// What ended one `select!` of [`LeaseWaiting::wait`].
+enum Woken {
+    Timer,
+    Renew,
+    Lease(Option<Box<Result<watcher::Event<Lease>, watcher::Error>>>),
+    Node(Option<Box<NodeEvent>>),
+}
+
+impl LeaseWaiting<'_> {
+    fn snap(&self) -> Result<&Snapshot, LockError> {
+        self.snap.as_ref().ok_or_else(|| LockError::Backend {
+            backend: BACKEND,
+            reason: "internal: no list read yet".into(),
+        })
+    }
+
+    fn watch_error(&self, e: watcher::Error) -> LockError {
+        watch_error(self.store, e)
+    }
+
+    /// Our own Node's uid, looked up once per `acquire`.
+    async fn own_node_uid(&mut self) -> Result<Option<String>, LockError> {
+        if let Some(uid) = &self.own_node_uid {
+            return Ok(uid.clone());
+        }
+        let node = &self.me.node;
+        let uid = match self.store.node_lookup(node).await? {
+            NodeLookup::Found(uid) if !uid.is_empty() => Some(uid),
+            NodeLookup::Found(_) | NodeLookup::Missing => {
+                tracing::info!(%node, "no Node object of this name: the slot will carry no node uid, so it is never reclaimed for a missing Node (only by lock.max_hold)");
+                None
+            }
+            NodeLookup::Unknown(reason) => {
+                tracing::warn!(%node, %reason, "cannot read our own Node: the slot will carry no node uid, so it is never reclaimed for a missing Node");
+                None
+            }
+        };
+        self.own_node_uid = Some(uid.clone());
+        Ok(uid)
+    }
+
+    /// The slot held by `holder` (its id as the view shows it).
+    fn slot_of(&self, holder: &str) -> Result<Option<Slot>, LockError> {
+        Ok(self
+            .snap()?
+            .held()
+            .find(|(_, h)| h.id() == holder)
+            .map(|(s, _)| s.clone()))
+    }
+
+    /// A write that changes the snapshot: `Ok(false)` = lost a race (read again at once).
+    fn lost(&mut self, won: bool) -> bool {
+        if !won {
+            self.reread = true;
+        }
+        won
+    }
+
+    /// When our waiter Lease is due for renewal: a third of its TTL after its last renewal
+    /// (written by this host).
+    fn renew_at(&self) -> Option<Instant> {
+        let lease = &self.snap.as_ref()?.waiters.get(&self.my_waiter)?.lease;
+        let spec = lease.spec.as_ref()?;
+        let renewed = spec.renew_time.as_ref().or(spec.acquire_time.as_ref())?.0;
+        let every = jiff::SignedDuration::from_secs(i64::from(self.store.waiter_ttl_secs())) / 3;
+        let due = renewed
+            .saturating_add(every)
+            .unwrap_or(jiff::Timestamp::MAX);
+        let ahead = due.duration_since(jiff::Timestamp::now());
+        Some(Instant::now() + Duration::try_from(ahead).unwrap_or_default())
+    }
+
+    /// Renew our waiter Lease. `false` = it changed or is gone (read again).
+    async fn renew(&mut self) -> Result<bool, LockError> {
+        let Some(w) = self.snap()?.waiters.get(&self.my_waiter) else {
+            return Ok(false);
+        };
+        let mut lease = w.lease.clone();
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        spec.renew_time = Some(MicroTime(jiff::Timestamp::now()));
+        spec.lease_duration_seconds = Some(self.store.waiter_ttl_secs());
+        let pp = kube::api::PostParams::default();
+        let replace = self.store.leases.replace(&self.my_waiter, &pp, &lease);
+        match self.store.call("renewing the waiter Lease", replace).await {
+            Ok(l) => {
+                if let Some(snap) = self.snap.as_mut() {
+                    self.store.put_lease(snap, l);
+                }
+                Ok(true)
+            }
+            Err(CallError {
+                code: Some(409 | 404),
+                ..
+            }) => {
+                tracing::debug!(lease = %self.my_waiter, "the waiter Lease changed or is gone; reading again");
+                Ok(false)
+            }
+            Err(e) => Err(e.error),
+        }
+    }
+
+    /// Watch the Nodes of the holders that recorded one while first in the queue (`head`);
+    /// forget them otherwise. Restarted only when the holders change.
+    fn sync_node_watches(&mut self, head: bool) -> Result<(), LockError> {
+        let mut want = BTreeSet::new();
+        if head {
+            for (_, h) in self.snap()?.held() {
+                if let Some(uid) = &h.node_uid {
+                    if !self.nodes.refused.contains(&h.node) {
+                        want.insert((h.node.clone(), uid.clone()));
+                    }
+                }
+            }
+        }
+        let held: BTreeSet<&String> = want.iter().map(|(n, _)| n).collect();
+        self.gone.retain(|node, _| held.contains(node));
+        if want == self.nodes.watched {
+            return Ok(());
+        }
+        let mut streams = SelectAll::new();
+        for (node, _) in &want {
+            let config = watcher::Config::default()
+                .fields(&format!("metadata.name={node}"))
+                .timeout(self.store.timeouts.watch.as_secs().clamp(1, 290 * 60) as u32);
+            let name = node.clone();
+            streams.push(
+                watcher::watcher(self.store.nodes.clone(), config)
+                    .map(move |e| (name.clone(), e))
+                    .boxed(),
+            );
+        }
+        self.nodes.streams = streams;
+        self.nodes.found.clear();
+        self.nodes.watched = want;
+        Ok(())
+    }
+
+    /// A Node event: whether it makes a holder gone.
+    fn node_event(
+        &mut self,
+        node: String,
+        event: Result<watcher::Event<Node>, watcher::Error>,
+    ) -> bool {
+        let recorded = self
+            .nodes
+            .watched
+            .iter()
+            .find(|(n, _)| *n == node)
+            .map(|(_, u)| u.clone());
+        let Some(uid) = recorded else {
+            return false;
+        };
+        let why = match event {
+            Ok(watcher::Event::Init) => {
+                self.nodes.found.insert(node, false);
+                return false;
+            }
+            Ok(watcher::Event::InitApply(n) | watcher::Event::Apply(n)) => {
+                self.nodes.found.insert(node.clone(), true);
+                match n.metadata.uid {
+                    Some(now) if now != uid => format!(
+                        "its Node {node} was deleted and registered again (uid {uid} is now {now})"
+                    ),
+                    _ => return false,
+                }
+            }
+            Ok(watcher::Event::InitDone) => {
+                if self.nodes.found.get(&node).copied().unwrap_or(false) {
+                    return false;
+                }
+                format!("its Node {node} no longer exists")
+            }
+            Ok(watcher::Event::Delete(_)) => format!("its Node {node} no longer exists"),
+            Err(e) => {
+                if !self.node_access_warned {
+                    tracing::warn!(%node, error = %e, "cannot watch a holder's Node; it is not checked for deletion");
+                    self.node_access_warned = true;
+                }
+                self.nodes.refused.insert(node);
+                return false;
+            }
+        };
+        tracing::info!(%node, %why, "a holder's Node is gone");
+        self.gone.insert(node, (uid, why));
+        true
+    }
+}
+
+#[async_trait]
+impl Waiting for LeaseWaiting<'_> {
+    async fn read(&mut self) -> Result<(), LockError> {
+        self.reread = false;
+        self.relisting = None;
+        self.leases = None;
+        let mut created = false;
+        loop {
+            let mut stream = lease_watcher(self.store);
+            let snap = initial(self.store, &mut stream).await?;
+            if snap.control.is_none() && !created {
+                let max = self.store.max_of(&snap)?;
+                self.store.create_control(&snap, max).await?;
+                created = true;
+                continue;
+            }
+            self.leases = Some(stream);
+            self.snap = Some(snap);
+            return Ok(());
+        }
+    }
+
+    fn view(&self) -> Result<View, LockError> {
+        self.store.view(self.snap()?, &self.my_waiter, &self.gone)
+    }
+
+    async fn take(&mut self, rank: usize) -> Result<bool, LockError> {
+        let node_uid = self.own_node_uid().await?;
+        let store = self.store;
+        let snap = self.snap()?;
+        let max = store.max_of(snap)?;
+        let now = jiff::Timestamp::now();
+        // The waiters ahead of us go for the first free slots: we take the one after them,
+        // so that the eligible waiters do not all race for the same Lease.
+        let free: Vec<&Slot> = snap
+            .slots
+            .values()
+            .filter(|s| s.index < max && s.holder.is_none())
+            .collect();
+        let missing: Vec<u64> = (0..max).filter(|i| !snap.slots.contains_key(i)).collect();
+        let count = free.len() + missing.len();
+        if count == 0 {
+            self.reread = true;
+            return Ok(false);
+        }
+        let pick = rank.min(count - 1);
+        let (won, lease_name) = match free.get(pick) {
+            Some(slot) => {
+                let lease =
+                    KubeLeaseSemaphore::taken(&slot.lease, self.me, now, node_uid.as_deref());
+                let name = slot.name().to_owned();
+                (store.replace("taking a slot", &lease).await?, name)
+            }
+            None => {
+                let index = missing[pick - free.len()];
+                let lease = KubeLeaseSemaphore::taken(
+                    &store.free_slot_lease(index),
+                    self.me,
+                    now,
+                    node_uid.as_deref(),
+                );
+                (
+                    store.create("creating a slot", &lease).await?,
+                    store.slot_name(index),
+                )
+            }
+        };
+        if won {
+            tracing::debug!(namespace = %store.namespace, lease = %lease_name, "took a slot Lease");
+        }
+        Ok(self.lost(won))
+    }
+
+    async fn adopt(&mut self, holder: &str) -> Result<bool, LockError> {
+        let Some(slot) = self.slot_of(holder)? else {
+            self.reread = true;
+            return Ok(false);
+        };
+        tracing::warn!(lease = slot.name(), node = %self.me.node, recorded = %holder, id = %self.me.id, "adopting a slot held under this node's name or machine id");
+        let mut lease = slot.lease.clone();
+        let annotations = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
+        annotations.insert(ANNOTATION_MACHINE_ID.to_owned(), self.me.id.clone());
+        annotations.insert(ANNOTATION_BOOT_ID.to_owned(), self.me.boot_id.clone());
+        annotations.insert(ANNOTATION_HOLDER_TOKEN.to_owned(), self.me.token.clone());
+        let won = self.store.replace("adopting a slot", &lease).await?;
+        Ok(self.lost(won))
+    }
+
+    async fn reclaim(&mut self, holder: &str, take_over: bool) -> Result<bool, LockError> {
+        let Some(slot) = self.slot_of(holder)? else {
+            self.reread = true;
+            return Ok(false);
+        };
+        let max = self.store.max_of(self.snap()?)?;
+        if !take_over || slot.index >= max {
+            let freed = self.store.free_slot(&slot, max).await?;
+            // Not a take: the watch brings the freed slot.
+            return Ok(freed && !take_over);
+        }
+        let node_uid = self.own_node_uid().await?;
+        let lease = KubeLeaseSemaphore::taken(
+            &slot.lease,
+            self.me,
+            jiff::Timestamp::now(),
+            node_uid.as_deref(),
+        );
+        let won = self.store.replace("reclaiming a slot", &lease).await?;
+        Ok(self.lost(won))
+    }
+
+    async fn enqueue(&mut self) -> Result<(), LockError> {
+        if self.reread || self.snap()?.waiters.contains_key(&self.my_waiter) {
+            return Ok(());
+        }
+        let lease = self.store.waiter_lease(self.me, jiff::Timestamp::now());
+        match self.store.create_obj("joining the queue", &lease).await? {
+            Some(created) => {
+                tracing::debug!(lease = %self.my_waiter, "joined the queue of waiters");
+                if let Some(snap) = self.snap.as_mut() {
+                    self.store.put_lease(snap, created);
+                }
+            }
+            // There already (a previous process of ours): read again, and adopt it.
+            None => self.reread = true,
+        }
+        Ok(())
+    }
+
+    async fn wait(&mut self, until: Option<Instant>, head: bool) -> Result<Wake, LockError> {
+        if std::mem::take(&mut self.reread) {
+            return Ok(Wake::Reread);
+        }
+        self.sync_node_watches(head)?;
+        loop {
+            let renew_at = self.renew_at();
+            let Some(leases) = self.leases.as_mut() else {
+                return Ok(Wake::Reread);
+            };
+            let nodes = &mut self.nodes.streams;
+            let watching_nodes = !nodes.is_empty();
+            let woken = tokio::select! {
+                () = sleep_until(until), if until.is_some() => Woken::Timer,
+                () = sleep_until(renew_at), if renew_at.is_some() => Woken::Renew,
+                e = leases.next() => Woken::Lease(e.map(Box::new)),
+                n = nodes.next(), if watching_nodes => Woken::Node(n.map(Box::new)),
+            };
+            match woken {
+                Woken::Timer => return Ok(Wake::Changed),
+                Woken::Renew => {
+                    if !self.renew().await? {
+                        return Ok(Wake::Reread);
+                    }
+                }
+                Woken::Node(Some(n)) => {
+                    let (node, event) = *n;
+                    if self.node_event(node, event) {
+                        return Ok(Wake::Changed);
+                    }
+                }
+                Woken::Node(None) => self.nodes.streams = SelectAll::new(),
+                Woken::Lease(None) => {
+                    return Err(self.store.unreachable("the Lease watch ended".into()))
+                }
+                Woken::Lease(Some(e)) => match *e {
+                    Err(watcher::Error::WatchError(s)) if s.code == 410 => {
+                        tracing::debug!("watch history expired (410 Gone); listing again");
+                        return Ok(Wake::Reread);
+                    }
+                    Err(e) => return Err(self.watch_error(e)),
+                    Ok(event) => {
+                        let store = self.store;
+                        match event {
+                            watcher::Event::Init => self.relisting = Some(Snapshot::empty()),
+                            watcher::Event::InitApply(l) => {
+                                if let Some(s) = self.relisting.as_mut() {
+                                    store.put_lease(s, l);
+                                }
+                            }
+                            watcher::Event::InitDone => {
+                                if let Some(s) = self.relisting.take() {
+                                    self.snap = Some(s);
+                                    return Ok(Wake::Changed);
+                                }
+                            }
+                            watcher::Event::Apply(l) => {
+                                if let Some(s) = self.snap.as_mut() {
+                                    store.put_lease(s, l);
+                                }
+                                return Ok(Wake::Changed);
+                            }
+                            watcher::Event::Delete(l) => {
+                                let name = l.metadata.name.unwrap_or_default();
+                                if name == self.my_waiter {
+                                    tracing::info!(lease = %name, "our waiter Lease was deleted (taken for dead?); queueing again");
+                                }
+                                if let Some(s) = self.snap.as_mut() {
+                                    store.drop_lease(s, &name);
+                                }
+                                return Ok(Wake::Changed);
+                            }
+                        }
+                    }
+                },
+            }
+        }
+    }
+
+    async fn leave(&mut self, dead: Vec<String>) {
+        let Some(snap) = self.snap.as_ref() else {
+            return;
+        };
+        if let Some(w) = snap.waiters.get(&self.my_waiter) {
+            // Our own Lease: only its uid as precondition (a renewal may be in flight).
+            let mut lease = w.lease.clone();
+            lease.metadata.resource_version = None;
+            match self
+                .store
+                .delete_lease("deleting the waiter Lease", &lease)
+                .await
+            {
+                Ok(_) => tracing::debug!(lease = %self.my_waiter, "left the queue"),
+                Err(e) => {
+                    tracing::info!(lease = %self.my_waiter, error = %e, "could not delete the waiter Lease; it expires by itself")
+                }
+            }
+        }
+        for name in dead {
+            let Some(w) = snap.waiters.get(&name) else {
+                continue;
+            };
+            if let Ok(true) = self
+                .store
+                .delete_lease("deleting a dead waiter Lease", &w.lease)
+                .await
+            {
+                tracing::info!(lease = %name, "deleted the Lease of a waiter that stopped renewing it");
+            }
+        }
+    }
+}
+
+/// A watcher error as the lock core sees it.
+fn watch_error(store: &KubeLeaseSemaphore, e: watcher::Error) -> LockError {
+    let what = "watching Leases";
+    match e {
+        watcher::Error::InitialListFailed(e) => store.classify("listing Leases", e).error,
+        watcher::Error::WatchStartFailed(e) | watcher::Error::WatchFailed(e) => {
+            store.classify(what, e).error
+        }
+        watcher::Error::WatchError(s) => store.status_error(what, &s),
+        e => store.unreachable(format!("{what}: {e}")),
+    }
+}
+
+/// A new watcher of the semaphore's Leases; its first events are a list.
+fn lease_watcher(store: &KubeLeaseSemaphore) -> LeaseEvents {
+    let config = watcher::Config::default()
+        .labels(&store.selector)
+        .timeout(store.timeouts.watch.as_secs().clamp(1, 290 * 60) as u32);
+    watcher::watcher(store.leases.clone(), config).boxed()
+}
+
+/// The watcher's list, up to `InitDone`, within the request time limit.
+async fn initial(
+    store: &KubeLeaseSemaphore,
+    stream: &mut LeaseEvents,
+) -> Result<Snapshot, LockError> {
+    let list = async {
+        let mut snap = Snapshot::empty();
+        loop {
+            match stream.next().await {
+                Some(Ok(watcher::Event::Init)) => snap = Snapshot::empty(),
+                Some(Ok(watcher::Event::InitApply(l) | watcher::Event::Apply(l))) => {
+                    store.put_lease(&mut snap, l)
+                }
+                Some(Ok(watcher::Event::Delete(l))) => {
+                    let name = l.metadata.name.unwrap_or_default();
+                    store.drop_lease(&mut snap, &name);
+                }
+                Some(Ok(watcher::Event::InitDone)) => return Ok(snap),
+                Some(Err(e)) => return Err(watch_error(store, e)),
+                None => return Err(store.unreachable("the Lease list ended".into())),
+            }
+        }
+    };
+    match tokio::time::timeout(store.timeouts.request, list).await {
+        Ok(r) => r,
+        Err(_) => Err(store.unreachable(format!(
+            "listing Leases: no answer within {:?}",
+            store.timeouts.request
+        ))),
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+        None => std::future::pending().await,
+    }
+}
