@@ -1,0 +1,477 @@
+//! One contract, every lock store: the etcd v3 store and the v2 store (locksmith's semaphore) on
+//! real etcd 3.4 and 3.5, and the Lease store on the lab's Kubernetes API stand-in, all through
+//! the `Semaphore` and `Admin` traits, each client with its own connection. The contract: `max`
+//! is respected, a release hands the slot to the waiters first come, first served, `unlock` by
+//! an operator frees a holder's slot (and its fence says so), a new `max` is seen by a waiting
+//! client, a holder restarted with its token still holds its slot while another host with the
+//! same machine id (another token) is never admitted, and `max_hold` reclaims only holders that
+//! stopped beating, never without `max_hold`. Synchronisation is by log events and task
+//! completion; the few timeouts expected to expire assert that something does NOT happen.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rebootd::config;
+use rebootd::lock::{Admin, Fence, Identity, Semaphore};
+use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
+use rebootd_lab::kube_api::{KubeApi, KubeApiHandle, Options};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::Layer;
+
+mod common;
+use common::logs::{self, Logs};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// A store under test: the agent's side and the operator's side.
+trait Store: Semaphore + Admin {}
+impl<T: Semaphore + Admin> Store for T {}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    V3(EtcdVersion),
+    V2(EtcdVersion),
+    Lease,
+}
+
+/// The servers of one scenario, and its log events.
+struct World {
+    kind: Kind,
+    etcd: Option<EtcdServer>,
+    api: Option<KubeApiHandle>,
+    dir: tempfile::TempDir,
+    logs: Logs,
+}
+
+impl World {
+    fn etcd_settings(&self, api: config::EtcdApi) -> config::Etcd {
+        config::Etcd {
+            api,
+            endpoints: vec![self.etcd.as_ref().expect("etcd").endpoint()],
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            username: None,
+            password_file: None,
+        }
+    }
+
+    /// A new client of the store (its own connection), as `who` (the API stand-in's user).
+    async fn store(&self, who: &str, max_hold: Option<Duration>) -> Arc<dyn Store> {
+        match self.kind {
+            Kind::V3(_) => {
+                let t = rebootd::lock::etcd::Timeouts {
+                    backoff_min: Duration::from_millis(50),
+                    backoff_max: Duration::from_millis(500),
+                    ..Default::default()
+                };
+                let s = rebootd::lock::etcd::EtcdSemaphore::connect_with(
+                    &self.etcd_settings(config::EtcdApi::V3),
+                    "default",
+                    max_hold,
+                    t,
+                )
+                .await
+                .expect("connect v3");
+                Arc::new(s)
+            }
+            Kind::V2(_) => {
+                let t = rebootd::lock::etcd_v2::Timeouts {
+                    backoff_min: Duration::from_millis(50),
+                    backoff_max: Duration::from_millis(500),
+                    ..Default::default()
+                };
+                let s = rebootd::lock::etcd_v2::EtcdV2Semaphore::connect_with(
+                    &self.etcd_settings(config::EtcdApi::V2),
+                    "default",
+                    max_hold,
+                    t,
+                )
+                .await
+                .expect("connect v2");
+                Arc::new(s)
+            }
+            Kind::Lease => {
+                let api = self.api.as_ref().expect("API stand-in");
+                let path = self.dir.path().join(format!("kubeconfig-{who}"));
+                api.write_kubeconfig_for(&path, who).expect("kubeconfig");
+                let kc = kube::config::Kubeconfig::read_from(&path).expect("read kubeconfig");
+                let mut cfg = kube::Config::from_custom_kubeconfig(
+                    kc,
+                    &kube::config::KubeConfigOptions::default(),
+                )
+                .await
+                .expect("kube config");
+                cfg.default_retry = false;
+                let client = kube::Client::try_from(cfg).expect("kube client");
+                let settings = config::KubeLease {
+                    namespace: "rebootd".into(),
+                    name: "reboot".into(),
+                    kubeconfig: None,
+                };
+                let t = rebootd::lock::kube_lease::Timeouts {
+                    request: Duration::from_secs(3),
+                    backoff_min: Duration::from_millis(50),
+                    backoff_max: Duration::from_millis(500),
+                    ..Default::default()
+                };
+                let s =
+                    rebootd::lock::kube_lease::KubeLeaseSemaphore::new(client, &settings, max_hold)
+                        .with_timeouts(t)
+                        .with_target(api.base_url());
+                Arc::new(s)
+            }
+        }
+    }
+}
+
+async fn run<F, Fut>(kind: Kind, scenario: F)
+where
+    F: FnOnce(World) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let (capture, logs) = logs::capture();
+    let subscriber = tracing_subscriber::registry().with(capture).with(
+        tracing_subscriber::fmt::layer()
+            .with_test_writer()
+            .with_filter(tracing_subscriber::filter::LevelFilter::INFO),
+    );
+    // The runtime is current-thread, so every task of the test sees this subscriber.
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let (etcd, api) = match kind {
+        Kind::V3(v) | Kind::V2(v) => {
+            if !EtcdVersion::available().contains(&v) {
+                assert!(!in_ci(), "{v} is not installed");
+                eprintln!("skipping: {v} is not installed");
+                return;
+            }
+            let options = match kind {
+                Kind::V2(_) => EtcdOptions::v2(),
+                _ => EtcdOptions::default(),
+            };
+            let etcd = EtcdServer::start_with(v, options)
+                .await
+                .expect("start etcd");
+            (Some(etcd), None)
+        }
+        Kind::Lease => {
+            let api = KubeApi::start(Options::default())
+                .await
+                .expect("start the API stand-in");
+            (None, Some(api))
+        }
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    scenario(World {
+        kind,
+        etcd,
+        api,
+        dir,
+        logs,
+    })
+    .await;
+}
+
+macro_rules! every_store {
+    ($($name:ident),* $(,)?) => {
+        mod v3_etcd_3_4 {
+            $(#[tokio::test(flavor = "current_thread")]
+            async fn $name() {
+                super::run(super::Kind::V3(super::EtcdVersion::V34), super::$name).await
+            })*
+        }
+        mod v3_etcd_3_5 {
+            $(#[tokio::test(flavor = "current_thread")]
+            async fn $name() {
+                super::run(super::Kind::V3(super::EtcdVersion::V35), super::$name).await
+            })*
+        }
+        mod v2_etcd_3_4 {
+            $(#[tokio::test(flavor = "current_thread")]
+            async fn $name() {
+                super::run(super::Kind::V2(super::EtcdVersion::V34), super::$name).await
+            })*
+        }
+        mod v2_etcd_3_5 {
+            $(#[tokio::test(flavor = "current_thread")]
+            async fn $name() {
+                super::run(super::Kind::V2(super::EtcdVersion::V35), super::$name).await
+            })*
+        }
+        mod leases {
+            $(#[tokio::test(flavor = "current_thread")]
+            async fn $name() {
+                super::run(super::Kind::Lease, super::$name).await
+            })*
+        }
+    };
+}
+
+every_store!(
+    max_is_respected,
+    a_release_hands_the_slot_over_first_come_first_served,
+    an_operator_unlock_frees_the_slot_and_the_fence_says_so,
+    a_new_max_is_seen_by_a_waiting_client,
+    a_restarted_holder_keeps_its_slot_and_a_stranger_with_its_id_is_not_admitted,
+    max_hold_reclaims_only_holders_that_stopped_beating,
+);
+
+fn me(x: &str) -> Identity {
+    Identity {
+        id: format!("m-{x}"),
+        node: format!("node-{x}"),
+        boot_id: format!("boot-{x}"),
+        token: format!("t-{x}"),
+    }
+}
+
+async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(WAIT, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not done within {WAIT:?}"))
+}
+
+/// Assert `fut` does NOT finish within `d` (a negative check, not synchronisation).
+async fn not_within<F: std::future::Future + Unpin>(what: &str, d: Duration, fut: &mut F) {
+    if tokio::time::timeout(d, fut).await.is_ok() {
+        panic!("{what}: finished, but should still be waiting");
+    }
+}
+
+/// The holders' ids, as `rebootctl status` shows them.
+async fn holders(s: &Arc<dyn Store>) -> Vec<String> {
+    let mut ids: Vec<String> = s
+        .status()
+        .await
+        .expect("status")
+        .holders
+        .into_iter()
+        .map(|h| h.id)
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// `x` acquiring on its own client; its id is sent on `took` once it holds.
+async fn spawn_acquirer(
+    w: &World,
+    x: &str,
+    max_hold: Option<Duration>,
+    took: &tokio::sync::mpsc::UnboundedSender<String>,
+) -> (Arc<dyn Store>, tokio::task::JoinHandle<()>) {
+    let s = w.store(&format!("node-{x}"), max_hold).await;
+    let (s2, x, took) = (s.clone(), x.to_owned(), took.clone());
+    let task = tokio::spawn(async move {
+        s2.acquire(&me(&x)).await.expect("acquire");
+        let _ = took.send(x);
+    });
+    (s, task)
+}
+
+/// Wait until `x` says it waits at `position` in the queue.
+async fn waits_at(logs: &mut Logs, x: &str, position: usize) {
+    logs.expect(&[
+        "waiting for a free slot",
+        &format!("id=m-{x} "),
+        &format!("position={position} "),
+    ])
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// the contract
+
+/// Five clients, `max = 2`: never more than two hold at once, as the clients see it.
+async fn max_is_respected(w: World) {
+    let admin = w.store("admin", None).await;
+    admin.set_max(2, false).await.expect("set-max 2");
+    let holding = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..5 {
+        let s = w.store(&format!("node-{i}"), None).await;
+        let (holding, most) = (holding.clone(), most.clone());
+        tasks.push(tokio::spawn(async move {
+            let id = me(&i.to_string());
+            s.acquire(&id).await.expect("acquire");
+            let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            // Hold across a round trip to the store, so the holds overlap.
+            assert!(s.status().await.expect("status").holders.len() <= 2);
+            holding.fetch_sub(1, Ordering::SeqCst);
+            s.release(&id).await.expect("release");
+        }));
+    }
+    for t in tasks {
+        within("acquirer", t).await.expect("acquirer task");
+    }
+    let most = most.load(Ordering::SeqCst);
+    assert!((1..=2).contains(&most), "{most} held at once with max 2");
+    assert!(holders(&admin).await.is_empty());
+}
+
+/// Three waiters queued in a known order take the slot in that order, one release after the
+/// other.
+async fn a_release_hands_the_slot_over_first_come_first_served(mut w: World) {
+    let h = w.store("node-h", None).await;
+    within("h", h.acquire(&me("h"))).await.expect("h");
+    let (took_tx, mut took) = tokio::sync::mpsc::unbounded_channel();
+    let order = ["c", "a", "b"];
+    let mut clients = std::collections::BTreeMap::new();
+    for (i, x) in order.iter().enumerate() {
+        let (s, task) = spawn_acquirer(&w, x, None, &took_tx).await;
+        waits_at(&mut w.logs, x, i + 1).await;
+        clients.insert(*x, (s, task));
+    }
+    h.release(&me("h")).await.expect("release h");
+    let mut served = Vec::new();
+    for _ in order {
+        let next = within("the next holder", took.recv())
+            .await
+            .expect("a holder");
+        let (s, task) = clients.remove(next.as_str()).expect("a client");
+        within("its task", task).await.expect("task");
+        assert_eq!(holders(&s).await, vec![format!("m-{next}")], "one holder");
+        s.release(&me(&next)).await.expect("release");
+        served.push(next);
+    }
+    assert_eq!(served, order, "first come, first served");
+}
+
+/// `unlock` of a holder by an operator gives its slot to the waiter; the old holder's fence says
+/// it lost it.
+async fn an_operator_unlock_frees_the_slot_and_the_fence_says_so(mut w: World) {
+    let a = w.store("node-a", None).await;
+    within("a", a.acquire(&me("a"))).await.expect("a");
+    assert_eq!(a.fence(&me("a")).await.expect("fence"), Fence::Held);
+    let (took_tx, mut took) = tokio::sync::mpsc::unbounded_channel();
+    let (_b, b_task) = spawn_acquirer(&w, "b", None, &took_tx).await;
+    waits_at(&mut w.logs, "b", 1).await;
+
+    let operator = w.store("operator", None).await;
+    operator.unlock("m-a").await.expect("unlock");
+    assert_eq!(within("b", took.recv()).await.as_deref(), Some("b"));
+    within("b's task", b_task).await.expect("task");
+    assert_eq!(holders(&operator).await, vec!["m-b".to_owned()]);
+    match a.fence(&me("a")).await.expect("fence") {
+        Fence::Lost { why } => assert!(!why.is_empty()),
+        Fence::Held => panic!("a's fence says it holds a slot it lost"),
+    }
+    // Unlocking what is not held is no error.
+    operator.unlock("m-a").await.expect("unlock again");
+}
+
+/// A client waiting with `max = 1` taken sees `set-max 2` made elsewhere and takes the new slot.
+async fn a_new_max_is_seen_by_a_waiting_client(mut w: World) {
+    let a = w.store("node-a", None).await;
+    within("a", a.acquire(&me("a"))).await.expect("a");
+    let (took_tx, mut took) = tokio::sync::mpsc::unbounded_channel();
+    let (_b, b_task) = spawn_acquirer(&w, "b", None, &took_tx).await;
+    waits_at(&mut w.logs, "b", 1).await;
+
+    let operator = w.store("operator", None).await;
+    operator.set_max(2, false).await.expect("set-max 2");
+    assert_eq!(within("b", took.recv()).await.as_deref(), Some("b"));
+    within("b's task", b_task).await.expect("task");
+    let st = operator.status().await.expect("status");
+    assert_eq!((st.max, st.free), (2, 0));
+    assert_eq!(holders(&operator).await, vec!["m-a", "m-b"]);
+}
+
+/// A holder whose daemon restarts (new connection, same machine id and token) holds its slot at
+/// once; another host with the same machine id but its own token is reported and waits until
+/// the slot is given back.
+async fn a_restarted_holder_keeps_its_slot_and_a_stranger_with_its_id_is_not_admitted(
+    mut w: World,
+) {
+    let before = w.store("node-a", None).await;
+    within("a", before.acquire(&me("a"))).await.expect("a");
+    drop(before);
+    let after = w.store("node-a", None).await;
+    within("a after a restart", after.acquire(&me("a")))
+        .await
+        .expect("a again");
+    assert_eq!(after.fence(&me("a")).await.expect("fence"), Fence::Held);
+    assert_eq!(holders(&after).await, vec!["m-a"]);
+
+    let stranger = Identity {
+        token: "t-another-host".into(),
+        boot_id: "boot-another-host".into(),
+        ..me("a")
+    };
+    let s = w.store("node-a", None).await;
+    assert!(
+        matches!(s.fence(&stranger).await.expect("fence"), Fence::Lost { .. }),
+        "another token does not hold the slot"
+    );
+    let s2 = s.clone();
+    let id = stranger.clone();
+    let mut waiting = tokio::spawn(async move { s2.acquire(&id).await });
+    w.logs
+        .expect(&["ANOTHER HOST HOLDS A SLOT UNDER THIS MACHINE ID"])
+        .await;
+    not_within("the stranger", Duration::from_millis(700), &mut waiting).await;
+    assert_eq!(holders(&after).await, vec!["m-a"]);
+    after.release(&me("a")).await.expect("release");
+    within("the stranger after the release", &mut waiting)
+        .await
+        .expect("task")
+        .expect("acquire");
+    assert_eq!(s.fence(&stranger).await.expect("fence"), Fence::Held);
+}
+
+/// With `max_hold`, a holder that beats keeps its slot however long it holds it; once it stops,
+/// the head of the queue reclaims it after `max_hold` of silence and the old holder's fence says
+/// so. Without `max_hold`, a silent holder is never reclaimed.
+async fn max_hold_reclaims_only_holders_that_stopped_beating(mut w: World) {
+    let max_hold = Duration::from_millis(800);
+    let h = w.store("node-h", Some(max_hold)).await;
+    within("h", h.acquire(&me("h"))).await.expect("h");
+    let every = h.heartbeat_every().expect("holders beat with max_hold");
+
+    let (took_tx, mut took) = tokio::sync::mpsc::unbounded_channel();
+    let (_r, r_task) = spawn_acquirer(&w, "r", Some(max_hold), &took_tx).await;
+    waits_at(&mut w.logs, "r", 1).await;
+    let beating = Instant::now();
+    let mut tick = tokio::time::interval(every);
+    while beating.elapsed() < max_hold * 3 {
+        tick.tick().await;
+        let fence = h.heartbeat(&me("h")).await.expect("heartbeat");
+        assert_eq!(fence, Fence::Held, "reclaimed while beating");
+    }
+    assert!(!r_task.is_finished(), "a live holder's slot was taken");
+
+    let stopped = Instant::now();
+    assert_eq!(
+        within("r reclaims", took.recv()).await.as_deref(),
+        Some("r")
+    );
+    let after = stopped.elapsed();
+    assert!(
+        after >= max_hold - every,
+        "reclaimed {after:?} after the last beat"
+    );
+    w.logs.expect(&["RECLAIMING", "m-h"]).await;
+    assert!(matches!(
+        h.fence(&me("h")).await.expect("fence"),
+        Fence::Lost { .. }
+    ));
+
+    // r never beats; a waiter without max_hold waits on regardless.
+    let patient = w.store("node-p", None).await;
+    let mut waiting = tokio::spawn(async move { patient.acquire(&me("p")).await });
+    waits_at(&mut w.logs, "p", 1).await;
+    not_within("p without max_hold", max_hold * 2, &mut waiting).await;
+    let r = w.store("node-r", None).await;
+    assert_eq!(holders(&r).await, vec!["m-r"]);
+    r.release(&me("r")).await.expect("release r");
+    within("p after the release", &mut waiting)
+        .await
+        .expect("task")
+        .expect("acquire");
+}
