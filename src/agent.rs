@@ -602,6 +602,17 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
         }
         Event::Cancelled => match s.phase {
             Phase::Idle => why = "cancel: no reboot pending (no change)".into(),
+            // Backing out of an attempt, or a new need noted during the post-boot steps: the
+            // need goes, the steps under way finish (then idle).
+            Phase::WaitingForHealthy | Phase::Uncordoning | Phase::Releasing
+                if s.reason.is_some() =>
+            {
+                drop_need(&mut s);
+                why = format!(
+                    "reboot cancelled by the operator; phase {} finishes, then idle",
+                    s.phase
+                );
+            }
             Phase::WaitingForHealthy | Phase::Uncordoning | Phase::Releasing => {
                 why = format!(
                     "cancel: the reboot already happened; the post-boot steps go on (phase {})",
@@ -1358,11 +1369,150 @@ mod tests {
         let step = step(&accepted, Event::Cancelled, t(9), &p);
         assert_eq!(step.state, accepted);
         assert!(step.why.contains("refused"), "{}", step.why);
+        // Backing out already (blocking pods with the slot held): the need goes too, so the
+        // release ends in idle, not in another attempt.
+        let s = run_with(
+            &p,
+            &base,
+            vec![
+                Event::RebootNeeded { reason: "x".into() },
+                Event::WindowOpen,
+                Event::SlotAcquired,
+                Event::Blocked {
+                    pods: vec!["db/primary-0".into()],
+                },
+                Event::Cancelled,
+            ],
+        );
+        assert_eq!((s.phase, s.reason.clone()), (Phase::Releasing, None));
+        let s = run_with(&p, &s, vec![Event::Released]);
+        assert_eq!(s.phase, Phase::Idle);
         // Nothing pending, or after the reboot: no change.
         assert_eq!(run_with(&p, &base, vec![Event::Cancelled]), base);
         let mut post = base.clone();
         post.phase = Phase::WaitingForHealthy;
         post.slot_held = true;
         assert_eq!(run_with(&p, &post, vec![Event::Cancelled]), post);
+    }
+
+    /// A tiny deterministic generator (xorshift), so the walks below are reproducible.
+    struct Rng(u64);
+
+    impl Rng {
+        fn pick(&mut self, n: usize) -> usize {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 % n as u64) as usize
+        }
+    }
+
+    /// An outcome the runtime could report for `action` (None: a wait only a request ends).
+    fn outcome(action: &Action, rng: &mut Rng) -> Option<Event> {
+        let e = match action {
+            Action::WaitForTrigger => Event::RebootNeeded { reason: "x".into() },
+            Action::Sleep { .. } => Event::RetryDue,
+            Action::CheckWindow | Action::WaitForWindow | Action::PrepareReboot => {
+                match rng.pick(4) {
+                    0 => Event::WindowClosed {
+                        next_open: Some(t(99)),
+                    },
+                    1 => Event::Blocked {
+                        pods: vec!["a/b".into()],
+                    },
+                    _ if matches!(action, Action::PrepareReboot) => Event::ReadyToReboot,
+                    _ => Event::WindowOpen,
+                }
+            }
+            Action::AcquireSlot => match rng.pick(3) {
+                0 => Event::Transient {
+                    error: "etcd".into(),
+                },
+                _ => Event::SlotAcquired,
+            },
+            Action::RecordCordon => Event::Cordoned {
+                by_us: rng.pick(2) == 0,
+            },
+            Action::Drain => match rng.pick(3) {
+                0 => Event::DrainFailed {
+                    error: "pdb".into(),
+                    reboot_anyway: false,
+                },
+                _ => Event::Drained,
+            },
+            Action::CallReboot => match rng.pick(3) {
+                0 => Event::RebootRefused { error: "no".into() },
+                _ => Event::RebootAccepted,
+            },
+            Action::AwaitInhibitors { .. } => Event::Inhibited { by: vec![] },
+            Action::AwaitReboot { .. } => match rng.pick(2) {
+                0 => Event::RebootTimedOut,
+                _ => Event::Started {
+                    boot_id: format!("boot{}", rng.pick(1_000_000)),
+                },
+            },
+            Action::WaitHealthy => Event::Healthy,
+            Action::Uncordon => Event::Uncordoned,
+            Action::ReleaseSlot => Event::Released,
+            Action::WaitForResume => return None,
+        };
+        Some(e)
+    }
+
+    /// Walks of the state machine driven as the runtime drives it, with a pause or a cancel
+    /// coming at a random step: once paused, no slot is taken, no cordon made and logind is not
+    /// asked, and the node ends up waiting for resume holding nothing; after a cancel before
+    /// logind the same holds until the node is idle with no need left.
+    #[test]
+    fn random_walks_never_take_a_slot_or_reboot_after_a_pause_or_a_cancel() {
+        let p = Policy {
+            drain: true,
+            ..policy()
+        };
+        for seed in 1..2000u64 {
+            let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let mut s = State::new("boot0", t(0));
+            let at = rng.pick(12);
+            let request = if rng.pick(2) == 0 {
+                Event::Cancelled
+            } else {
+                paused("p")
+            };
+            let mut after: Option<bool> = None; // Some(called before the request)
+            for i in 0..60 {
+                if i == at {
+                    after = Some(s.reboot.as_ref().is_some_and(|r| r.called));
+                    s = step(&s, request.clone(), t(i as i64), &p).state;
+                }
+                let action = next_action(&s, &p);
+                if let Some(called) = after {
+                    let cancelled_and_done = request == Event::Cancelled && s.phase == Phase::Idle;
+                    if cancelled_and_done {
+                        assert_eq!(s.reason, None, "seed {seed}");
+                        assert!(!s.slot_held && !s.cordoned_by_us, "seed {seed}: {s:?}");
+                        break;
+                    }
+                    if !called {
+                        assert!(
+                            !matches!(
+                                action,
+                                Action::AcquireSlot
+                                    | Action::RecordCordon
+                                    | Action::Drain
+                                    | Action::CallReboot
+                            ),
+                            "seed {seed} step {i}: {action:?} after {request:?} in {s:?}"
+                        );
+                    }
+                }
+                let Some(event) = outcome(&action, &mut rng) else {
+                    assert!(s.paused.is_some(), "seed {seed}");
+                    assert!(!s.slot_held && !s.cordoned_by_us, "seed {seed}: {s:?}");
+                    assert!(s.reason.is_some(), "the need is kept: seed {seed}");
+                    break;
+                };
+                s = step(&s, event, t(i as i64), &p).state;
+            }
+        }
     }
 }

@@ -231,7 +231,7 @@ async fn request(store: &StateStore, request: control::Request) -> Result<(), Fa
     .is_ok();
     if !applied {
         println!(
-            "{name} requested ({}); rebootd has not applied it within {APPLY_WAIT:?}: it will when it runs",
+            "{name} requested ({}); rebootd has not applied it within {APPLY_WAIT:?}: a stopped rebootd applies it when it starts, a running one once its current step ends (the post-boot health check, a call in progress)",
             path.display()
         );
         return Ok(());
