@@ -7,6 +7,7 @@
 mod bounds;
 mod gates;
 mod input;
+mod marks;
 mod values;
 
 pub use gates::{GateCheck, GateSpec, Gates};
@@ -197,6 +198,8 @@ pub struct Kubernetes {
     /// Delete (not evict) a pod its PodDisruptionBudget still refuses this long after the drain
     /// began; `None` = never.
     pub force_delete_after: Option<Duration>,
+    /// Labels, taint and load-balancer exclusion on the Node while rebooting.
+    pub marks: crate::drain::marks::Marks,
 }
 
 /// What a drain does with a pod that has emptyDir volumes (their data is lost).
@@ -433,6 +436,10 @@ fn validate(
     );
 
     let lock = validate_lock(input.lock.unwrap_or_default(), &input.kubernetes, origin)?;
+    let marks = match &input.kubernetes {
+        Some(k) => marks::validate(k, origin)?,
+        None => Default::default(),
+    };
     let kubernetes = input.kubernetes.map(|k| Kubernetes {
         kubeconfig: k.kubeconfig,
         drain_timeout: k
@@ -464,8 +471,20 @@ fn validate(
             UnmanagedPods::Refuse
         },
         force_delete_after: k.force_delete_after.map(|d| d.0),
+        marks,
     });
     if let Some(k) = &kubernetes {
+        if let Some(wait) = k.marks.exclude_lb.filter(|w| *w >= k.drain_timeout) {
+            return Err(ConfigError::Invalid {
+                path: file_of(origin, "kubernetes.exclude_from_load_balancers"),
+                key: "kubernetes.exclude_from_load_balancers".into(),
+                value: format!("\"{}\"", humantime::format_duration(wait)),
+                reason: format!(
+                    "the wait before evicting must be shorter than drain_timeout ({})",
+                    humantime::format_duration(k.drain_timeout)
+                ),
+            });
+        }
         if let Some(after) = k.force_delete_after.filter(|a| *a >= k.drain_timeout) {
             return Err(ConfigError::Invalid {
                 path: file_of(origin, "kubernetes.force_delete_after"),

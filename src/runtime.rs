@@ -600,15 +600,17 @@ impl Runtime {
                 }
                 event
             }
-            Action::ReleaseSlot => match self.semaphore.release(&self.me).await {
-                Ok(()) => Event::Released,
-                Err(e) => {
-                    self.metrics.error("lock");
-                    Event::Transient {
-                        error: e.to_string(),
+            Action::ReleaseSlot => {
+                if let Some(d) = &self.drainer {
+                    if let Err(e) = d.unmark().await {
+                        self.metrics.error("kubernetes");
+                        return Event::Transient {
+                            error: format!("cannot take the reboot labels and taint off: {e}"),
+                        };
                     }
                 }
-            },
+                self.release_slot().await
+            }
             Action::CallReboot => self.call_reboot().await,
             Action::AwaitInhibitors { known } => {
                 match self.rebooter.blockers_changed(known).await {
@@ -745,6 +747,18 @@ impl Runtime {
                 Ok(()) => Event::Healthy,
                 Err(error) => Event::Transient { error },
             },
+        }
+    }
+
+    async fn release_slot(&self) -> Event {
+        match self.semaphore.release(&self.me).await {
+            Ok(()) => Event::Released,
+            Err(e) => {
+                self.metrics.error("lock");
+                Event::Transient {
+                    error: e.to_string(),
+                }
+            }
         }
     }
 

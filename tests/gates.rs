@@ -1,7 +1,8 @@
 //! Gates before a reboot (`[gates]`) end to end: real rebootd processes on their private buses
 //! with the lab's fake logind; a real Prometheus whose alert rule fires and resolves on a gauge
 //! the test sets; command gates; and a real etcd semaphore shared by two nodes, to show that a
-//! gate closing after the slot was taken gives the slot to the other node.
+//! gate closing after the slot was taken gives the slot to the other node. Also what rebootd
+//! puts on its Node while it reboots (labels, taint, load-balancer exclusion).
 
 #[path = "common/admission.rs"]
 mod admission;
@@ -12,7 +13,7 @@ use rebootd::gate::prometheus::{AlertsGate, Matcher};
 use rebootd::gate::Verdict;
 use rebootd::state::{Phase, State};
 use rebootd_lab::fleet::{Fleet, FleetEvent, FleetLock, FleetOptions};
-use rebootd_lab::kube_api::{Admission, DaemonSetBuilder, Kind};
+use rebootd_lab::kube_api::{Admission, DaemonSetBuilder, Kind, ReplicaSetBuilder};
 use rebootd_lab::node::Node;
 use rebootd_lab::prometheus::{prometheus, Exporter};
 use serde_json::Value;
@@ -541,4 +542,115 @@ async fn checks_after_the_boot_and_the_settle_time_hold_the_slot() {
         .wait_rolled(Duration::from_secs(60))
         .await
         .expect("both nodes roll");
+}
+
+/// While rebooting, rebootd labels and taints its Node and takes it out of external load
+/// balancers, waiting before the first eviction; afterwards it takes off exactly what it added
+/// (an operator's label with the same key and another taint stay), with per-node identities and
+/// the admission policy enforced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reboot_labels_taint_and_load_balancer_exclusion_come_and_go_with_the_reboot() {
+    use rebootd::drain::marks::{ADDED, EXCLUDE_LB, TAINT_KEY};
+    let (hook, denied) = enforcing();
+    let wait = Duration::from_secs(2);
+    let fleet = Fleet::start(
+        Path::new(REBOOTD),
+        FleetOptions {
+            nodes: 1,
+            max: 1,
+            lock: FleetLock::Kubernetes,
+            drain: true,
+            reboot_time: Duration::from_millis(300),
+            node_identities: true,
+            kube_admission: Some(hook),
+            kubernetes_config: format!(
+                "drain_timeout = \"60s\"\nready_timeout = \"30s\"\nreboot_taint = \"PreferNoSchedule\"\n\
+                 exclude_from_load_balancers = \"{}\"\n\
+                 reboot_labels = {{ \"rebootd.io/rebooting\" = \"true\", \"rebootd.io/maintenance\" = \"true\" }}\n",
+                humantime::format_duration(wait)
+            ),
+            ..FleetOptions::default()
+        },
+    )
+    .await
+    .expect("start fleet");
+    fleet.wait_ready(WAIT).await.unwrap();
+    let cluster = fleet.kube.as_ref().unwrap().cluster().clone();
+    // An operator's label with one of the keys, and a taint of its own.
+    cluster
+        .update(Kind::Node, "", "node-1", |n| {
+            n["metadata"]["labels"]["rebootd.io/maintenance"] = "operator".into();
+            n["spec"]["taints"] =
+                serde_json::json!([{"key": "dedicated", "value": "db", "effect": "NoSchedule"}]);
+        })
+        .unwrap();
+    cluster
+        .add_replicaset(
+            &ReplicaSetBuilder::new("shop", "web")
+                .replicas(1)
+                .grace_period(1),
+            &["node-1"],
+        )
+        .unwrap();
+    fleet.nodes[0]
+        .lock()
+        .await
+        .update_engine
+        .set_status(NEED, "6.0")
+        .await
+        .unwrap();
+    let marked = cluster
+        .wait_for(WAIT, |snap| {
+            snap.get(Kind::Node, "", "node-1")
+                .filter(|n| n["metadata"]["labels"][EXCLUDE_LB] == "true")
+        })
+        .await
+        .expect("node-1 excluded from load balancers");
+    let seen = std::time::SystemTime::now();
+    let labels = &marked["metadata"]["labels"];
+    assert_eq!(labels["rebootd.io/rebooting"], "true", "{marked}");
+    assert_eq!(labels["rebootd.io/maintenance"], "operator", "{marked}");
+    let taints = marked["spec"]["taints"].as_array().unwrap();
+    assert!(
+        taints
+            .iter()
+            .any(|t| t["key"] == TAINT_KEY && t["effect"] == "PreferNoSchedule"),
+        "{marked}"
+    );
+    assert!(
+        marked["metadata"]["annotations"][ADDED].is_string(),
+        "{marked}"
+    );
+
+    fleet
+        .wait_rolled_nodes(&[0], Duration::from_secs(60))
+        .await
+        .expect("node-1 rolls");
+    let first_eviction = cluster
+        .requests()
+        .all()
+        .into_iter()
+        .filter(|r| r.method == "POST" && r.path.ends_with("/eviction"))
+        .map(|r| r.at)
+        .min()
+        .expect("an eviction");
+    let waited = first_eviction.duration_since(seen).unwrap_or_default();
+    eprintln!("first eviction {waited:?} after the exclusion label was seen (wait {wait:?})");
+    assert!(
+        waited >= wait - Duration::from_millis(500),
+        "evicted {waited:?} after the load-balancer exclusion; configured wait {wait:?}"
+    );
+    let n = cluster.node("node-1").unwrap();
+    let labels = &n["metadata"]["labels"];
+    assert!(labels["rebootd.io/rebooting"].is_null(), "{n}");
+    assert!(labels[EXCLUDE_LB].is_null(), "{n}");
+    assert_eq!(labels["rebootd.io/maintenance"], "operator", "{n}");
+    assert_eq!(
+        n["spec"]["taints"],
+        serde_json::json!([{"key": "dedicated", "value": "db", "effect": "NoSchedule"}]),
+        "{n}"
+    );
+    assert!(n["metadata"]["annotations"][ADDED].is_null(), "{n}");
+    let denied = denied.lock().unwrap().clone();
+    assert!(denied.is_empty(), "the policy denied rebootd: {denied:?}");
 }

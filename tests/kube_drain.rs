@@ -83,6 +83,7 @@ fn settings() -> Kubernetes {
         emptydir_pods: EmptyDirPods::Refuse,
         unmanaged_pods: UnmanagedPods::Refuse,
         force_delete_after: None,
+        marks: Default::default(),
     }
 }
 

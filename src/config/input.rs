@@ -153,6 +153,15 @@ pub(super) struct KubernetesInput {
     pub delete_emptydir_data: Option<bool>,
     pub force: Option<bool>,
     pub force_delete_after: Option<HumanDuration>,
+    pub reboot_labels: Option<std::collections::BTreeMap<String, String>>,
+    pub reboot_taint: Option<TaintEffectInput>,
+    pub exclude_from_load_balancers: Option<HumanDuration>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+pub(super) enum TaintEffectInput {
+    NoSchedule,
+    PreferNoSchedule,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]

@@ -551,3 +551,44 @@ fn checks_after_the_boot_and_the_settle_time() {
     let err = Config::load(&[d]).unwrap_err().to_string();
     assert!(err.contains("gates.settle (2m)"), "{err}");
 }
+
+#[test]
+fn reboot_labels_taint_and_load_balancer_exclusion() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = write(
+        &dir,
+        "a.toml",
+        "[kubernetes]\nreboot_taint = \"PreferNoSchedule\"\nexclude_from_load_balancers = \"30s\"\n[kubernetes.reboot_labels]\n\"rebootd.io/rebooting\" = \"true\"\n",
+    );
+    let m = Config::load(&[a]).unwrap().kubernetes.unwrap().marks;
+    assert_eq!(m.labels["rebootd.io/rebooting"], "true");
+    assert_eq!(
+        m.taint,
+        Some(crate::drain::marks::TaintEffect::PreferNoSchedule)
+    );
+    assert_eq!(m.exclude_lb, Some(Duration::from_secs(30)));
+    assert!(Config::load(&[write(&dir, "e.toml", "[kubernetes]\n")])
+        .unwrap()
+        .kubernetes
+        .unwrap()
+        .marks
+        .is_empty());
+    for (text, needle) in [
+        ("reboot_taint = \"NoExecute\"\n", "NoExecute"),
+        (
+            "[kubernetes.reboot_labels]\n\"bad key\" = \"x\"\n",
+            "\"bad key\"",
+        ),
+        ("[kubernetes.reboot_labels]\n\"a.io/x\" = \"-\"\n", "\"-\""),
+        (
+            "drain_timeout = \"1m\"\nexclude_from_load_balancers = \"1m\"\n",
+            "kubernetes.exclude_from_load_balancers",
+        ),
+    ] {
+        let b = write(&dir, "b.toml", &format!("[kubernetes]\n{text}"));
+        let err = Config::load(std::slice::from_ref(&b))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("b.toml") && err.contains(needle), "{err}");
+    }
+}

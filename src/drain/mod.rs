@@ -26,6 +26,7 @@
 
 mod budget;
 mod fallback;
+pub mod marks;
 mod order;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -112,6 +113,11 @@ pub trait Drainer: Send + Sync {
     /// DrainFailed, Rebooting, Uncordoned, NotReadyAfterReboot; type Normal or Warning), source
     /// component "rebootd".
     async fn event(&self, reason: &str, message: &str, warning: bool) -> Result<(), DrainError>;
+    /// Take off the labels and taint rebootd added for the reboot (`marks`), if any are left
+    /// (the uncordon takes them off too; this is for a node rebootd did not cordon).
+    async fn unmark(&self) -> Result<(), DrainError> {
+        Ok(())
+    }
 }
 
 /// Why a Kubernetes operation did not succeed.
@@ -206,6 +212,8 @@ pub struct KubeDrainer {
     emptydir_pods: EmptyDirPods,
     unmanaged_pods: UnmanagedPods,
     force_delete_after: Option<Duration>,
+    /// Labels, taint and load-balancer exclusion while rebooting.
+    marks: marks::Marks,
 }
 
 impl std::fmt::Debug for KubeDrainer {
@@ -427,6 +435,7 @@ impl KubeDrainer {
             emptydir_pods: settings.emptydir_pods,
             unmanaged_pods: settings.unmanaged_pods,
             force_delete_after: settings.force_delete_after,
+            marks: settings.marks.clone(),
         })
     }
 
@@ -740,7 +749,16 @@ impl KubeDrainer {
         blocked: &Mutex<HashMap<String, String>>,
     ) -> Result<(), DrainError> {
         let force_at = self.force_delete_after.map(|d| Instant::now() + d);
+        let lb_wait = marks::add(&self.nodes, &self.node, &self.marks).await?;
         self.cordon().await?;
+        if let Some(wait) = lb_wait {
+            tracing::info!(
+                "node {} is out of external load balancers; waiting {} before evicting",
+                self.node,
+                humantime::format_duration(wait)
+            );
+            tokio::time::sleep(wait).await;
+        }
         let pods = self.pods_to_evict().await?;
         if pods.is_empty() {
             tracing::info!("no pods to evict from node {}", self.node);
@@ -1032,6 +1050,7 @@ impl Drainer for KubeDrainer {
 
     #[tracing::instrument(level = "debug", skip(self), fields(node = %self.node))]
     async fn uncordon(&self) -> Result<(), DrainError> {
+        self.unmark().await?;
         // As kubectl uncordon: the field is removed, not set to false.
         self.nodes
             .patch(
@@ -1043,6 +1062,13 @@ impl Drainer for KubeDrainer {
             .map_err(|e| DrainError::api(format!("uncordon node {}", self.node), e))?;
         tracing::info!(node = %self.node, "node uncordoned");
         Ok(())
+    }
+
+    async fn unmark(&self) -> Result<(), DrainError> {
+        if self.marks.is_empty() {
+            return Ok(());
+        }
+        marks::remove(&self.nodes, &self.node).await
     }
 
     #[tracing::instrument(level = "debug", skip(self), fields(node = %self.node))]

@@ -101,6 +101,7 @@ async fn run_rebootd(ready_delay: Duration, dir: &Path) -> Result<(f64, usize), 
         emptydir_pods: rebootd::config::EmptyDirPods::Evict,
         unmanaged_pods: rebootd::config::UnmanagedPods::Refuse,
         force_delete_after: None,
+        marks: Default::default(),
     };
     let client = rebootd::kube_client::connect(Some(&kc))
         .await
