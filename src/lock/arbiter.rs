@@ -108,7 +108,8 @@ pub fn decide(
             let silent = observations.holder_silent_for(&h.id, &h.beat, now);
             let why = match (&h.gone, policy.max_hold) {
                 (Some(gone), _) => Some((ReclaimWhy::Gone(gone.clone()), Duration::MAX)),
-                (None, Some(max_hold)) if silent >= max_hold => Some((
+                // A holder the store keeps by TTL is alive while present, whatever max_hold is.
+                (None, Some(max_hold)) if h.beat != Beat::Ttl && silent >= max_hold => Some((
                     ReclaimWhy::Silent {
                         for_: silent,
                         max_hold,
@@ -234,6 +235,8 @@ pub fn dead_waiters<'a>(
         .filter(|w| observations.waiter_silent_for(&w.key, &w.beat, now) >= limit)
         .collect()
 }
+
+pub mod props;
 
 #[cfg(test)]
 mod tests;

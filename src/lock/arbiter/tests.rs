@@ -413,3 +413,16 @@ fn dead_waiters_are_those_silent_for_a_multiple_of_the_timeout() {
         .collect();
     assert_eq!(dead, vec!["w1"]);
 }
+
+#[test]
+fn a_holder_kept_by_ttl_is_never_reclaimed_for_silence_even_with_max_hold_zero() {
+    // Found by the property test (props.rs): silence 0 >= max_hold 0 reclaimed a live holder.
+    let v = view(1, vec![holder("m-a", Some("t-a"), "ttl")], vec![]);
+    assert_eq!(
+        after(&v, policy(Some(0)), s(60)),
+        Decision::Wait {
+            until: None,
+            behind: 0
+        }
+    );
+}

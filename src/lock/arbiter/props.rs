@@ -1,0 +1,229 @@
+//! The arbiter's rules as properties, checked on a view built from arbitrary bytes: for the
+//! fuzz target `arbiter` (`fuzz/fuzz_targets/arbiter.rs`) and the property test below, which
+//! runs it on many pseudo-random inputs without cargo-fuzz.
+
+use std::time::{Duration, Instant};
+
+use super::{decide, waiter_live, Decision, Policy, ReclaimWhy};
+use crate::lock::view::{Beat, HolderView, Me, Observations, Ticket, View, WaiterView};
+
+const ME: Me<'static> = Me {
+    id: "m-me",
+    node: "node-me",
+    token: "t-me",
+};
+
+/// Bytes read one at a time; zeros once used up.
+struct Bytes<'a>(&'a [u8]);
+
+impl Bytes<'_> {
+    fn next(&mut self) -> u8 {
+        match self.0.split_first() {
+            Some((b, rest)) => {
+                self.0 = rest;
+                *b
+            }
+            None => 0,
+        }
+    }
+
+    fn pick<'s>(&mut self, of: &[&'s str]) -> &'s str {
+        of[usize::from(self.next()) % of.len()]
+    }
+
+    fn beat(&mut self) -> Beat {
+        match self.next() % 4 {
+            0 => Beat::Ttl,
+            1 => Beat::Silent,
+            n => Beat::Revision(format!("{n}")),
+        }
+    }
+}
+
+/// Build a view, a policy and what one observer saw from `data`, decide, and check every rule
+/// of the arbiter on the decision. Panics when one is broken.
+pub fn check_bytes(data: &[u8]) {
+    let mut b = Bytes(data);
+    let ids = ["m-me", "m-a", "m-b", "m-c"];
+    let nodes = ["node-me", "node-a", "node-b", "node-c"];
+    let max = u64::from(b.next() % 4);
+    // A holder id appears once (a document lists each holder once).
+    let mut holders: Vec<HolderView> = (0..b.next() % 5)
+        .map(|_| HolderView {
+            id: b.pick(&ids).to_owned(),
+            node: Some(b.pick(&nodes).to_owned()),
+            boot_id: None,
+            phase: None,
+            token: match b.next() % 3 {
+                0 => None,
+                1 => Some("t-me".into()),
+                _ => Some("t-other".into()),
+            },
+            beat: b.beat(),
+            gone: (b.next() % 4 == 0).then(|| "its Node is gone".to_owned()),
+        })
+        .collect();
+    let mut seen_ids = std::collections::HashSet::new();
+    holders.retain(|h| seen_ids.insert(h.id.clone()));
+    let mine_at = b.next() % 6;
+    let waiters: Vec<WaiterView> = (0..b.next() % 5)
+        .map(|i| {
+            let mine = i == mine_at;
+            WaiterView {
+                key: format!("w{i}"),
+                ticket: Ticket {
+                    order: (i64::from(b.next() % 8), 0),
+                    name: format!("w{i}"),
+                },
+                id: if mine {
+                    Some(ME.id.to_owned())
+                } else {
+                    (b.next() % 2 == 0).then(|| b.pick(&ids[1..]).to_owned())
+                },
+                node: Some(b.pick(&nodes[1..]).to_owned()),
+                beat: b.beat(),
+                mine,
+            }
+        })
+        .collect();
+    let view = View {
+        max,
+        holders,
+        waiters,
+        node_is_identity: b.next() % 2 == 0,
+    };
+    let policy = Policy {
+        max_hold: (b.next() % 2 == 0).then(|| Duration::from_secs(u64::from(b.next() % 4))),
+        waiter_timeout: Duration::from_secs(u64::from(b.next() % 4 + 1)),
+    };
+    let t0 = Instant::now();
+    let now = t0 + Duration::from_secs(u64::from(b.next() % 6));
+    let mut seen = Observations::default();
+    seen.update(&view, t0);
+    seen.update(&view, now);
+
+    let d = decide(&view, &ME, &seen, &policy, now);
+    assert_eq!(
+        decide(&view, &ME, &seen, &policy, now),
+        d,
+        "not deterministic"
+    );
+    let by_id: Vec<&HolderView> = view.holders.iter().filter(|h| h.id == ME.id).collect();
+    let mine = by_id.iter().any(|h| h.token.as_deref() == Some(ME.token));
+    let adoptable = by_id.iter().any(|h| h.token.is_none())
+        || (by_id.is_empty()
+            && view.node_is_identity
+            && view
+                .holders
+                .iter()
+                .any(|h| h.node.as_deref() == Some(ME.node)));
+    let my_ticket = view.my_ticket();
+    let ahead = view
+        .waiters
+        .iter()
+        .filter(|w| !w.mine && w.id.as_deref() != Some(ME.id))
+        .filter(|w| my_ticket.is_none_or(|t| w.ticket < *t))
+        .filter(|w| {
+            !view.holders.iter().any(|h| {
+                w.id.as_deref() == Some(h.id.as_str())
+                    || (view.node_is_identity && w.node.is_some() && w.node == h.node)
+            })
+        })
+        .filter(|w| waiter_live(w, &seen, &policy, now))
+        .count();
+    let free = view.free();
+    let ahead_i = i64::try_from(ahead).unwrap_or(i64::MAX);
+    let context = || format!("{d:?} on {view:?} with {policy:?}");
+    match &d {
+        Decision::Held => assert!(mine, "held without my id and token: {}", context()),
+        Decision::Adopt { holder } => {
+            assert!(!mine && adoptable, "adopted: {}", context());
+            assert!(
+                view.holders.iter().any(|h| &h.id == holder),
+                "{}",
+                context()
+            );
+        }
+        Decision::Duplicate { token, .. } => {
+            assert!(!mine && !adoptable, "duplicate: {}", context());
+            assert!(
+                by_id
+                    .iter()
+                    .any(|h| h.token.as_deref() == Some(token.as_str())),
+                "{}",
+                context()
+            );
+        }
+        Decision::Take { rank } => {
+            assert!(by_id.is_empty() && !adoptable, "took: {}", context());
+            assert_eq!(*rank, ahead, "{}", context());
+            assert!(
+                free > ahead_i,
+                "took without a slot for my place: {}",
+                context()
+            );
+        }
+        Decision::Reclaim {
+            holder,
+            why,
+            take_over,
+        } => {
+            assert!(by_id.is_empty() && !adoptable, "reclaimed: {}", context());
+            assert_eq!(ahead, 0, "reclaimed behind other waiters: {}", context());
+            assert!(free <= 0, "reclaimed with a free slot: {}", context());
+            let h = view
+                .holders
+                .iter()
+                .find(|h| &h.id == holder)
+                .unwrap_or_else(|| panic!("reclaimed no holder: {}", context()));
+            match why {
+                ReclaimWhy::Gone(_) => assert!(h.gone.is_some(), "{}", context()),
+                ReclaimWhy::Silent { for_, max_hold } => {
+                    assert_eq!(policy.max_hold, Some(*max_hold), "{}", context());
+                    assert!(*for_ >= *max_hold, "{}", context());
+                    assert!(h.beat != Beat::Ttl, "a TTL-kept holder: {}", context());
+                    assert!(
+                        h.beat == Beat::Silent || now - t0 >= *max_hold,
+                        "{}",
+                        context()
+                    );
+                }
+            }
+            assert_eq!(
+                *take_over,
+                view.holders.len() as u64 <= max,
+                "{}",
+                context()
+            );
+        }
+        Decision::Wait { until, behind } => {
+            assert!(by_id.is_empty() && !adoptable, "waited: {}", context());
+            assert_eq!(*behind, ahead, "{}", context());
+            assert!(
+                free <= ahead_i,
+                "waited with a slot for my place: {}",
+                context()
+            );
+            assert!(until.is_none_or(|u| u >= now), "{}", context());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_rules_hold_on_many_pseudo_random_views() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut buf = [0u8; 48];
+        for _ in 0..20_000 {
+            for b in buf.iter_mut() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                *b = x as u8;
+            }
+            super::check_bytes(&buf);
+        }
+        super::check_bytes(&[]);
+    }
+}
