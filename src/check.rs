@@ -52,14 +52,17 @@ pub async fn offline(config: &Config) -> Vec<String> {
     if let Err(e) = crate::runtime::open_gates(config).await {
         problems.push(e.to_string());
     }
-    for (i, g) in config.gates.before_reboot.iter().enumerate() {
-        if let crate::config::GateCheck::Command { argv } = &g.check {
-            let program = argv.first().map(String::as_str).unwrap_or("");
-            if let Err(why) = find_program(program) {
-                problems.push(format!(
-                    "gates.before_reboot[{}].command: {program:?}: {why}",
-                    i + 1
-                ));
+    let lists = [
+        ("gates.before_reboot", &config.gates.before_reboot),
+        ("gates.after_boot", &config.gates.after_boot),
+    ];
+    for (list, gates) in lists {
+        for (i, g) in gates.iter().enumerate() {
+            if let crate::config::GateCheck::Command { argv } = &g.check {
+                let program = argv.first().map(String::as_str).unwrap_or("");
+                if let Err(why) = find_program(program) {
+                    problems.push(format!("{list}[{}].command: {program:?}: {why}", i + 1));
+                }
             }
         }
     }

@@ -791,6 +791,14 @@ fn check_config_checks_what_connecting_would() {
             format!("[identity]\nmachine_id_file = {:?}\n", p("no-machine-id")),
             vec!["machine id".into(), p("no-machine-id")],
         ),
+        (
+            "[[gates.before_reboot]]\ncommand = [\"/nonexistent/gate\"]\n".into(),
+            vec!["gates.before_reboot[1].command".into(), "/nonexistent/gate".into()],
+        ),
+        (
+            "[[gates.after_boot]]\ncommand = [\"true\"]\n[[gates.after_boot]]\ncommand = [\"/nonexistent/check\"]\n".into(),
+            vec!["gates.after_boot[2].command".into(), "/nonexistent/check".into()],
+        ),
     ];
     for (i, (text, needles)) in cases.iter().enumerate() {
         let path = d.join(format!("case-{i}.toml"));
