@@ -57,6 +57,14 @@ pub enum Event {
     DrainFailed { error: String, reboot_anyway: bool },
     /// The cordon was put on by rebootd (true) or was there before (false).
     Cordoned { by_us: bool },
+    /// People are logged in: logind announced the reboot for `until` (see [`crate::users`]);
+    /// the slot is held while they get the time to finish.
+    UsersWarned {
+        sessions: Vec<crate::users::Session>,
+        until: Timestamp,
+    },
+    /// The time given to logged-in users is over.
+    UsersWarningOver,
     /// Everything allows the reboot now: the request is about to be made.
     ReadyToReboot,
     /// logind accepted the reboot request.
@@ -108,6 +116,8 @@ pub enum Action {
     CallReboot,
     /// Wait until the block inhibitors held differ from these.
     AwaitInhibitors { known: Vec<Inhibitor> },
+    /// Give logged-in users the time announced to them, until then.
+    WarnUsers { until: Timestamp },
     /// Wait for the host to go down, until the deadline.
     AwaitReboot { deadline: Timestamp },
     /// Wait for the node to be healthy after boot.
@@ -150,7 +160,10 @@ pub fn next_action(s: &State, policy: &Policy) -> Action {
             known: s.inhibited_by.clone(),
         },
         Phase::Rebooting => match &s.reboot {
-            None => Action::PrepareReboot,
+            None => match &s.users_warned {
+                Some(w) if !w.over => Action::WarnUsers { until: w.until },
+                _ => Action::PrepareReboot,
+            },
             Some(r) if !r.called => Action::CallReboot,
             Some(r) => Action::AwaitReboot {
                 deadline: add(r.requested_at, policy.reboot_timeout),
@@ -177,6 +190,10 @@ fn enter(s: &mut State, phase: Phase, now: Timestamp) {
         s.phase = phase;
         s.since = now;
         s.inhibited_by.clear();
+        // A warning belongs to one reboot: gone once the reboot happened or was called off.
+        if phase != Phase::Rebooting {
+            s.users_warned = None;
+        }
     }
     s.waiting_for = None;
 }
@@ -451,6 +468,33 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
                 s.not_before = Some(add(now, policy.retry_interval));
                 why = format!("drain failed ({error}); backing out (on_drain_failure = abort)");
             }
+        }
+        // Asked right before logind would be: the request waits (the checks run again after).
+        Event::UsersWarned { sessions, until } => match (s.phase, &s.reboot) {
+            (Phase::Rebooting, None)
+            | (Phase::Rebooting, Some(RebootRequest { called: false, .. })) => {
+                s.reboot = None;
+                let who = crate::users::describe(&sessions);
+                why = format!(
+                    "logged in: {who}; logind announces the reboot for {until}; holding the slot until then"
+                );
+                s.waiting_for = Some(format!(
+                    "the time announced to logged-in users ({who}) to pass at {until}"
+                ));
+                s.users_warned = Some(crate::users::Warning {
+                    until,
+                    sessions,
+                    over: false,
+                });
+            }
+            _ => why = "a users' warning outside the rebooting phase (no change)".into(),
+        },
+        Event::UsersWarningOver => {
+            if let Some(w) = s.users_warned.as_mut() {
+                w.over = true;
+            }
+            s.waiting_for = None;
+            why = "the time announced to logged-in users passed".into();
         }
         Event::ReadyToReboot => {
             s.reboot = Some(RebootRequest {
@@ -1440,10 +1484,15 @@ mod tests {
                 },
                 _ => Event::Drained,
             },
-            Action::CallReboot => match rng.pick(3) {
+            Action::CallReboot => match rng.pick(4) {
                 0 => Event::RebootRefused { error: "no".into() },
+                1 => Event::UsersWarned {
+                    sessions: Vec::new(),
+                    until: t(50),
+                },
                 _ => Event::RebootAccepted,
             },
+            Action::WarnUsers { .. } => Event::UsersWarningOver,
             Action::AwaitInhibitors { .. } => Event::Inhibited { by: vec![] },
             Action::AwaitReboot { .. } => match rng.pick(2) {
                 0 => Event::RebootTimedOut,
@@ -1514,5 +1563,89 @@ mod tests {
                 s = step(&s, event, t(i as i64), &p).state;
             }
         }
+    }
+
+    /// People logged in: the request waits out the announced time (slot held), the checks run
+    /// again after it, and it is asked once; a restart in the meantime keeps waiting; a cancel
+    /// drops the warning with the reboot.
+    #[test]
+    fn a_users_warning_holds_the_reboot_until_its_time() {
+        let p = policy();
+        let sessions = vec![crate::users::Session {
+            id: "3".into(),
+            user: "alice".into(),
+            uid: 1000,
+            seat: String::new(),
+            tty: "tty1".into(),
+        }];
+        let ready = run(
+            &State::new("b1", t(0)),
+            vec![
+                Event::RebootNeeded { reason: "x".into() },
+                Event::WindowOpen,
+                Event::SlotAcquired,
+                Event::ReadyToReboot,
+            ],
+        );
+        assert_eq!(next_action(&ready, &p), Action::CallReboot);
+        let warned = run(
+            &ready,
+            vec![Event::UsersWarned {
+                sessions: sessions.clone(),
+                until: t(300),
+            }],
+        );
+        assert_eq!(warned.reboot, None, "not asked yet");
+        assert!(warned.slot_held);
+        assert_eq!(
+            next_action(&warned, &p),
+            Action::WarnUsers { until: t(300) }
+        );
+        assert!(warned
+            .waiting_for
+            .as_deref()
+            .unwrap()
+            .contains("alice on tty1"));
+        // Restarted in the same boot: still waiting for the same time.
+        let restarted = run(
+            &warned,
+            vec![Event::Started {
+                boot_id: "b1".into(),
+            }],
+        );
+        assert_eq!(
+            next_action(&restarted, &p),
+            Action::WarnUsers { until: t(300) }
+        );
+        // The time passed: the checks again, then the call; the warning is kept (not again).
+        let over = run(&warned, vec![Event::UsersWarningOver]);
+        assert_eq!(next_action(&over, &p), Action::PrepareReboot);
+        let asked = run(&over, vec![Event::ReadyToReboot]);
+        assert_eq!(next_action(&asked, &p), Action::CallReboot);
+        assert!(asked.users_warned.as_ref().is_some_and(|w| w.over));
+        // Rebooted: the warning belonged to that reboot.
+        let back = run(
+            &run(&asked, vec![Event::RebootAccepted]),
+            vec![Event::Started {
+                boot_id: "b2".into(),
+            }],
+        );
+        assert_eq!(back.users_warned, None);
+        // Cancelled during the warning: gone with the reboot.
+        let cancelled = run_with(&p, &warned, vec![Event::Cancelled]);
+        assert_eq!(cancelled.phase, Phase::Releasing);
+        assert_eq!(cancelled.users_warned, None);
+        // Outside the rebooting phase a warning changes nothing.
+        let idle = State::new("b1", t(0));
+        let step = step(
+            &idle,
+            Event::UsersWarned {
+                sessions,
+                until: t(5),
+            },
+            t(1),
+            &p,
+        );
+        assert_eq!(step.state, idle);
     }
 }

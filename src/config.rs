@@ -38,6 +38,8 @@ const DEFAULT_REBOOT_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 
 /// How long to wait before asking logind again after a refusal (e.g. a block inhibitor).
 const DEFAULT_REBOOT_RETRY: Duration = Duration::from_secs(60);
+/// Locksmith gives logged-in users 5 minutes; Zincati postpones up to 10.
+const DEFAULT_USERS_WARNING: Duration = Duration::from_secs(300);
 
 /// Errors that stop rebootd before it does anything. Each names the file, key and value.
 #[derive(Debug, thiserror::Error)]
@@ -235,6 +237,9 @@ pub struct Reboot {
     pub retry_interval: Duration,
     /// Flatcar's coordinator file (see `coordinator`); `None` (`coordinator_file = ""`) = none.
     pub coordinator_file: Option<PathBuf>,
+    /// When people are logged in, the time between logind's announcement and the reboot
+    /// (zero: no warning, no wait). See `users`.
+    pub users_warning: Duration,
 }
 
 impl Config {
@@ -533,6 +538,10 @@ fn validate(
             .retry_interval
             .map(|d| d.0)
             .unwrap_or(DEFAULT_REBOOT_RETRY),
+        users_warning: reboot_in
+            .users_warning
+            .map(|d| d.0)
+            .unwrap_or(DEFAULT_USERS_WARNING),
         coordinator_file: match reboot_in.coordinator_file {
             Some(p) if p.as_os_str().is_empty() => None,
             Some(p) => Some(p),
@@ -670,6 +679,9 @@ fn check_max_hold(
     };
     let fmt = |d: Duration| humantime::format_duration(d).to_string();
     let mut parts = vec![("reboot.timeout", reboot.timeout)];
+    if !reboot.users_warning.is_zero() {
+        parts.insert(0, ("reboot.users_warning", reboot.users_warning));
+    }
     if let Some(k) = kubernetes {
         parts.insert(0, ("kubernetes.drain_timeout", k.drain_timeout));
         parts.push(("kubernetes.ready_timeout", k.ready_timeout));

@@ -27,4 +27,5 @@ pub mod runtime;
 pub mod state;
 pub mod status;
 pub mod trigger;
+pub mod users;
 pub mod window;

@@ -9,6 +9,7 @@
 //! taken between the check and the call.
 
 use crate::inhibitor::{self, Inhibitor};
+use crate::users::{self, Session};
 use async_trait::async_trait;
 use futures_util::StreamExt;
 use std::time::Duration;
@@ -43,6 +44,23 @@ pub trait Login1Manager {
     fn reboot(&self, interactive: bool) -> zbus::Result<()>;
     /// (what, who, why, mode, uid, pid)
     fn list_inhibitors(&self) -> zbus::Result<Vec<(String, String, String, String, u32, u32)>>;
+    /// (session id, uid, user name, seat id, object path)
+    fn list_sessions(
+        &self,
+    ) -> zbus::Result<Vec<(String, u32, String, String, zbus::zvariant::OwnedObjectPath)>>;
+    fn schedule_shutdown(&self, kind: &str, usec: u64) -> zbus::Result<()>;
+    fn cancel_scheduled_shutdown(&self) -> zbus::Result<bool>;
+}
+
+#[zbus::proxy(
+    interface = "org.freedesktop.login1.Session",
+    default_service = "org.freedesktop.login1"
+)]
+pub trait Login1Session {
+    #[zbus(property, name = "TTY")]
+    fn tty(&self) -> zbus::Result<String>;
+    #[zbus(property)]
+    fn class(&self) -> zbus::Result<String>;
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +89,21 @@ pub trait Rebooter: Send + Sync {
     /// blocks any more).
     async fn blockers_changed(&self, _known: &[Inhibitor]) -> Result<Vec<Inhibitor>, RebootError> {
         Ok(Vec::new())
+    }
+
+    /// The people logged in who get a warning before the reboot (see [`crate::users`]).
+    async fn sessions(&self) -> Result<Vec<Session>, RebootError> {
+        Ok(Vec::new())
+    }
+
+    /// Announce the reboot for `at` to the logged-in users (a dry-run scheduled reboot).
+    async fn announce(&self, _at: jiff::Timestamp) -> Result<(), RebootError> {
+        Ok(())
+    }
+
+    /// Withdraw the announcement (the reboot was called off).
+    async fn withdraw(&self) -> Result<(), RebootError> {
+        Ok(())
     }
 }
 
@@ -121,6 +154,20 @@ async fn list_blockers(proxy: &Login1ManagerProxy<'_>) -> Result<Vec<Inhibitor>,
         Ok(Err(e)) => Err(RebootError::Bus(format!("ListInhibitors: {e}"))),
         Err(_) => Err(RebootError::Bus(format!(
             "ListInhibitors did not answer within {LIST_TIMEOUT:?}"
+        ))),
+    }
+}
+
+/// A logind call other than the reboot itself, bounded like [`list_blockers`].
+async fn bounded<T>(
+    what: &str,
+    call: impl std::future::Future<Output = zbus::Result<T>>,
+) -> Result<T, RebootError> {
+    match tokio::time::timeout(LIST_TIMEOUT, call).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(RebootError::Bus(format!("{what}: {e}"))),
+        Err(_) => Err(RebootError::Bus(format!(
+            "{what} did not answer within {LIST_TIMEOUT:?}"
         ))),
     }
 }
@@ -180,6 +227,58 @@ impl Rebooter for Logind {
             ))),
             Err(e) => Err(RebootError::Bus(e.to_string())),
         }
+    }
+
+    #[instrument(skip_all)]
+    async fn sessions(&self) -> Result<Vec<Session>, RebootError> {
+        let (conn, proxy) = connect().await?;
+        let listed = bounded("ListSessions", proxy.list_sessions()).await?;
+        let mut people = Vec::new();
+        for (id, uid, user, seat, path) in listed {
+            let session = Login1SessionProxy::builder(&conn)
+                .path(path.clone())
+                .map_err(|e| RebootError::Bus(format!("session {id} at {}: {e}", path.as_str())))?
+                .build()
+                .await
+                .map_err(|e| RebootError::Bus(format!("session {id}: {e}")))?;
+            // A session gone between the list and the read has no one to warn.
+            let (Ok(tty), Ok(class)) = (session.tty().await, session.class().await) else {
+                debug!(session = %id, "session gone before its properties were read");
+                continue;
+            };
+            if users::counts(&class, &seat, &tty) {
+                people.push(Session {
+                    id,
+                    user,
+                    uid,
+                    seat,
+                    tty,
+                });
+            }
+        }
+        Ok(people)
+    }
+
+    #[instrument(skip(self))]
+    async fn announce(&self, at: jiff::Timestamp) -> Result<(), RebootError> {
+        let (_conn, proxy) = connect().await?;
+        bounded(
+            "ScheduleShutdown",
+            proxy.schedule_shutdown(users::DRY_REBOOT, users::usec(at)),
+        )
+        .await
+    }
+
+    #[instrument(skip(self))]
+    async fn withdraw(&self) -> Result<(), RebootError> {
+        let (_conn, proxy) = connect().await?;
+        let cancelled =
+            bounded("CancelScheduledShutdown", proxy.cancel_scheduled_shutdown()).await?;
+        debug!(
+            cancelled,
+            "withdrew the reboot announced to logged-in users"
+        );
+        Ok(())
     }
 
     async fn blockers(&self) -> Result<Vec<Inhibitor>, RebootError> {

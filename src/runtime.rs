@@ -212,6 +212,7 @@ fn duty(action: &Action) -> Duty {
         | Action::Drain
         | Action::AwaitReboot { .. }
         | Action::AwaitInhibitors { .. }
+        | Action::WarnUsers { .. }
         | Action::WaitHealthy
         | Action::WaitForResume => Duty::Wait,
         Action::CheckWindow
@@ -235,6 +236,7 @@ fn interruptible(action: &Action) -> bool {
             | Action::AcquireSlot
             | Action::Drain
             | Action::AwaitInhibitors { .. }
+            | Action::WarnUsers { .. }
             | Action::AwaitReboot { .. }
             | Action::WaitForResume
     )
@@ -445,7 +447,7 @@ impl Runtime {
             }
             let action = agent::next_action(&state, &self.policy);
             let span = info_span!("action", phase = %state.phase, action = ?action);
-            let perform = self.perform(&action, &mut needs).instrument(span);
+            let perform = self.perform(&action, &state, &mut needs).instrument(span);
             let event = tokio::select! {
                 event = watchdog.run(duty(&action), perform) => event,
                 never = self.heartbeat(state.slot_held) => match never {},
@@ -526,6 +528,15 @@ impl Runtime {
                 }
             }
         }
+        // The reboot announced to logged-in users was called off (pause, cancel, backing out).
+        if state.users_warned.is_some()
+            && next.users_warned.is_none()
+            && !state.reboot.as_ref().is_some_and(|r| r.called)
+        {
+            if let Err(e) = self.rebooter.withdraw().await {
+                warn!(error = %e, "cannot withdraw the reboot announced to logged-in users: {e}");
+            }
+        }
         notify::status(&status_line(&next));
         if let Some(c) = &self.coordinator {
             c.update(&next);
@@ -534,8 +545,45 @@ impl Runtime {
         Ok(next)
     }
 
+    /// Right before the first logind call of a reboot: when people are logged in, announce the
+    /// reboot to them through logind and give them `reboot.users_warning` (None: go on).
+    async fn warn_users(&self, state: &State) -> Option<Event> {
+        let warning = self.config.reboot.users_warning;
+        if warning.is_zero() || state.users_warned.is_some() {
+            return None;
+        }
+        let sessions = match self.rebooter.sessions().await {
+            Ok(s) if s.is_empty() => return None,
+            Ok(s) => s,
+            Err(e) => {
+                warn!(error = %e, "cannot list logind's sessions, so no one is warned: {e}");
+                return None;
+            }
+        };
+        let until = jiff::SignedDuration::try_from(warning)
+            .ok()
+            .and_then(|d| Timestamp::now().checked_add(d).ok())
+            .unwrap_or(Timestamp::MAX);
+        let who = crate::users::describe(&sessions);
+        match self.rebooter.announce(until).await {
+            Ok(()) => {
+                info!(%until, who, "logged in: {who}; logind announces the reboot for {until}")
+            }
+            // The time is given all the same; only logind's wall messages are missing.
+            Err(e) => {
+                warn!(error = %e, who, "logged in: {who}; logind could not announce the reboot ({e}); waiting until {until} all the same")
+            }
+        }
+        Some(Event::UsersWarned { sessions, until })
+    }
+
     /// Perform one action and report what came of it.
-    async fn perform(&self, action: &Action, needs: &mut mpsc::Receiver<Need>) -> Event {
+    async fn perform(
+        &self,
+        action: &Action,
+        state: &State,
+        needs: &mut mpsc::Receiver<Need>,
+    ) -> Event {
         match action {
             Action::WaitForTrigger => {
                 info!("idle: waiting for a trigger");
@@ -611,7 +659,14 @@ impl Runtime {
                 }
                 self.release_slot().await
             }
-            Action::CallReboot => self.call_reboot().await,
+            Action::CallReboot => match self.warn_users(state).await {
+                Some(warned) => warned,
+                None => self.call_reboot().await,
+            },
+            Action::WarnUsers { until } => {
+                sleep_until(*until).await;
+                Event::UsersWarningOver
+            }
             Action::AwaitInhibitors { known } => {
                 match self.rebooter.blockers_changed(known).await {
                     Ok(by) => Event::Inhibited { by },

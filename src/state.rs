@@ -132,6 +132,9 @@ pub struct State {
     /// Back after the reboot: the slot is held until then (`gates.settle`), then released.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub settle_until: Option<Timestamp>,
+    /// The warning given to logged-in users before this reboot (see [`crate::users`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub users_warned: Option<crate::users::Warning>,
 }
 
 /// A gate that says wait: which, why, since when, and when it is asked again.
@@ -186,6 +189,7 @@ impl State {
             gate: None,
             paused: None,
             settle_until: None,
+            users_warned: None,
         }
     }
 }

@@ -34,6 +34,8 @@ pub struct Status {
     pub semaphore_error: Option<String>,
     /// The block inhibitors on shutdown holding off the reboot now (`waiting for` names them).
     pub inhibited_by: Vec<crate::inhibitor::Inhibitor>,
+    /// The people logged in who were warned of this reboot, and until when they have.
+    pub users_warned: Option<crate::users::Warning>,
     /// The gate (`[gates]`) that says wait now: name, why, since, next check.
     pub gate: Option<crate::state::GateWait>,
     /// What the operator must know about the semaphore (e.g. two semaphores: etcd v2 still
@@ -75,6 +77,7 @@ pub fn local(
         semaphore: None,
         semaphore_error: None,
         inhibited_by: state.map(|s| s.inhibited_by.clone()).unwrap_or_default(),
+        users_warned: state.and_then(|s| s.users_warned.clone()),
         gate: state.and_then(|s| s.gate.clone()),
         warnings: Vec::new(),
         paused: state.and_then(|s| s.paused.clone()),

@@ -1,7 +1,8 @@
 //! The lab's stand-in for systemd-logind: [`FakeLogind`] owns `org.freedesktop.login1` on a bus
 //! and serves `org.freedesktop.login1.Manager` at `/org/freedesktop/login1` with
 //! `RebootWithFlags` (optional), `Reboot`, `Inhibit` (real fd passing) and `ListInhibitors`,
-//! and emits `PropertiesChanged` for `BlockInhibited` whenever an inhibitor is taken or
+//! `ListSessions` with session objects and `ScheduleShutdown` / `CancelScheduledShutdown`
+//! (recorded, never carried out; see `sessions`), and emits `PropertiesChanged` for `BlockInhibited` whenever an inhibitor is taken or
 //! released, as logind does.
 //! It never reboots anything: accepted reboot calls are recorded and broadcast to subscribers,
 //! which is how the lab's node harness "reboots" a node.
@@ -21,8 +22,12 @@ use tokio::io::AsyncReadExt as _;
 use tokio::sync::{broadcast, watch};
 use zbus::message::{Header, Message};
 use zbus::names::ErrorName;
+use zbus::zvariant::OwnedObjectPath;
 
 use crate::dbus::LabError;
+
+mod sessions;
+pub use sessions::{FakeSession, Schedule};
 
 /// Well-known bus name.
 pub const BUS_NAME: &str = "org.freedesktop.login1";
@@ -167,6 +172,7 @@ struct Shared {
     refused: AtomicUsize,
     reboots: broadcast::Sender<RebootCall>,
     shutdown: watch::Sender<bool>,
+    sessions: sessions::Sessions,
 }
 
 impl Shared {
@@ -178,6 +184,7 @@ impl Shared {
             refused: AtomicUsize::new(0),
             reboots: broadcast::channel(64).0,
             shutdown: watch::Sender::new(false),
+            sessions: sessions::Sessions::new(),
         }
     }
 
@@ -407,6 +414,21 @@ impl Manager {
     async fn list_inhibitors(&self) -> Vec<ListedInhibitor> {
         self.shared.list()
     }
+
+    async fn list_sessions(&self) -> Vec<(String, u32, String, String, OwnedObjectPath)> {
+        self.shared.sessions.listed()
+    }
+
+    async fn schedule_shutdown(&self, kind: &str, usec: u64) -> Result<(), LogindError> {
+        self.shared
+            .sessions
+            .schedule(kind, usec)
+            .map_err(LogindError::InvalidArgs)
+    }
+
+    async fn cancel_scheduled_shutdown(&self) -> bool {
+        self.shared.sessions.cancel()
+    }
 }
 
 /// `org.freedesktop.login1.Manager` of an older systemd: no `RebootWithFlags`.
@@ -555,6 +577,26 @@ impl FakeLogind {
             shared: self.shared.clone(),
             id,
         }
+    }
+
+    /// A logged-in session: listed by `ListSessions`, with its `Session` object.
+    pub async fn add_session(&self, session: FakeSession) -> Result<(), LabError> {
+        let object = sessions::SessionObject {
+            session: session.clone(),
+        };
+        self.conn.object_server().at(session.path(), object).await?;
+        self.shared
+            .sessions
+            .list
+            .lock()
+            .expect("sessions lock")
+            .push(session);
+        Ok(())
+    }
+
+    /// The scheduled shutdowns asked and cancelled, notified at every change.
+    pub fn schedule(&self) -> watch::Receiver<Schedule> {
+        self.shared.sessions.schedule.subscribe()
     }
 
     /// Every accepted reboot call from now on.

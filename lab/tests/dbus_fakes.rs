@@ -604,6 +604,10 @@ async fn busctl_introspect_lists_the_methods() {
     assert_eq!(row(".Reboot")[1..4], ["method", "b", "-"]);
     assert_eq!(row(".Inhibit")[1..4], ["method", "ssss", "h"]);
     assert_eq!(row(".ListInhibitors")[1..4], ["method", "-", "a(ssssuu)"]);
+    // logind's signatures (systemd 252's introspection).
+    assert_eq!(row(".ListSessions")[1..4], ["method", "-", "a(susso)"]);
+    assert_eq!(row(".ScheduleShutdown")[1..4], ["method", "st", "-"]);
+    assert_eq!(row(".CancelScheduledShutdown")[1..4], ["method", "-", "b"]);
 
     let bus_addr = format!("--address={}", bus.address());
     let ue = FakeUpdateEngine::start(bus.address())
@@ -797,4 +801,116 @@ async fn systemd_inhibit_holds_until_its_command_exits() {
         .expect("watch");
     let out = logind_send(bus.address(), "RebootWithFlags", &["uint64:1"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+/// Sessions and scheduled shutdowns as busctl sees them: a session's `TTY`, `Class` and `Seat`
+/// have logind's types, `ScheduleShutdown` records what it was asked and refuses an unknown
+/// type, `CancelScheduledShutdown` says whether there was one.
+#[tokio::test]
+async fn busctl_reads_sessions_and_schedules_shutdowns() {
+    use rebootd_lab::fake_logind::FakeSession;
+    let bus = PrivateBus::start().await.expect("start bus");
+    let logind = FakeLogind::start(bus.address(), FakeLogindOptions::default())
+        .await
+        .expect("start logind");
+    logind
+        .add_session(FakeSession {
+            seat: "seat0".into(),
+            ..FakeSession::on_tty("7", "alice", "tty1")
+        })
+        .await
+        .unwrap();
+    let addr = format!("--address={}", bus.address());
+    let listed = run_ok(
+        "busctl",
+        &[
+            &addr,
+            "call",
+            fake_logind::BUS_NAME,
+            fake_logind::OBJECT_PATH,
+            fake_logind::INTERFACE,
+            "ListSessions",
+        ],
+    )
+    .await;
+    assert_eq!(
+        listed.trim(),
+        "a(susso) 1 \"7\" 1000 \"alice\" \"seat0\" \"/org/freedesktop/login1/session/7\""
+    );
+    let prop = |name: &'static str| {
+        let addr = addr.clone();
+        async move {
+            run_ok(
+                "busctl",
+                &[
+                    &addr,
+                    "get-property",
+                    fake_logind::BUS_NAME,
+                    "/org/freedesktop/login1/session/7",
+                    "org.freedesktop.login1.Session",
+                    name,
+                ],
+            )
+            .await
+        }
+    };
+    assert_eq!(prop("TTY").await.trim(), "s \"tty1\"");
+    assert_eq!(prop("Class").await.trim(), "s \"user\"");
+    assert_eq!(
+        prop("Seat").await.trim(),
+        "(so) \"seat0\" \"/org/freedesktop/login1/seat/seat0\""
+    );
+
+    let schedule = logind.schedule();
+    run_ok(
+        "busctl",
+        &[
+            &addr,
+            "call",
+            fake_logind::BUS_NAME,
+            fake_logind::OBJECT_PATH,
+            fake_logind::INTERFACE,
+            "ScheduleShutdown",
+            "st",
+            "dry-reboot",
+            "1700000000000000",
+        ],
+    )
+    .await;
+    assert_eq!(
+        schedule.borrow().current,
+        Some(("dry-reboot".to_string(), 1_700_000_000_000_000))
+    );
+    let out = tokio::process::Command::new("busctl")
+        .args([
+            &addr,
+            "call",
+            fake_logind::BUS_NAME,
+            fake_logind::OBJECT_PATH,
+            fake_logind::INTERFACE,
+            "ScheduleShutdown",
+            "st",
+            "nap",
+            "1",
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Unsupported shutdown type"));
+    let cancelled = run_ok(
+        "busctl",
+        &[
+            &addr,
+            "call",
+            fake_logind::BUS_NAME,
+            fake_logind::OBJECT_PATH,
+            fake_logind::INTERFACE,
+            "CancelScheduledShutdown",
+        ],
+    )
+    .await;
+    assert_eq!(cancelled.trim(), "b true");
+    assert_eq!(schedule.borrow().cancelled, 1);
+    assert_eq!(schedule.borrow().current, None);
 }

@@ -178,4 +178,5 @@ pub(super) struct RebootInput {
     pub timeout: Option<HumanDuration>,
     pub retry_interval: Option<HumanDuration>,
     pub coordinator_file: Option<PathBuf>,
+    pub users_warning: Option<HumanDuration>,
 }

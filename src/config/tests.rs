@@ -245,7 +245,9 @@ fn max_hold_shorter_than_drain_reboot_and_ready_is_refused_naming_them() {
         "kubernetes.drain_timeout (30m)",
         "reboot.timeout (10m)",
         "kubernetes.ready_timeout (15m)",
-        "55m",
+        // Logged-in users are given 5 minutes by default: a holder waiting for them is alive.
+        "reboot.users_warning (5m)",
+        "= 1h",
         &a.display().to_string(),
     ] {
         assert!(err.contains(needle), "{needle}: {err}");
@@ -253,9 +255,15 @@ fn max_hold_shorter_than_drain_reboot_and_ready_is_refused_naming_them() {
     let ok = write(
         &dir,
         "n.toml",
-        "[lock]\nmax_hold = \"55m\"\n[kubernetes]\ndrain_timeout = \"30m\"\nready_timeout = \"15m\"\n[reboot]\ntimeout = \"10m\"\n",
+        "[lock]\nmax_hold = \"1h\"\n[kubernetes]\ndrain_timeout = \"30m\"\nready_timeout = \"15m\"\n[reboot]\ntimeout = \"10m\"\n",
     );
     assert!(Config::load(&[ok]).is_ok());
+    let off = write(
+        &dir,
+        "p.toml",
+        "[lock]\nmax_hold = \"55m\"\n[kubernetes]\ndrain_timeout = \"30m\"\nready_timeout = \"15m\"\n[reboot]\ntimeout = \"10m\"\nusers_warning = \"0s\"\n",
+    );
+    assert!(Config::load(&[off]).is_ok(), "no warning, no time for it");
     // Without [kubernetes] there is no drain and no wait for Ready: the reboot timeout only.
     let a = write(&dir, "o.toml", "[lock]\nmax_hold = \"5m\"\n");
     let err = Config::load(&[a]).unwrap_err().to_string();
