@@ -545,6 +545,25 @@ impl Runtime {
         Ok(next)
     }
 
+    /// Wait for a slot, but no longer than the maintenance window is open: when it closes
+    /// first, the wait is dropped (leaving the queue behind nothing, see
+    /// `lock::acquire::Waiting`) and the agent waits for the next opening.
+    async fn acquire_within_window(&self) -> Event {
+        let windows = &self.config.windows;
+        let Some(closes) = windows.close_of_current(Timestamp::now()) else {
+            return self.acquire().await;
+        };
+        tokio::select! {
+            event = self.acquire() => event,
+            _ = sleep_until(closes) => {
+                let next_open = windows.next_open(Timestamp::now());
+                let next = next_open.map_or("never".to_string(), |t| t.to_string());
+                info!(%closes, "the maintenance window closed at {closes} while waiting for a slot; leaving the queue (next opens {next})");
+                Event::WindowClosed { next_open }
+            }
+        }
+    }
+
     /// Right before the first logind call of a reboot: when people are logged in, announce the
     /// reboot to them through logind and give them `reboot.users_warning` (None: go on).
     async fn warn_users(&self, state: &State) -> Option<Event> {
@@ -642,7 +661,7 @@ impl Runtime {
                 }
             },
             Action::AcquireSlot => {
-                let event = self.acquire().await;
+                let event = self.acquire_within_window().await;
                 if matches!(event, Event::Transient { .. }) {
                     self.metrics.error("lock");
                 }
