@@ -7,7 +7,7 @@
 //! packaging/build-deb.sh) and the lab binary (the fake update_engine). Needs root.
 
 use rebootd_lab::etcd::{EtcdServer, EtcdVersion};
-use rebootd_lab::nspawn::host::Host;
+use rebootd_lab::nspawn::host::{Host, Lines};
 use rebootd_lab::nspawn::image;
 use rebootd_lab::nspawn::install::{self, Artifacts};
 use rebootd_lab::nspawn::watch::HolderWatch;
@@ -101,6 +101,37 @@ async fn came_up(host: &Host, n: u32, within: Duration, rebootd: bool) {
         let active = host.unit_property("rebootd", "ActiveState").await.unwrap();
         assert_eq!(active, "active", "boot {n}: {}", failed_units(host).await);
     }
+}
+
+/// Follow rebootd's messages in the journal (`journalctl -u rebootd -f -o cat`), from the first.
+fn follow_rebootd(host: &Host) -> Lines {
+    host.follow(&[
+        "journalctl",
+        "-u",
+        "rebootd",
+        "-f",
+        "-n",
+        "all",
+        "-o",
+        "cat",
+    ])
+    .unwrap()
+}
+
+/// A unit's messages in the boot before this one.
+async fn previous_boot(host: &Host, unit: &str) -> String {
+    host.run(&[
+        "journalctl",
+        "-u",
+        unit,
+        "-b",
+        "-1",
+        "-o",
+        "cat",
+        "--no-pager",
+    ])
+    .await
+    .unwrap()
 }
 
 async fn failed_units(host: &Host) -> String {
@@ -399,18 +430,7 @@ async fn the_watchdog_restarts_a_daemon_stuck_in_a_logind_call() {
         host.unit_property("rebootd", "WatchdogUSec").await.unwrap(),
         "5s"
     );
-    let mut follow = host
-        .follow(&[
-            "journalctl",
-            "-u",
-            "rebootd",
-            "-f",
-            "-n",
-            "all",
-            "-o",
-            "cat",
-        ])
-        .unwrap();
+    let mut follow = follow_rebootd(&host);
     // logind stops answering: rebootd's RebootWithFlags call hangs in its agent loop.
     let logind = host
         .unit_property("systemd-logind", "MainPID")
@@ -448,18 +468,7 @@ async fn the_watchdog_restarts_a_daemon_stuck_in_a_logind_call() {
 #[tokio::test]
 async fn a_real_block_inhibitor_delays_the_reboot_and_status_names_it() {
     let host = boot(prepare("inhibit", SENTINEL_ONLY)).await;
-    let mut follow = host
-        .follow(&[
-            "journalctl",
-            "-u",
-            "rebootd",
-            "-f",
-            "-n",
-            "all",
-            "-o",
-            "cat",
-        ])
-        .unwrap();
+    let mut follow = follow_rebootd(&host);
     // The inhibitor is held before the trigger exists: systemd-inhibit takes it, then runs the
     // command, which makes the reboot needed and stays (a transient unit, so nothing of the
     // test's holds it).
@@ -496,20 +505,89 @@ async fn a_real_block_inhibitor_delays_the_reboot_and_status_names_it() {
         .await
         .unwrap();
     came_up(&host, 2, BOOT, true).await;
-    let before = host
+    let before = previous_boot(&host, "rebootd").await;
+    assert!(before.contains("block inhibitors released"), "{before}");
+}
+
+/// A person logged in through real PAM and logind (su on a pty, pam_systemd: a `user` session
+/// with a TTY): rebootd names them, real logind holds the announced dry-run reboot, and the
+/// reboot comes once the time given has passed.
+#[tokio::test]
+async fn a_logged_in_user_is_warned_by_real_logind_before_the_reboot() {
+    let config = "[triggers]\nupdate_engine = false\nsentinel_file = \"/run/lab-trigger/reboot-required\"\n\n[reboot]\nretry_interval = \"2s\"\nusers_warning = \"20s\"\n";
+    let host = boot(prepare("users", config)).await;
+    host.sh("useradd -m alice && install -d -m 1777 /run/lab-trigger")
+        .await
+        .unwrap();
+    let mut follow = follow_rebootd(&host);
+    // alice logs in (on a pty, through su's PAM stack) and then makes the reboot needed, so
+    // her session exists before rebootd looks.
+    host.run(&[
+        "systemd-run",
+        "--unit=alice-login",
+        "script",
+        "-qfc",
+        "su - alice -c 'touch /run/lab-trigger/reboot-required; exec sleep infinity'",
+        "/dev/null",
+    ])
+    .await
+    .unwrap();
+    let line = follow
+        .expect("rebootd names the logged-in user", BOOT, |l| {
+            l.contains("logged in: alice on pts/")
+        })
+        .await
+        .unwrap();
+    assert!(line.contains("logind announces the reboot for"), "{line}");
+    let sessions = host
+        .run(&["loginctl", "list-sessions", "--no-legend"])
+        .await
+        .unwrap();
+    assert!(sessions.contains("alice"), "{sessions}");
+    // Real logind holds the announcement rebootd asked for.
+    let scheduled = host
         .run(&[
-            "journalctl",
-            "-u",
-            "rebootd",
-            "-b",
-            "-1",
-            "-o",
-            "cat",
-            "--no-pager",
+            "busctl",
+            "get-property",
+            "org.freedesktop.login1",
+            "/org/freedesktop/login1",
+            "org.freedesktop.login1.Manager",
+            "ScheduledShutdown",
         ])
         .await
         .unwrap();
-    assert!(before.contains("block inhibitors released"), "{before}");
+    let json: Value =
+        serde_json::from_str(&host.run(&["rebootctl", "status", "--json"]).await.unwrap()).unwrap();
+    assert_eq!(
+        json["users_warned"]["sessions"][0]["user"], "alice",
+        "{json}"
+    );
+    // logind shows a dry-run "dry-reboot" as "reboot" (it keeps the dry run apart), for the
+    // time rebootd gave.
+    let until: jiff::Timestamp = json["users_warned"]["until"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        scheduled.trim(),
+        format!("(st) \"reboot\" {}", until.as_microsecond()),
+        "{json}"
+    );
+    assert_eq!(host.boot_count(), 1, "rebooted before the time given");
+    // The time passes; then the reboot.
+    came_up(&host, 2, BOOT, true).await;
+    let before = previous_boot(&host, "rebootd").await;
+    assert!(
+        before.contains("the time announced to logged-in users passed"),
+        "{before}"
+    );
+    // At that time logind itself did nothing but say so: the reboot was rebootd's call.
+    let logind = previous_boot(&host, "systemd-logind").await;
+    assert!(
+        logind.contains("Running in dry run, suppressing action"),
+        "{logind}"
+    );
 }
 
 #[tokio::test]
