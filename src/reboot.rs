@@ -149,16 +149,12 @@ pub fn refused_by_inhibitor(name: &str, message: &str) -> bool {
 
 /// The block inhibitors on shutdown, read with a bounded call.
 async fn list_blockers(proxy: &Login1ManagerProxy<'_>) -> Result<Vec<Inhibitor>, RebootError> {
-    match tokio::time::timeout(LIST_TIMEOUT, proxy.list_inhibitors()).await {
-        Ok(Ok(list)) => Ok(inhibitor::blocking(list)),
-        Ok(Err(e)) => Err(RebootError::Bus(format!("ListInhibitors: {e}"))),
-        Err(_) => Err(RebootError::Bus(format!(
-            "ListInhibitors did not answer within {LIST_TIMEOUT:?}"
-        ))),
-    }
+    bounded("ListInhibitors", proxy.list_inhibitors())
+        .await
+        .map(inhibitor::blocking)
 }
 
-/// A logind call other than the reboot itself, bounded like [`list_blockers`].
+/// A logind call other than the reboot itself, bounded by [`LIST_TIMEOUT`].
 async fn bounded<T>(
     what: &str,
     call: impl std::future::Future<Output = zbus::Result<T>>,

@@ -44,10 +44,6 @@ async fn with_people(name: &str, warning: &str) -> Node {
     node
 }
 
-fn timestamp_usec(t: jiff::Timestamp) -> u64 {
-    u64::try_from(t.as_microsecond()).unwrap()
-}
-
 #[tokio::test]
 async fn logged_in_users_are_warned_through_logind_and_given_the_time() {
     let node = with_people("u1", "3s").await;
@@ -69,7 +65,10 @@ async fn logged_in_users_are_warned_through_logind_and_given_the_time() {
     let asked = schedule.borrow().clone();
     assert_eq!(
         asked.current,
-        Some(("dry-reboot".to_string(), timestamp_usec(warning.until))),
+        Some((
+            "dry-reboot".to_string(),
+            rebootd::users::usec(warning.until)
+        )),
         "{asked:?}"
     );
     assert!(

@@ -821,18 +821,24 @@ async fn busctl_reads_sessions_and_schedules_shutdowns() {
         .await
         .unwrap();
     let addr = format!("--address={}", bus.address());
-    let listed = run_ok(
-        "busctl",
-        &[
-            &addr,
+    let manager = |method: &str, args: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = [
+            addr.as_str(),
             "call",
             fake_logind::BUS_NAME,
             fake_logind::OBJECT_PATH,
             fake_logind::INTERFACE,
-            "ListSessions",
-        ],
-    )
-    .await;
+            method,
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        v.extend(args.iter().map(|a| a.to_string()));
+        v
+    };
+    fn as_strs(v: &[String]) -> Vec<&str> {
+        v.iter().map(String::as_str).collect()
+    }
+    let listed = run_ok("busctl", &as_strs(&manager("ListSessions", &[]))).await;
     assert_eq!(
         listed.trim(),
         "a(susso) 1 \"7\" 1000 \"alice\" \"seat0\" \"/org/freedesktop/login1/session/7\""
@@ -862,54 +868,19 @@ async fn busctl_reads_sessions_and_schedules_shutdowns() {
     );
 
     let schedule = logind.schedule();
-    run_ok(
-        "busctl",
-        &[
-            &addr,
-            "call",
-            fake_logind::BUS_NAME,
-            fake_logind::OBJECT_PATH,
-            fake_logind::INTERFACE,
-            "ScheduleShutdown",
-            "st",
-            "dry-reboot",
-            "1700000000000000",
-        ],
-    )
-    .await;
+    let asked = manager(
+        "ScheduleShutdown",
+        &["st", "dry-reboot", "1700000000000000"],
+    );
+    run_ok("busctl", &as_strs(&asked)).await;
     assert_eq!(
         schedule.borrow().current,
         Some(("dry-reboot".to_string(), 1_700_000_000_000_000))
     );
-    let out = tokio::process::Command::new("busctl")
-        .args([
-            &addr,
-            "call",
-            fake_logind::BUS_NAME,
-            fake_logind::OBJECT_PATH,
-            fake_logind::INTERFACE,
-            "ScheduleShutdown",
-            "st",
-            "nap",
-            "1",
-        ])
-        .output()
-        .await
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("Unsupported shutdown type"));
-    let cancelled = run_ok(
-        "busctl",
-        &[
-            &addr,
-            "call",
-            fake_logind::BUS_NAME,
-            fake_logind::OBJECT_PATH,
-            fake_logind::INTERFACE,
-            "CancelScheduledShutdown",
-        ],
-    )
-    .await;
+    let unknown = manager("ScheduleShutdown", &["st", "nap", "1"]);
+    let err = run_err("busctl", &as_strs(&unknown)).await;
+    assert!(err.contains("Unsupported shutdown type"), "{err}");
+    let cancelled = run_ok("busctl", &as_strs(&manager("CancelScheduledShutdown", &[]))).await;
     assert_eq!(cancelled.trim(), "b true");
     assert_eq!(schedule.borrow().cancelled, 1);
     assert_eq!(schedule.borrow().current, None);
