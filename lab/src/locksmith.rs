@@ -348,6 +348,11 @@ impl LocksmithNode {
         Ok(())
     }
 
+    /// The pid of the running locksmithd (`unshare` and `sh` exec it, so it keeps the pid).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(Child::id)
+    }
+
     /// Kill locksmithd at once.
     pub async fn kill_daemon(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -4,7 +4,7 @@
 //! than `max`) and await states by watching it rather than polling.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rebootd::etcd_v2::{Get, KeysClient, Settings, Timeouts};
 use rebootd::http::TlsFiles;
@@ -18,6 +18,8 @@ pub struct DocVersion {
     pub index: u64,
     /// The raw value; `None` when the key was deleted or expired.
     pub value: Option<String>,
+    /// When the watcher received it (the benchmarks time hand-offs by it).
+    pub seen: Instant,
 }
 
 impl DocVersion {
@@ -51,6 +53,23 @@ impl Drop for V2DocWatcher {
 impl V2DocWatcher {
     /// Watch `key` on the plain-http etcd at `endpoint`, starting with its current value.
     pub async fn start(endpoint: &str, key: &str) -> Result<Self, String> {
+        Self::start_inner(endpoint, key, None).await
+    }
+
+    /// As [`V2DocWatcher::start`], also sending every version on `feed` as it comes.
+    pub async fn start_feeding(
+        endpoint: &str,
+        key: &str,
+        feed: tokio::sync::mpsc::UnboundedSender<DocVersion>,
+    ) -> Result<Self, String> {
+        Self::start_inner(endpoint, key, Some(feed)).await
+    }
+
+    async fn start_inner(
+        endpoint: &str,
+        key: &str,
+        feed: Option<tokio::sync::mpsc::UnboundedSender<DocVersion>>,
+    ) -> Result<Self, String> {
         let settings = Settings {
             endpoints: vec![endpoint.to_owned()],
             tls: TlsFiles {
@@ -69,6 +88,7 @@ impl V2DocWatcher {
                 Some(DocVersion {
                     index: r.node.modified_index,
                     value: r.node.value,
+                    seen: Instant::now(),
                 }),
                 r.etcd_index + 1,
             ),
@@ -92,9 +112,13 @@ impl V2DocWatcher {
                             } else {
                                 event.node.value
                             },
+                            seen: Instant::now(),
                         };
                         if let Ok(mut h) = h.lock() {
                             h.push(version.clone());
+                        }
+                        if let Some(f) = &feed {
+                            let _ = f.send(version.clone());
                         }
                         tx.send_replace(Some(version));
                     }

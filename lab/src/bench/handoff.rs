@@ -3,10 +3,13 @@
 //! library's `Semaphore` trait, from the moment `release()` is called to the moment the
 //! waiter's `acquire()` returns (and, separately, from `release()` returning).
 
-use super::util::{self, ms, stats};
-use crate::etcd::EtcdServer;
+use super::peers;
+use super::util::{self, ms, stats, Stats};
+use crate::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
 use crate::kube_api::{KubeApi, NodeBuilder, Options as KubeOptions};
+use crate::v2_watcher::V2DocWatcher;
 use rebootd::lock::etcd::EtcdSemaphore;
+use rebootd::lock::etcd_v2::EtcdV2Semaphore;
 use rebootd::lock::kube_lease::KubeLeaseSemaphore;
 use rebootd::lock::{Admin, Identity, Semaphore};
 use std::sync::Arc;
@@ -14,7 +17,8 @@ use std::time::{Duration, Instant};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Backend: etcd-3.4, etcd-3.5 or lease (Kubernetes Leases on the API stand-in).
+    /// Backend: etcd-3.4, etcd-3.5 (v3), etcd-v2 (locksmith's v2 document, etcd 3.4 with
+    /// `--enable-v2`) or lease (Kubernetes Leases on the API stand-in).
     #[arg(long, default_value = "etcd-3.4")]
     backend: String,
     /// Hand-offs to measure.
@@ -26,6 +30,13 @@ pub struct Args {
     /// Pause before each release, so every waiter is back in its watch.
     #[arg(long, default_value = "50ms", value_parser = rebootd::config::parse_duration)]
     settle: Duration,
+    /// With `--backend etcd-v2`: also, on the same etcd, a chain of this many real locksmithd
+    /// nodes (max 1) handing the slot on (release by one locksmithd -> the next one holds).
+    #[arg(long, default_value_t = 0)]
+    locksmithd: usize,
+    /// Hand-offs to measure between the locksmithd nodes.
+    #[arg(long, default_value_t = 6)]
+    locksmithd_count: usize,
 }
 
 pub async fn run(a: Args) -> Result<(), String> {
@@ -47,7 +58,43 @@ pub async fn run(a: Args) -> Result<(), String> {
     let mut _kube = None;
     let mut _dir = None;
     let metrics_endpoint;
+    let mut v2_watch = None;
     match a.backend.as_str() {
+        "etcd-v2" => {
+            let etcd = EtcdServer::start_with(EtcdVersion::V34, EtcdOptions::v2())
+                .await
+                .map_err(|e| e.to_string())?;
+            println!(
+                "etcd v2 API ({}) at {}",
+                etcd.binaries().version,
+                etcd.endpoint()
+            );
+            let settings = rebootd::config::Etcd {
+                api: rebootd::config::EtcdApi::V2,
+                endpoints: vec![etcd.endpoint()],
+                ca_file: None,
+                cert_file: None,
+                key_file: None,
+                username: None,
+                password_file: None,
+            };
+            let mut key = String::new();
+            for _ in 0..a.clients {
+                let s = EtcdV2Semaphore::connect(&settings, "bench-handoff", None)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                key = s.key().to_string();
+                sems.push(Arc::new(s));
+            }
+            admin = Box::new(
+                EtcdV2Semaphore::connect(&settings, "bench-handoff", None)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            );
+            metrics_endpoint = Some(etcd.endpoint());
+            v2_watch = Some(key);
+            _etcd = Some(etcd);
+        }
         b @ ("etcd-3.4" | "etcd-3.5") => {
             let v = util::parse_etcd(&b[5..])?;
             let etcd = EtcdServer::start(v).await.map_err(|e| e.to_string())?;
@@ -109,11 +156,15 @@ pub async fn run(a: Args) -> Result<(), String> {
         }
         other => {
             return Err(format!(
-                "--backend {other}: expected etcd-3.4, etcd-3.5 or lease"
+                "--backend {other}: expected etcd-3.4, etcd-3.5, etcd-v2 or lease"
             ))
         }
     }
     admin.set_max(1, true).await.map_err(|e| e.to_string())?;
+    let watcher = match (&v2_watch, &metrics_endpoint) {
+        (Some(key), Some(ep)) => Some(V2DocWatcher::start(ep, key).await?),
+        _ => None,
+    };
 
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, Instant)>();
     let waiter = |i: usize| {
@@ -190,6 +241,13 @@ pub async fn run(a: Args) -> Result<(), String> {
             d.describe(a.count as f64)
         );
     }
+    if let Some(w) = &watcher {
+        let gaps = peers::handoffs(&peers::changes(&w.history()));
+        println!(
+            "hand-off as an outside v2 watch sees it (release seen -> next holder seen): {}",
+            stats(&gaps)
+        );
+    }
     if let Some(api) = &_kube {
         let n = api.cluster().requests().count(|_| true);
         println!("API stand-in requests in total (set-up included): {n}");
@@ -202,6 +260,51 @@ pub async fn run(a: Args) -> Result<(), String> {
             "MISSED"
         },
         if handoff.p99 < 100.0 { "met" } else { "MISSED" }
+    );
+    if a.locksmithd > 0 {
+        let Some(etcd) = &_etcd else {
+            return Err("--locksmithd needs --backend etcd-v2".into());
+        };
+        locksmithd_chain(etcd, &a, handoff).await?;
+    }
+    Ok(())
+}
+
+/// The same measure for real locksmithd nodes, on the same etcd (locksmith's default group).
+async fn locksmithd_chain(etcd: &EtcdServer, a: &Args, rebootd: Stats) -> Result<(), String> {
+    println!(
+        "locksmithd: {} real nodes, max 1, a chain of {} hand-offs (each node that rebooted \
+         needs a reboot again once another holds)",
+        a.locksmithd, a.locksmithd_count
+    );
+    let before = util::etcd_counters(&etcd.endpoint()).await?;
+    let run = peers::run_locksmithd(
+        &etcd.endpoint(),
+        a.locksmithd,
+        1,
+        Duration::ZERO,
+        peers::Mode::Chain {
+            handoffs: a.locksmithd_count,
+        },
+        Duration::from_secs(60 * (10 + a.locksmithd_count as u64)),
+    )
+    .await?;
+    let after = util::etcd_counters(&etcd.endpoint()).await?;
+    let gaps = peers::handoffs(&peers::changes(&run.history));
+    let ls = stats(&gaps);
+    println!("locksmithd hand-off (release seen -> next holder seen, outside v2 watch): {ls}");
+    let d = after.minus(&before);
+    println!(
+        "etcd requests during the locksmithd chain: {:.0} [{}] ({} reboots, most holders {})",
+        d.requests(),
+        d.describe(1.0),
+        run.reboots,
+        run.most_holders
+    );
+    println!(
+        "rebootd (v2) / locksmithd hand-off: median {:.4}, p99 {:.4}",
+        rebootd.median / ls.median,
+        rebootd.p99 / ls.p99
     );
     Ok(())
 }

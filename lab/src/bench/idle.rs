@@ -100,6 +100,11 @@ fn sample(pid: u32) -> Result<Sample, String> {
     })
 }
 
+/// The resident set of process `pid` (kB), if it is alive.
+pub fn rss_kb(pid: u32) -> Option<u64> {
+    sample(pid).ok().map(|s| s.rss_kb).filter(|&kb| kb > 0)
+}
+
 pub async fn run(a: Args) -> Result<(), String> {
     let rebootd = rebootd_binary(a.rebootd.clone());
     if !rebootd.exists() {

@@ -9,6 +9,7 @@
 mod drain;
 mod handoff;
 mod idle;
+mod peers;
 mod rollout;
 mod util;
 

@@ -11,9 +11,11 @@
 //! `ceil(N / max) x reboot_time` (cycle = the simulated reboot time alone, so every overhead of
 //! rebootd and the lock counts against it).
 
+use super::peers;
 use super::util::{self, ms, stats};
-use crate::etcd::EtcdServer;
+use crate::etcd::{EtcdOptions, EtcdServer};
 use crate::kube_api::{Kind, KubeApi, KubeApiHandle, Options as KubeOptions};
+use crate::v2_watcher::V2DocWatcher;
 use futures_util::StreamExt;
 use rebootd::config::Config;
 use rebootd::lock::document::{semaphore_key, SemaphoreDoc};
@@ -36,14 +38,23 @@ pub struct Args {
     /// Simulated reboot time: the node is down this long.
     #[arg(long, default_value = "2s", value_parser = rebootd::config::parse_duration)]
     reboot_time: Duration,
-    /// The semaphore: `etcd` (locksmith's document) or `lease` (Lease objects in the API
+    /// The semaphore: `etcd` (locksmith's document in etcd v3), `etcd-v2` (locksmith's own v2
+    /// document, etcd 3.4/3.5 with `--enable-v2`) or `lease` (Lease objects in the API
     /// stand-in).
     #[arg(long, default_value = "etcd")]
     backend: String,
     /// etcd version: 3.4 or 3.5.
     #[arg(long, default_value = "3.4")]
     etcd: String,
+    /// With `--backend etcd-v2`: after the rebootd nodes, a rolling reboot of this many real
+    /// locksmithd nodes on the same etcd (locksmith's default group, same max, same simulated
+    /// reboot time), timed by the same outside watch.
+    #[arg(long, default_value_t = 0)]
+    locksmithd: usize,
 }
+
+/// locksmith's v2 document of the default group.
+const V2_KEY: &str = "/coreos.com/updateengine/rebootlock/semaphore";
 
 /// The Lease namespace and semaphore name (rebootd's defaults).
 const LEASE_NAMESPACE: &str = "rebootd";
@@ -53,6 +64,11 @@ enum Backend {
     Etcd {
         server: Box<EtcdServer>,
         client: Box<etcd_client::Client>,
+    },
+    EtcdV2 {
+        server: Box<EtcdServer>,
+        /// Kept for the run: the outside watcher.
+        watcher: Option<V2DocWatcher>,
     },
     Lease {
         api: KubeApiHandle,
@@ -98,6 +114,27 @@ impl Backend {
                     client: Box::new(client),
                 })
             }
+            "etcd-v2" => {
+                let v = util::parse_etcd(&a.etcd)?;
+                let server = EtcdServer::start_with(v, EtcdOptions::v2())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                println!(
+                    "{} ({}) v2 API at {}; {} in-process nodes, max {}, reboot time {:?}",
+                    v,
+                    server.binaries().version,
+                    server.endpoint(),
+                    a.nodes,
+                    a.max,
+                    a.reboot_time
+                );
+                let b = Backend::EtcdV2 {
+                    server: Box::new(server),
+                    watcher: None,
+                };
+                b.set_max(a, dir).await?;
+                Ok(b)
+            }
             "lease" | "kubernetes" => {
                 let api = KubeApi::start(KubeOptions::default())
                     .await
@@ -113,21 +150,24 @@ impl Backend {
                     a.reboot_time
                 );
                 let b = Backend::Lease { api, kubeconfig };
-                // Set max as `rebootctl set-max` does, through the backend itself.
-                let path = dir.join("set-max.toml");
-                std::fs::write(&path, b.lock_config()).map_err(|e| e.to_string())?;
-                let config = Config::load(&[path]).map_err(|e| e.to_string())?;
-                let admin = rebootd::lock::open::open_admin(&config)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                admin
-                    .set_max(a.max, true)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                b.set_max(a, dir).await?;
                 Ok(b)
             }
-            other => Err(format!("--backend {other}: expected etcd or lease")),
+            other => Err(format!(
+                "--backend {other}: expected etcd, etcd-v2 or lease"
+            )),
         }
+    }
+
+    /// Set max as `rebootctl set-max` does, through the backend itself.
+    async fn set_max(&self, a: &Args, dir: &Path) -> Result<(), String> {
+        let path = dir.join("set-max.toml");
+        std::fs::write(&path, self.lock_config()).map_err(|e| e.to_string())?;
+        let config = Config::load(&[path]).map_err(|e| e.to_string())?;
+        let admin = rebootd::lock::open::open_admin(&config)
+            .await
+            .map_err(|e| e.to_string())?;
+        admin.set_max(a.max, true).await.map_err(|e| e.to_string())
     }
 
     /// The `[lock]` part of every node's config.
@@ -135,6 +175,10 @@ impl Backend {
         match self {
             Backend::Etcd { server, .. } => format!(
                 "[lock]\nbackend = \"etcd\"\n\n[lock.etcd]\nendpoints = [{:?}]\n",
+                server.endpoint()
+            ),
+            Backend::EtcdV2 { server, .. } => format!(
+                "[lock]\nbackend = \"etcd\"\n\n[lock.etcd]\napi = \"v2\"\nendpoints = [{:?}]\n",
                 server.endpoint()
             ),
             Backend::Lease { kubeconfig, .. } => format!(
@@ -145,7 +189,7 @@ impl Backend {
 
     async fn counters(&self) -> Result<Counters, String> {
         match self {
-            Backend::Etcd { server, .. } => Ok(Counters::Etcd(
+            Backend::Etcd { server, .. } | Backend::EtcdV2 { server, .. } => Ok(Counters::Etcd(
                 util::etcd_counters(&server.endpoint()).await?,
             )),
             Backend::Lease { api, .. } => {
@@ -174,6 +218,18 @@ impl Backend {
                                     return;
                                 }
                             }
+                        }
+                    }
+                });
+            }
+            Backend::EtcdV2 { server, watcher } => {
+                let (feed, mut versions) = mpsc::unbounded_channel();
+                *watcher =
+                    Some(V2DocWatcher::start_feeding(&server.endpoint(), V2_KEY, feed).await?);
+                tokio::spawn(async move {
+                    while let Some(v) = versions.recv().await {
+                        if tx.send((v.seen, v.holders().unwrap_or_default())).is_err() {
+                            return;
                         }
                     }
                 });
@@ -480,6 +536,73 @@ pub async fn run(a: Args) -> Result<(), String> {
         }
         _ => {}
     }
+    if a.locksmithd > 0 {
+        let Backend::EtcdV2 { server, .. } = &backend else {
+            return Err("--locksmithd needs --backend etcd-v2".into());
+        };
+        let gaps = peers::handoffs(&peers::changes(
+            &backend_history(&backend).unwrap_or_default(),
+        ));
+        locksmithd_rollout(server, &a, total, &gaps).await?;
+    }
     drop(root);
+    Ok(())
+}
+
+fn backend_history(b: &Backend) -> Option<Vec<crate::v2_watcher::DocVersion>> {
+    match b {
+        Backend::EtcdV2 {
+            watcher: Some(w), ..
+        } => Some(w.history()),
+        _ => None,
+    }
+}
+
+/// The same rolling reboot by real locksmithd nodes, on the same etcd.
+async fn locksmithd_rollout(
+    etcd: &EtcdServer,
+    a: &Args,
+    rebootd_total: Duration,
+    rebootd_gaps: &[f64],
+) -> Result<(), String> {
+    let before = util::etcd_counters(&etcd.endpoint()).await?;
+    let run = peers::run_locksmithd(
+        &etcd.endpoint(),
+        a.locksmithd,
+        a.max,
+        a.reboot_time,
+        peers::Mode::Rolling,
+        Duration::from_secs(3600),
+    )
+    .await?;
+    let after = util::etcd_counters(&etcd.endpoint()).await?;
+    let d = after.minus(&before);
+    let gaps = peers::handoffs(&peers::changes(&run.history));
+    println!(
+        "locksmithd rollout: {} real nodes, max {}, reboot time {:?}: total {:.2}s ({} reboots, most holders {})",
+        a.locksmithd,
+        a.max,
+        a.reboot_time,
+        run.total.as_secs_f64(),
+        run.reboots,
+        run.most_holders
+    );
+    println!(
+        "locksmithd release -> next acquisition (watcher): {}",
+        stats(&gaps)
+    );
+    println!(
+        "locksmithd etcd requests per node per reboot: {:.2} [{}]",
+        d.requests() / a.locksmithd as f64,
+        d.describe(a.locksmithd as f64)
+    );
+    if a.locksmithd == a.nodes {
+        println!(
+            "rebootd / locksmithd: total {:.4}; hand-off median {:.4}",
+            rebootd_total.as_secs_f64() / run.total.as_secs_f64(),
+            stats(rebootd_gaps).median / stats(&gaps).median
+        );
+    }
+    println!("locksmithd RSS at the end (kB): {:?}", run.rss_kb);
     Ok(())
 }

@@ -116,6 +116,14 @@ pub struct EtcdCounters {
     pub started: BTreeMap<String, f64>,
     /// `grpc_server_msg_received_total` by `grpc_method`.
     pub received: BTreeMap<String, f64>,
+    /// Requests to the v2 keys API: `v2 GET`, `v2 PUT`, ... (`etcd_http_received_total` by
+    /// method: every request but watches) and `v2 watch` (long polls,
+    /// `etcd_debugging_store_watch_requests_total`).
+    pub v2: BTreeMap<String, f64>,
+    /// What they did in etcd's v2 store (`etcd_debugging_store_reads_total` / `writes_total`
+    /// by action: `getRecursive`, `compareAndSwap`, ...), not counted again as requests. The
+    /// store's `get` is left out: etcd's own authentication check reads it once per request.
+    pub v2_actions: BTreeMap<String, f64>,
 }
 
 impl EtcdCounters {
@@ -129,6 +137,8 @@ impl EtcdCounters {
         EtcdCounters {
             started: sub(&self.started, &before.started),
             received: sub(&self.received, &before.received),
+            v2: sub(&self.v2, &before.v2),
+            v2_actions: sub(&self.v2_actions, &before.v2_actions),
         }
     }
 
@@ -146,8 +156,9 @@ impl EtcdCounters {
             .filter(|(k, _)| is_stream(k))
             .map(|(_, v)| v)
             .sum();
+        let v2: f64 = self.v2.values().sum();
         // `+ 0.0`: the sum of no floats is -0.0, printed "-0".
-        unary + streamed + 0.0
+        unary + streamed + v2 + 0.0
     }
 
     /// `Range=12 Txn=4 Watch(streams)=1 Watch(msgs)=2`.
@@ -165,12 +176,53 @@ impl EtcdCounters {
                 parts.push(format!("{k}(msgs: creates/cancels)={:.2}", v / per));
             }
         }
+        for (k, v) in &self.v2 {
+            parts.push(format!("{k}={:.2}", v / per));
+        }
+        if !self.v2_actions.is_empty() {
+            let actions: Vec<String> = self
+                .v2_actions
+                .iter()
+                .map(|(k, v)| format!("{k}={:.2}", v / per))
+                .collect();
+            parts.push(format!("(v2 store: {})", actions.join(" ")));
+        }
         if parts.is_empty() {
             "none".into()
         } else {
             parts.join(" ")
         }
     }
+}
+
+/// A v2 counter of etcd's metrics: (`v2 METHOD` | `v2 watch` | store action, value).
+fn v2_counter(line: &str) -> Option<(String, f64)> {
+    let value = |rest: &str| -> f64 {
+        rest.rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    let label = |rest: &str, name: &str| -> Option<String> {
+        let v = rest.split(&format!("{name}=\"")).nth(1)?;
+        Some(v.split('"').next()?.to_string())
+    };
+    if let Some(rest) = line.strip_prefix("etcd_http_received_total{") {
+        return Some((format!("v2 {}", label(rest, "method")?), value(rest)));
+    }
+    if let Some(rest) = line.strip_prefix("etcd_debugging_store_watch_requests_total ") {
+        return Some(("v2 watch".to_string(), value(rest)));
+    }
+    for prefix in [
+        "etcd_debugging_store_reads_total{",
+        "etcd_debugging_store_writes_total{",
+    ] {
+        if let Some(rest) = line.strip_prefix(prefix) {
+            let action = label(rest, "action")?;
+            return (action != "get").then(|| (action, value(rest)));
+        }
+    }
+    None
 }
 
 fn is_stream(method: &str) -> bool {
@@ -194,6 +246,15 @@ pub async fn etcd_counters(endpoint: &str) -> Result<EtcdCounters, String> {
         .map_err(|e| format!("metrics {addr}: {e}"))?;
     let mut c = EtcdCounters::default();
     for line in body.lines() {
+        if let Some((name, value)) = v2_counter(line) {
+            let map = if name.starts_with("v2 ") {
+                &mut c.v2
+            } else {
+                &mut c.v2_actions
+            };
+            *map.entry(name).or_default() += value;
+            continue;
+        }
         let (map, rest) = if let Some(r) = line.strip_prefix("grpc_server_started_total{") {
             (&mut c.started, r)
         } else if let Some(r) = line.strip_prefix("grpc_server_msg_received_total{") {
