@@ -416,7 +416,8 @@ impl Runtime {
         let watchdog = &self.watchdog;
         let mut inbox = control::Inbox::open(&self.store);
         tokio::pin!(shutdown);
-        let result = loop {
+        let mut last_noted: Option<String> = None;
+        let result = 'run: loop {
             // The loop came round: it is alive. While an action waits the watchdog is fed from
             // here too; a call that hangs is not fed, so systemd restarts the daemon.
             watchdog.feed();
@@ -447,27 +448,39 @@ impl Runtime {
             }
             let action = agent::next_action(&state, &self.policy);
             let span = info_span!("action", phase = %state.phase, action = ?action);
-            let perform = self.perform(&action, &state, &mut needs).instrument(span);
-            let event = tokio::select! {
-                event = watchdog.run(duty(&action), perform) => event,
-                never = self.heartbeat(state.slot_held) => match never {},
-                // A wait gives way to an operator request (the loop applies it, then decides
-                // again); a call finishes first.
-                _ = inbox.arrived(), if interruptible(&action) => continue,
-                _ = &mut shutdown => break Ok(()),
+            // The action works on the state as it was decided on; a trigger noted meanwhile
+            // changes the state under it (the need), never what the action does.
+            let decided = state.clone();
+            let perform = self.perform(&action, &decided).instrument(span);
+            tokio::pin!(perform);
+            let heartbeat = self.heartbeat(state.slot_held);
+            tokio::pin!(heartbeat);
+            let event = loop {
+                tokio::select! {
+                    event = watchdog.run(duty(&action), &mut perform) => break Some(event),
+                    never = &mut heartbeat => match never {},
+                    // A wait gives way to an operator request (the loop applies it, then
+                    // decides again); a call finishes first.
+                    _ = inbox.arrived(), if interruptible(&action) => break None,
+                    // A trigger is seen in every phase: idle, it starts a cycle; otherwise it is
+                    // noted and this cycle's reboot covers it (the action goes on undisturbed).
+                    Some(need) = needs.recv() => {
+                        let before = state.phase;
+                        match self.note(state.clone(), need, &mut last_noted).await {
+                            Ok(next) => state = next,
+                            Err(e) => break 'run Err(e),
+                        }
+                        if state.phase != before {
+                            break None;
+                        }
+                    }
+                    _ = &mut shutdown => break 'run Ok(()),
+                }
             };
-            let consumed_request = matches!(
-                (&action, &event),
-                (Action::WaitForTrigger, Event::RebootNeeded { reason }) if reason.starts_with("rebootctl:")
-            );
+            let Some(event) = event else { continue };
             match self.apply(state.clone(), event).await {
                 Ok(next) => state = next,
                 Err(e) => break Err(e),
-            }
-            if consumed_request {
-                if let Err(e) = std::fs::remove_file(self.store.request_path()) {
-                    warn!(error = %e, "cannot remove the consumed reboot request");
-                }
             }
         };
         notify::stopping();
@@ -545,6 +558,49 @@ impl Runtime {
         Ok(next)
     }
 
+    /// Apply a trigger's word. Idle, it starts a cycle; in a cycle it is noted and covered by
+    /// that cycle's reboot (after the boot, by the next cycle). A `rebootctl reboot` request is
+    /// consumed once its need is on record, so it never outlives the cycle that served it.
+    async fn note(
+        &self,
+        state: State,
+        need: Need,
+        last_noted: &mut Option<String>,
+    ) -> Result<State, RuntimeError> {
+        let said = need.to_string();
+        let (phase, source) = (state.phase, need.source);
+        let next = self
+            .apply(
+                state,
+                Event::RebootNeeded {
+                    reason: said.clone(),
+                },
+            )
+            .await?;
+        if phase != Phase::Idle {
+            // A sentinel command says so at every run: once in the log is enough.
+            if last_noted.as_deref() != Some(said.as_str()) {
+                info!(trigger = source, %phase, "reboot needed ({said}) during phase {phase}: noted; this cycle's reboot covers it");
+            } else {
+                debug!(trigger = source, %phase, "reboot needed ({said}): noted again");
+            }
+        }
+        *last_noted = Some(said);
+        if source == "rebootctl" {
+            let path = self.store.request_path();
+            match std::fs::remove_file(&path) {
+                Ok(()) => {
+                    info!(path = %path.display(), "the reboot request is on record in phase {}; removed {}", next.phase, path.display())
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    warn!(path = %path.display(), error = %e, "cannot remove the consumed reboot request {}: {e}", path.display())
+                }
+            }
+        }
+        Ok(next)
+    }
+
     /// Wait for a slot, but no longer than the maintenance window is open: when it closes
     /// first, the wait is dropped (leaving the queue behind nothing, see
     /// `lock::acquire::Waiting`) and the agent waits for the next opening.
@@ -597,21 +653,12 @@ impl Runtime {
     }
 
     /// Perform one action and report what came of it.
-    async fn perform(
-        &self,
-        action: &Action,
-        state: &State,
-        needs: &mut mpsc::Receiver<Need>,
-    ) -> Event {
+    async fn perform(&self, action: &Action, state: &State) -> Event {
         match action {
+            // The loop takes the triggers' word, in every phase (see `note`).
             Action::WaitForTrigger => {
                 info!("idle: waiting for a trigger");
-                match needs.recv().await {
-                    Some(need) => Event::RebootNeeded {
-                        reason: need.to_string(),
-                    },
-                    None => std::future::pending().await,
-                }
+                std::future::pending().await
             }
             Action::WaitForResume => {
                 info!("paused: waiting for `rebootctl resume`");

@@ -414,3 +414,77 @@ async fn cancel_while_a_node_gate_waits_removes_its_label_and_frees_the_slot() {
     assert!(holders(&node).await.is_empty(), "the Lease is free");
     assert!(node.logind.reboot_calls().is_empty());
 }
+
+/// A `rebootctl reboot` made while the node waits for a slot (and an update_engine signal seen
+/// then) is taken by the cycle under way: the request is consumed at once, the node reboots
+/// exactly once, and after the boot it is idle, with no second cycle for the same request.
+#[tokio::test]
+async fn a_request_made_mid_cycle_is_consumed_by_that_cycle() {
+    let (_etcd, config) = etcd().await;
+    let mut node = node("midcycle1", &config).await;
+    let other = Node::start(
+        Path::new(REBOOTD),
+        NodeOptions {
+            start_daemon: false,
+            ..NodeOptions::new("midcycle-other").config(&config)
+        },
+    )
+    .await
+    .unwrap();
+    let (code, _, err) = rebootctl(&other, &["lock"]).await;
+    assert_eq!(code, 0, "{err}");
+    node.wait_ready(WAIT).await.unwrap();
+    let first_boot = node.boot_id();
+
+    node.update_engine.set_status(NEED, "9.0").await.unwrap();
+    log_line(&node, &["waiting for a reboot slot"], WAIT).await;
+    let (code, _, err) = rebootctl(&node, &["reboot"]).await;
+    assert_eq!(code, 0, "{err}");
+    log_line(
+        &node,
+        &[
+            "reboot needed (rebootctl",
+            "during phase acquiring_slot: noted",
+        ],
+        WAIT,
+    )
+    .await;
+    log_line(&node, &["the reboot request is on record"], WAIT).await;
+    assert!(
+        !node.store().request_path().exists(),
+        "the request is consumed by the cycle under way"
+    );
+    // A new trigger in this phase is seen and noted too, without a new cycle.
+    node.update_engine.set_status(NEED, "9.1").await.unwrap();
+    log_line(&node, &["9.1", "during phase acquiring_slot: noted"], WAIT).await;
+    let s = node.state().unwrap();
+    assert_eq!(s.phase, Phase::AcquiringSlot);
+    assert!(s.reason.as_deref().unwrap().contains("9.0"), "{s:?}");
+
+    let mut reboots = node.logind.subscribe();
+    let (code, _, err) = rebootctl(&other, &["unlock"]).await;
+    assert_eq!(code, 0, "{err}");
+    next_reboot(&node, &mut reboots, WAIT).await;
+    node.wait_state("the accepted reboot on record", WAIT, |s| {
+        s.reboot.as_ref().is_some_and(|r| r.called)
+    })
+    .await
+    .unwrap();
+    node.reboot().await.unwrap();
+    node.wait_ready(WAIT).await.unwrap();
+    let s = node
+        .wait_state("idle in the new boot", WAIT, |s| {
+            s.phase == Phase::Idle && s.boot_id != first_boot
+        })
+        .await
+        .unwrap();
+    assert_eq!(s.reason, None);
+    assert!(!node.store().request_path().exists());
+    // Something goes through the new boot's loop (a pause, applied and answered): no trigger
+    // was waiting, so the node stays idle.
+    let (code, out, err) = rebootctl(&node, &["pause"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("pause applied: now idle, paused"), "{out}");
+    assert_eq!(node.state().unwrap().phase, Phase::Idle);
+    assert_eq!(node.logind.reboot_calls().len(), 1, "exactly one reboot");
+}

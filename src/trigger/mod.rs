@@ -1,5 +1,6 @@
 //! Triggers: the sources that tell rebootd its host needs a reboot. Each runs as its own task
-//! and sends a [`Need`] on a channel; the agent acts on the first one while idle.
+//! and sends a [`Need`] on a channel. The agent hears them in every phase: idle, the first starts
+//! a cycle; during a cycle they are noted and that cycle's reboot serves them.
 
 pub mod command;
 pub mod file;
