@@ -5,8 +5,9 @@
 //! the idle period.
 
 use super::util;
-use crate::etcd::EtcdServer;
+use crate::etcd::{EtcdOptions, EtcdServer};
 use crate::kube_api::{KubeApi, NodeBuilder, Options as KubeOptions};
+use crate::locksmith::{LocksmithEtcd, LocksmithNode};
 use crate::node::{Node, NodeOptions};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -32,6 +33,10 @@ pub struct Args {
     /// RUST_LOG of the rebootd process.
     #[arg(long, default_value = "info")]
     log: String,
+    /// Also run a real locksmithd, idle, on the same etcd (started with the v2 API) and compare
+    /// its RSS with rebootd's (goal: rebootd at most 0.75 x locksmithd's).
+    #[arg(long)]
+    locksmithd: bool,
 }
 
 fn rebootd_binary(given: Option<PathBuf>) -> PathBuf {
@@ -113,7 +118,14 @@ pub async fn run(a: Args) -> Result<(), String> {
     // The lab node passes this on as RUST_LOG.
     std::env::set_var("REBOOTD_LAB_LOG", &a.log);
     let v = util::parse_etcd(&a.etcd)?;
-    let etcd = EtcdServer::start(v).await.map_err(|e| e.to_string())?;
+    let options = if a.locksmithd {
+        EtcdOptions::v2()
+    } else {
+        EtcdOptions::default()
+    };
+    let etcd = EtcdServer::start_with(v, options)
+        .await
+        .map_err(|e| e.to_string())?;
     let api = KubeApi::start(KubeOptions::default())
         .await
         .map_err(|e| e.to_string())?;
@@ -138,6 +150,17 @@ pub async fn run(a: Args) -> Result<(), String> {
          [kubernetes]\nkubeconfig = {kc:?}\n",
         ep = etcd.endpoint()
     );
+    let locksmith = match a.locksmithd {
+        true => {
+            let n =
+                LocksmithNode::start("idle-locksmithd", LocksmithEtcd::new(&etcd.endpoint(), ""))
+                    .await
+                    .map_err(|e| e.to_string())?;
+            println!("locksmithd (real, idle) pid {:?} on the same etcd", n.pid());
+            Some(n)
+        }
+        false => None,
+    };
     let e0 = util::etcd_counters(&etcd.endpoint()).await?;
     let node = Node::start(&rebootd, NodeOptions::new(name).config(&config))
         .await
@@ -186,6 +209,28 @@ pub async fn run(a: Args) -> Result<(), String> {
     let all = api.cluster().requests().all();
     let idle_api: Vec<_> = all.iter().skip(startup_api.len()).cloned().collect();
     let cpu_ms = (s2.cpu_ticks - s1.cpu_ticks) as f64 * 10.0;
+    let pid_rebootd = pid;
+    if let Some(n) = &locksmith {
+        let pid = n.pid().ok_or("locksmithd is not running")?;
+        let ls = sample(pid)?;
+        println!(
+            "locksmithd (same run, idle {:.0}s): RSS {} kB ({:.2} MB), VmHWM {} kB, {} threads, CPU {} ticks since start",
+            idle.as_secs_f64(),
+            ls.rss_kb,
+            ls.rss_kb as f64 / 1024.0,
+            ls.hwm_kb,
+            ls.threads,
+            ls.cpu_ticks
+        );
+        for (who, pid) in [("rebootd", pid_rebootd), ("locksmithd", pid)] {
+            println!("  {who}: {}", rss_split(pid));
+        }
+        let ratio = s2.rss_kb as f64 / ls.rss_kb as f64;
+        println!(
+            "rebootd RSS / locksmithd RSS: {ratio:.3} (goal <= 0.75: {})",
+            if ratio <= 0.75 { "met" } else { "MISSED" }
+        );
+    }
     println!("idle {:.0}s:", idle.as_secs_f64());
     println!(
         "  RSS end {} kB ({:.2} MB), highest sampled {} kB, VmHWM {} kB; goal <= 12 MB: {}",
@@ -226,6 +271,20 @@ pub async fn run(a: Args) -> Result<(), String> {
     );
     drop(node);
     Ok(())
+}
+
+/// `RssAnon`, `RssFile` and `RssShmem` of `pid` (allocated memory vs mapped files, mostly the
+/// binary's own code pages).
+fn rss_split(pid: u32) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .filter(|l| {
+            l.starts_with("RssAnon") || l.starts_with("RssFile") || l.starts_with("RssShmem")
+        })
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn is_watch(r: &crate::kube_api::RequestRecord) -> bool {

@@ -19,11 +19,13 @@ use crate::v2_watcher::V2DocWatcher;
 use futures_util::StreamExt;
 use rebootd::config::Config;
 use rebootd::lock::document::{semaphore_key, SemaphoreDoc};
+use rebootd::lock::{Fence, Identity, LockError, Semaphore};
 use rebootd::reboot::{RebootError, Rebooter};
 use rebootd::runtime::Runtime;
 use rebootd::state::StateStore;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -296,11 +298,96 @@ impl SimNode {
     }
 }
 
+/// The rebootd calls on the lock, counted over all nodes (what the store requests are spent on).
+#[derive(Debug, Default)]
+struct Calls {
+    acquire: AtomicU64,
+    fence: AtomicU64,
+    heartbeat: AtomicU64,
+    release: AtomicU64,
+    report_phase: AtomicU64,
+}
+
+impl Calls {
+    fn snapshot(&self) -> Calls {
+        let f = |c: &AtomicU64| AtomicU64::new(c.load(Ordering::Relaxed));
+        Calls {
+            acquire: f(&self.acquire),
+            fence: f(&self.fence),
+            heartbeat: f(&self.heartbeat),
+            release: f(&self.release),
+            report_phase: f(&self.report_phase),
+        }
+    }
+
+    fn minus(&self, b: &Calls) -> Calls {
+        let f = |x: &AtomicU64, y: &AtomicU64| {
+            AtomicU64::new(x.load(Ordering::Relaxed) - y.load(Ordering::Relaxed))
+        };
+        Calls {
+            acquire: f(&self.acquire, &b.acquire),
+            fence: f(&self.fence, &b.fence),
+            heartbeat: f(&self.heartbeat, &b.heartbeat),
+            release: f(&self.release, &b.release),
+            report_phase: f(&self.report_phase, &b.report_phase),
+        }
+    }
+
+    fn describe(&self, per: f64) -> String {
+        let f = |c: &AtomicU64| c.load(Ordering::Relaxed) as f64 / per;
+        format!(
+            "acquire={:.2} report_phase={:.2} fence={:.2} heartbeat={:.2} release={:.2}",
+            f(&self.acquire),
+            f(&self.report_phase),
+            f(&self.fence),
+            f(&self.heartbeat),
+            f(&self.release)
+        )
+    }
+}
+
+/// A node's semaphore, counting its calls into [`Calls`].
+struct Counted {
+    inner: Box<dyn Semaphore>,
+    calls: Arc<Calls>,
+}
+
+#[async_trait::async_trait]
+impl Semaphore for Counted {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    async fn acquire(&self, me: &Identity) -> Result<(), LockError> {
+        self.calls.acquire.fetch_add(1, Ordering::Relaxed);
+        self.inner.acquire(me).await
+    }
+    async fn fence(&self, me: &Identity) -> Result<Fence, LockError> {
+        self.calls.fence.fetch_add(1, Ordering::Relaxed);
+        self.inner.fence(me).await
+    }
+    fn heartbeat_every(&self) -> Option<Duration> {
+        self.inner.heartbeat_every()
+    }
+    async fn heartbeat(&self, me: &Identity) -> Result<Fence, LockError> {
+        self.calls.heartbeat.fetch_add(1, Ordering::Relaxed);
+        self.inner.heartbeat(me).await
+    }
+    async fn release(&self, me: &Identity) -> Result<(), LockError> {
+        self.calls.release.fetch_add(1, Ordering::Relaxed);
+        self.inner.release(me).await
+    }
+    async fn report_phase(&self, me: &Identity, phase: &str) -> Result<(), LockError> {
+        self.calls.report_phase.fetch_add(1, Ordering::Relaxed);
+        self.inner.report_phase(me, phase).await
+    }
+}
+
 /// Start one boot of node `i`: new boot id, config, new semaphore connection, new Runtime.
 async fn boot(
     node: &SimNode,
     i: usize,
     tx: mpsc::UnboundedSender<(usize, Instant)>,
+    calls: Arc<Calls>,
 ) -> Result<JoinHandle<()>, String> {
     std::fs::write(node.dir.join("boot_id"), format!("{}\n", util::random_id()))
         .map_err(|e| e.to_string())?;
@@ -309,6 +396,7 @@ async fn boot(
     let sem = rebootd::runtime::open_semaphore(&config)
         .await
         .map_err(|e| e.to_string())?;
+    let sem: Box<dyn Semaphore> = Box::new(Counted { inner: sem, calls });
     let rt = Runtime::new(config, node.store(), sem, None, me)
         .with_rebooter(Box::new(BenchRebooter { node: i, tx }));
     Ok(tokio::spawn(async move {
@@ -361,8 +449,9 @@ pub async fn run(a: Args) -> Result<(), String> {
     let (tx, mut reboots) = mpsc::unbounded_channel::<(usize, Instant)>();
     let tasks: Arc<Mutex<Vec<Option<JoinHandle<()>>>>> =
         Arc::new(Mutex::new((0..a.nodes).map(|_| None).collect()));
+    let calls = Arc::new(Calls::default());
     for i in 0..a.nodes {
-        let h = boot(&nodes[i], i, tx.clone()).await?;
+        let h = boot(&nodes[i], i, tx.clone(), calls.clone()).await?;
         tasks.lock().unwrap()[i] = Some(h);
     }
     // Every node has written its first state (idle) and its triggers listen.
@@ -423,20 +512,30 @@ pub async fn run(a: Args) -> Result<(), String> {
     });
 
     // The simulated reboots.
-    let (nodes2, tasks2, times3, reboot_time) =
-        (nodes.clone(), tasks.clone(), times.clone(), a.reboot_time);
+    let (nodes2, tasks2, times3, reboot_time, calls2) = (
+        nodes.clone(),
+        tasks.clone(),
+        times.clone(),
+        a.reboot_time,
+        calls.clone(),
+    );
     let rebooter = tokio::spawn(async move {
         while let Some((i, at)) = reboots.recv().await {
             times3.lock().unwrap()[i].reboot_called = Some(at);
             if let Some(h) = tasks2.lock().unwrap()[i].take() {
                 h.abort();
             }
-            let (nodes, tasks, times, tx) =
-                (nodes2.clone(), tasks2.clone(), times3.clone(), tx.clone());
+            let (nodes, tasks, times, tx, calls) = (
+                nodes2.clone(),
+                tasks2.clone(),
+                times3.clone(),
+                tx.clone(),
+                calls2.clone(),
+            );
             tokio::spawn(async move {
                 tokio::time::sleep(reboot_time).await;
                 times.lock().unwrap()[i].booted = Some(Instant::now());
-                match boot(&nodes[i], i, tx).await {
+                match boot(&nodes[i], i, tx, calls).await {
                     Ok(h) => tasks.lock().unwrap()[i] = Some(h),
                     Err(e) => eprintln!("node {i}: boot failed: {e}"),
                 }
@@ -445,6 +544,7 @@ pub async fn run(a: Args) -> Result<(), String> {
     });
 
     let before = backend.counters().await?;
+    let calls_before = calls.snapshot();
     let t0 = Instant::now();
     for n in nodes.iter() {
         rebootd::state::write_atomic(&n.store().request_path(), b"{\"by\":\"bench\"}")
@@ -456,6 +556,7 @@ pub async fn run(a: Args) -> Result<(), String> {
         .await
         .map_err(|_| format!("rollout not done within {budget:?}"))?;
     let after = backend.counters().await?;
+    let calls_during = calls.snapshot().minus(&calls_before);
     let times = times.lock().unwrap().clone();
     let end = times.iter().filter_map(|t| t.released).max().unwrap_or(t0);
     let total = end - t0;
@@ -517,6 +618,10 @@ pub async fn run(a: Args) -> Result<(), String> {
         max_seen.lock().unwrap(),
         a.max
     );
+    println!(
+        "rebootd lock calls per node per reboot: {}",
+        calls_during.describe(a.nodes as f64)
+    );
     match (after, before) {
         (Counters::Etcd(after), Counters::Etcd(before)) => {
             let d = after.minus(&before);
@@ -529,8 +634,18 @@ pub async fn run(a: Args) -> Result<(), String> {
         }
         (Counters::Api(after), Counters::Api(before)) => {
             let d = after - before;
+            let kinds = match &backend {
+                Backend::Lease { api, .. } => {
+                    let all = api.cluster().requests().all();
+                    api_kinds(
+                        &all[before.min(all.len())..after.min(all.len())],
+                        a.nodes as f64,
+                    )
+                }
+                _ => String::new(),
+            };
             println!(
-                "API requests per node per reboot: {:.2} (total {d}; watches counted once, when opened)",
+                "API requests per node per reboot: {:.2} [{kinds}] (total {d}; watches counted once, when opened)",
                 d as f64 / a.nodes as f64
             );
         }
@@ -547,6 +662,34 @@ pub async fn run(a: Args) -> Result<(), String> {
     }
     drop(root);
     Ok(())
+}
+
+/// API requests by kind: method, and for Leases whether on one object or the collection (list,
+/// watch), per `per`.
+fn api_kinds(records: &[crate::kube_api::RequestRecord], per: f64) -> String {
+    let mut by: std::collections::BTreeMap<String, usize> = Default::default();
+    for r in records {
+        let watch = r
+            .query
+            .split('&')
+            .any(|kv| kv == "watch=true" || kv == "watch=1");
+        let parts: Vec<&str> = r.path.trim_end_matches('/').split('/').collect();
+        let what = match parts.iter().rposition(|p| *p == "leases") {
+            Some(i) if i + 1 < parts.len() => "lease",
+            Some(_) => "leases",
+            None => "other",
+        };
+        let kind = if watch {
+            format!("WATCH {what}")
+        } else {
+            format!("{} {what}", r.method)
+        };
+        *by.entry(kind).or_default() += 1;
+    }
+    by.iter()
+        .map(|(k, n)| format!("{k}={:.2}", *n as f64 / per))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn backend_history(b: &Backend) -> Option<Vec<crate::v2_watcher::DocVersion>> {

@@ -334,13 +334,16 @@ impl EtcdSemaphore {
         Compare::mod_revision(key, CompareOp::Equal, revision)
     }
 
-    /// One attempt of an update other than `acquire`: `f` builds the operations from a fresh
-    /// read (`None` = nothing to do).
-    async fn try_update<F>(&self, f: &mut F) -> Result<Cas<()>, LockError>
+    /// One attempt of an update other than `acquire`: `f` builds the operations from `snap`, or
+    /// from a fresh read when there is none (`None` = nothing to do).
+    async fn try_update<F>(&self, snap: Option<Snapshot>, f: &mut F) -> Result<Cas<()>, LockError>
     where
         F: FnMut(&Snapshot) -> Result<Option<Vec<TxnOp>>, LockError> + Send,
     {
-        let snap = self.read(false).await?;
+        let snap = match snap {
+            Some(s) => s,
+            None => self.read(false).await?,
+        };
         let Some(ops) = f(&snap)? else {
             return Ok(Cas::Done(()));
         };
@@ -351,12 +354,26 @@ impl EtcdSemaphore {
     }
 
     /// The compare-and-swap loop of the calls other than `acquire`.
-    async fn update<F>(&self, what: &str, mut f: F) -> Result<(), LockError>
+    async fn update<F>(&self, what: &str, f: F) -> Result<(), LockError>
+    where
+        F: FnMut(&Snapshot) -> Result<Option<Vec<TxnOp>>, LockError> + Send,
+    {
+        self.update_from(what, None, f).await
+    }
+
+    /// [`EtcdSemaphore::update`], its first attempt on `first` (a read just made) when given:
+    /// the commit compares the document's mod revision, so a stale one only costs a retry.
+    async fn update_from<F>(
+        &self,
+        what: &str,
+        mut first: Option<Snapshot>,
+        mut f: F,
+    ) -> Result<(), LockError>
     where
         F: FnMut(&Snapshot) -> Result<Option<Vec<TxnOp>>, LockError> + Send,
     {
         for _ in 0..MAX_CONFLICTS {
-            if let Cas::Done(()) = self.try_update(&mut f).await? {
+            if let Cas::Done(()) = self.try_update(first.take(), &mut f).await? {
                 return Ok(());
             }
             tracing::debug!(what, key = %self.keys.doc, "lost a race; reading again");
@@ -368,6 +385,23 @@ impl EtcdSemaphore {
                 self.keys.doc
             ),
         })
+    }
+
+    /// Give the slot of `id` back (and delete orphan records), first on `first`.
+    async fn unlock_from(&self, id: &str, first: Option<Snapshot>) -> Result<(), LockError> {
+        self.update_from("release", first, |snap| {
+            let mut doc = snap.doc.clone();
+            let held = doc.unlock(id);
+            let mut ops = Vec::new();
+            if held {
+                ops.push(self.put_doc(&doc));
+            }
+            ops.extend(self.stale_record_deletes(snap, &doc));
+            Ok((!ops.is_empty()).then_some(ops))
+        })
+        .await?;
+        tracing::info!(key = %self.keys.doc, %id, "released");
+        Ok(())
     }
 }
 
@@ -421,7 +455,8 @@ impl Semaphore for EtcdSemaphore {
                 return Ok(());
             }
         }
-        Admin::unlock(self, &me.id).await
+        // The read above serves the first attempt (it was one request per release more).
+        self.unlock_from(&me.id, Some(snap)).await
     }
 
     /// Records the phase of a holder; `since` moves only when the phase or boot id changes. Not
@@ -454,19 +489,7 @@ impl Semaphore for EtcdSemaphore {
 impl Admin for EtcdSemaphore {
     #[tracing::instrument(skip(self), fields(key = %self.keys.doc))]
     async fn unlock(&self, id: &str) -> Result<(), LockError> {
-        self.update("release", |snap| {
-            let mut doc = snap.doc.clone();
-            let held = doc.unlock(id);
-            let mut ops = Vec::new();
-            if held {
-                ops.push(self.put_doc(&doc));
-            }
-            ops.extend(self.stale_record_deletes(snap, &doc));
-            Ok((!ops.is_empty()).then_some(ops))
-        })
-        .await?;
-        tracing::info!(key = %self.keys.doc, %id, "released");
-        Ok(())
+        self.unlock_from(id, None).await
     }
 
     #[tracing::instrument(skip(self), fields(key = %self.keys.doc))]

@@ -375,9 +375,13 @@ impl EtcdV2Semaphore {
     /// document, or `None` when nothing is to change); orphan records are deleted after it.
     async fn try_update_doc(
         &self,
+        first: &mut Option<Snapshot>,
         f: &mut (dyn FnMut(&SemaphoreDoc) -> Result<Option<SemaphoreDoc>, LockError> + Send),
     ) -> Result<Cas<()>, LockError> {
-        let snap = self.read(false).await?;
+        let snap = match first.take() {
+            Some(s) => s,
+            None => self.read(false).await?,
+        };
         let doc = self.document(&snap)?;
         let Some(new) = f(&doc)? else {
             self.delete_orphans(&snap, &doc).await;
@@ -390,12 +394,30 @@ impl EtcdV2Semaphore {
         Ok(Cas::Done(()))
     }
 
+    /// The compare-and-swap loop of the document, its first attempt on `first` (a read just
+    /// made) when given: the write compares the index read, so a stale one only costs a retry.
     async fn update_doc(
         &self,
         what: &str,
+        mut first: Option<Snapshot>,
         mut f: impl FnMut(&SemaphoreDoc) -> Result<Option<SemaphoreDoc>, LockError> + Send,
     ) -> Result<(), LockError> {
-        cas_retry!(what, self.keys.doc, self.try_update_doc(&mut f).await)
+        cas_retry!(
+            what,
+            self.keys.doc,
+            self.try_update_doc(&mut first, &mut f).await
+        )
+    }
+
+    /// Give the slot of `id` back (and delete orphan records), first on `first`.
+    async fn unlock_from(&self, id: &str, first: Option<Snapshot>) -> Result<(), LockError> {
+        self.update_doc("unlock", first, |doc| {
+            let mut new = doc.clone();
+            Ok(new.unlock(id).then_some(new))
+        })
+        .await?;
+        tracing::info!(key = %self.keys.doc, %id, "released");
+        Ok(())
     }
 
     async fn try_heartbeat(&self, me: &Identity) -> Result<Cas<Fence>, LockError> {
@@ -462,7 +484,8 @@ impl Semaphore for EtcdV2Semaphore {
                 return Ok(());
             }
         }
-        Admin::unlock(self, &me.id).await
+        // The read above serves the first attempt (it was one request per release more).
+        self.unlock_from(&me.id, Some(snap)).await
     }
 
     /// Records the phase of a holder; not holding a slot is a no-op.
@@ -507,18 +530,12 @@ impl Admin for EtcdV2Semaphore {
 
     #[tracing::instrument(skip(self), fields(key = %self.keys.doc))]
     async fn unlock(&self, id: &str) -> Result<(), LockError> {
-        self.update_doc("unlock", |doc| {
-            let mut new = doc.clone();
-            Ok(new.unlock(id).then_some(new))
-        })
-        .await?;
-        tracing::info!(key = %self.keys.doc, %id, "released");
-        Ok(())
+        self.unlock_from(id, None).await
     }
 
     #[tracing::instrument(skip(self), fields(key = %self.keys.doc))]
     async fn set_max(&self, max: u64, force: bool) -> Result<(), LockError> {
-        self.update_doc("set-max", |doc| {
+        self.update_doc("set-max", None, |doc| {
             let mut new = doc.clone();
             new.set_max(max, force).map_err(|e| match e {
                 DocError::MaxBelowHolders { requested, holders } => {

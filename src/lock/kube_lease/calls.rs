@@ -264,13 +264,31 @@ impl KubeLeaseSemaphore {
 
     /// Optimistic-concurrency loop for the calls other than `acquire`: `f` does one attempt on
     /// a fresh read and says whether it is done.
-    pub(super) async fn update<'a, F, Fut>(&'a self, what: &str, mut f: F) -> Result<(), LockError>
+    pub(super) async fn update<'a, F, Fut>(&'a self, what: &str, f: F) -> Result<(), LockError>
+    where
+        F: FnMut(Snapshot) -> Fut,
+        Fut: Future<Output = Result<bool, LockError>> + 'a,
+    {
+        self.update_from(what, None, f).await
+    }
+
+    /// [`Self::update`], its first attempt on `first` (a read just made) when given: every
+    /// write is guarded by the resourceVersion read, so a stale one only costs a retry.
+    pub(super) async fn update_from<'a, F, Fut>(
+        &'a self,
+        what: &str,
+        mut first: Option<Snapshot>,
+        mut f: F,
+    ) -> Result<(), LockError>
     where
         F: FnMut(Snapshot) -> Fut,
         Fut: Future<Output = Result<bool, LockError>> + 'a,
     {
         for _ in 0..MAX_CONFLICTS {
-            let snap = self.read().await?;
+            let snap = match first.take() {
+                Some(s) => s,
+                None => self.read().await?,
+            };
             if f(snap).await? {
                 return Ok(());
             }

@@ -134,6 +134,7 @@ use super::{Admin, Fence, Holder, Identity, LockError, Semaphore, SemaphoreStatu
 use crate::config;
 use objects::{name_problem, Slot};
 pub use queue::ANNOTATION_WAITER_NODE;
+use snapshot::Snapshot;
 
 const BACKEND: &str = "kubernetes";
 
@@ -311,6 +312,33 @@ impl KubeLeaseSemaphore {
     }
 }
 
+impl KubeLeaseSemaphore {
+    /// Free every slot held by `id`, first on `first` when given.
+    async fn unlock_from(&self, id: &str, first: Option<Snapshot>) -> Result<(), LockError> {
+        self.update_from("release", first, |snap| async move {
+            let mine: Vec<&Slot> = snap
+                .held()
+                .filter(|(_, h)| h.is(id))
+                .map(|(s, _)| s)
+                .collect();
+            if mine.is_empty() {
+                tracing::debug!(%id, "holding no slot; nothing to release");
+                return Ok(true);
+            }
+            let mut done = true;
+            for slot in mine {
+                if self.free_slot(slot, snap.max).await? {
+                    tracing::info!(namespace = %self.namespace, lease = slot.name(), %id, deleted = slot.index >= snap.max, "released");
+                } else {
+                    done = false;
+                }
+            }
+            Ok(done)
+        })
+        .await
+    }
+}
+
 #[async_trait]
 impl Semaphore for KubeLeaseSemaphore {
     fn backend(&self) -> &'static str {
@@ -370,7 +398,8 @@ impl Semaphore for KubeLeaseSemaphore {
                 return Ok(());
             }
         }
-        Admin::unlock(self, &me.id).await
+        // The read above serves the first attempt (it was one request per release more).
+        self.unlock_from(&me.id, Some(snap)).await
     }
 
     /// Records the phase (and boot id) on the held slot and renews `renewTime`; `since` moves
@@ -407,27 +436,7 @@ impl Admin for KubeLeaseSemaphore {
     #[tracing::instrument(skip(self), fields(namespace = %self.namespace, semaphore = %self.name))]
     async fn unlock(&self, id: &str) -> Result<(), LockError> {
         self.check()?;
-        self.update("release", |snap| async move {
-            let mine: Vec<&Slot> = snap
-                .held()
-                .filter(|(_, h)| h.is(id))
-                .map(|(s, _)| s)
-                .collect();
-            if mine.is_empty() {
-                tracing::debug!(%id, "holding no slot; nothing to release");
-                return Ok(true);
-            }
-            let mut done = true;
-            for slot in mine {
-                if self.free_slot(slot, snap.max).await? {
-                    tracing::info!(namespace = %self.namespace, lease = slot.name(), %id, deleted = slot.index >= snap.max, "released");
-                } else {
-                    done = false;
-                }
-            }
-            Ok(done)
-        })
-        .await
+        self.unlock_from(id, None).await
     }
 
     #[tracing::instrument(skip(self), fields(namespace = %self.namespace, semaphore = %self.name))]
