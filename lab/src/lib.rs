@@ -4,6 +4,7 @@
 pub mod airlock;
 pub mod bench;
 pub mod chaos;
+pub mod cut_proxy;
 pub mod dbus;
 pub mod etcd;
 pub mod fake_logind;

@@ -22,6 +22,9 @@ pub struct NodeOptions {
     pub logind: FakeLogindOptions,
     /// Start rebootd right away.
     pub start_daemon: bool,
+    /// Environment variables rebootd gets on every start (e.g. libfaketime's, for a node whose
+    /// clock is off).
+    pub env: Vec<(String, String)>,
 }
 
 impl NodeOptions {
@@ -31,6 +34,7 @@ impl NodeOptions {
             config: String::new(),
             logind: FakeLogindOptions::default(),
             start_daemon: true,
+            env: Vec::new(),
         }
     }
 
@@ -49,6 +53,8 @@ pub struct Node {
     pub update_engine: FakeUpdateEngine,
     pub logind: FakeLogind,
     child: Option<Child>,
+    /// What rebootd gets besides [`Node::command`]'s environment.
+    env: Vec<(String, String)>,
     boots: u32,
     /// What rebootd sent to the node's NOTIFY_SOCKET.
     notify: tokio::sync::watch::Receiver<Notified>,
@@ -149,6 +155,7 @@ impl Node {
             update_engine,
             logind,
             child: None,
+            env: opts.env,
             boots: 0,
             notify,
             _notify_task: notify_task,
@@ -233,6 +240,7 @@ impl Node {
             "RUST_LOG",
             std::env::var("REBOOTD_LAB_LOG").unwrap_or_else(|_| "info,rebootd=debug".into()),
         )
+        .envs(self.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)

@@ -27,6 +27,27 @@ pub struct Down {
     pub pods_left: Vec<String>,
 }
 
+/// A time a node was cut off from the store (its traffic to it through the lab's proxy).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CutOff {
+    pub node: String,
+    pub from: Duration,
+    /// When the proxy forwarded again.
+    pub to: Duration,
+}
+
+/// A slot taken over: `from` left the holders and `by` came in, in one change the outside
+/// watcher saw (a release and a take are two changes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reclaim {
+    pub at: Duration,
+    pub from: String,
+    pub by: String,
+}
+
+/// How far the outside watchers may lag the store (and the proxy's records the watchers).
+const WATCH_LAG: Duration = Duration::from_secs(2);
+
 /// The semaphore as read at the end of the trial.
 #[derive(Debug, Clone, PartialEq)]
 pub enum SemaphoreEnd {
@@ -59,6 +80,10 @@ pub struct Observed {
     pub pod_deletes: Vec<String>,
     /// What went wrong in the lab itself.
     pub harness: Vec<String>,
+    /// rebootd's `lock.max_hold` in the trial.
+    pub max_hold: Option<Duration>,
+    /// When nodes were cut off from the store.
+    pub cut_offs: Vec<CutOff>,
 }
 
 /// Idle again after a reboot, slot released, not cordoned.
@@ -83,6 +108,75 @@ pub fn held_at(history: &Timeline, name: &str, at: Duration) -> bool {
         .iter()
         .filter(|(t, _)| *t > at && *t <= at + Duration::from_secs(2))
         .any(|(_, h)| h.contains(name))
+}
+
+/// The slots taken over in a holders' timeline (see [`Reclaim`]).
+pub fn reclaims(history: &Timeline) -> Vec<Reclaim> {
+    let mut out = Vec::new();
+    let empty = BTreeSet::new();
+    let mut prev = &empty;
+    for (at, now) in history {
+        let gone: Vec<&String> = prev.difference(now).collect();
+        let came: Vec<&String> = now.difference(prev).collect();
+        for (from, by) in gone.iter().zip(came.iter()) {
+            out.push(Reclaim {
+                at: *at,
+                from: (*from).clone(),
+                by: (*by).clone(),
+            });
+        }
+        prev = now;
+    }
+    out
+}
+
+/// Whether reclaiming `r` is what `max_hold` allows: its holder had stopped, that is it was cut
+/// off from the store from at least `max_hold / 2` before the reclaim until it (allowing for
+/// the watcher's lag). A live holder beats every `max_hold / 8`, and a reclaimer waits for
+/// `max_hold` of silence by its own clock, so a reclaim of a holder cut off for less is one of a
+/// holder that was alive.
+pub fn reclaim_allowed(o: &Observed, r: &Reclaim) -> bool {
+    let Some(max_hold) = o.max_hold else {
+        return false;
+    };
+    o.cut_offs
+        .iter()
+        .any(|c| c.node == r.from && c.from + max_hold / 2 <= r.at && r.at <= c.to + WATCH_LAG)
+}
+
+/// The cordoned Nodes that count at each instant: all of them but the ones whose slot was
+/// reclaimed, as `max_hold` allows, from a holder that had stopped (cut off from the store), from
+/// the reclaim until that node holds a slot again. Such a node cannot uncordon before it hears
+/// from the store (it is cut off), and it must not go on to reboot (its fence fails): it is no
+/// longer in flight. Every other cordoned Node counts.
+pub fn cordoned_in_flight(o: &Observed) -> Timeline {
+    let parked: Vec<(String, Duration, Duration)> = reclaims(&o.holders)
+        .into_iter()
+        .filter(|r| reclaim_allowed(o, r))
+        .map(|r| {
+            let until = o
+                .holders
+                .iter()
+                .find(|(t, h)| *t > r.at && h.contains(&r.from))
+                .map_or(Duration::MAX, |(t, _)| *t);
+            (r.from, r.at, until)
+        })
+        .collect();
+    o.cordoned
+        .iter()
+        .map(|(at, set)| {
+            let counted = set
+                .iter()
+                .filter(|n| {
+                    !parked
+                        .iter()
+                        .any(|(p, from, until)| p == *n && *from <= *at && *at < *until)
+                })
+                .cloned()
+                .collect();
+            (*at, counted)
+        })
+        .collect()
 }
 
 /// The instants of a timeline with more than `max` members, listed.
@@ -140,12 +234,33 @@ pub fn violations(o: &Observed) -> Vec<String> {
             over(&o.holders, o.max)
         ));
     }
-    let cordoned = peak(&o.cordoned);
+    let in_flight = cordoned_in_flight(o);
+    let cordoned = peak(&in_flight);
     if cordoned as u64 > o.max {
         v.push(format!(
             "{cordoned} nodes cordoned at once (max {}): {}",
             o.max,
-            over(&o.cordoned, o.max)
+            over(&in_flight, o.max)
+        ));
+    }
+    // A slot is taken over only from a holder that stopped, and only with max_hold.
+    for r in reclaims(&o.holders) {
+        if reclaim_allowed(o, &r) {
+            continue;
+        }
+        let why = match o.max_hold {
+            None => "without lock.max_hold".to_string(),
+            Some(m) => format!(
+                "while {} was live (not cut off from the store for max_hold/2 = {:?} before)",
+                r.from,
+                m / 2
+            ),
+        };
+        v.push(format!(
+            "{}'s slot was taken over by {} at {:.2}s {why}",
+            r.from,
+            r.by,
+            r.at.as_secs_f64()
         ));
     }
     // Every node rebooted exactly once, and says so.
@@ -283,6 +398,8 @@ mod tests {
             workload_unsettled: Vec::new(),
             pod_deletes: Vec::new(),
             harness: Vec::new(),
+            max_hold: None,
+            cut_offs: Vec::new(),
         }
     }
 
@@ -418,6 +535,135 @@ mod tests {
         let mut o = clean();
         o.harness.push("etcd restart: boom".into());
         reports(&o, "harness: etcd restart: boom");
+    }
+
+    /// `clean()` with max_hold 20 s, where c, cut off from the store from 0.5 s to 30 s while
+    /// holding and cordoned, has its slot taken over by b at 21 s; b then cordons beside a and
+    /// c. c gets its slot back at 32 s (after uncordoning at 31 s), and reboots.
+    fn reclaimed() -> Observed {
+        let mut o = clean();
+        o.max_hold = Some(s(20.0));
+        o.cut_offs = vec![CutOff {
+            node: "c".into(),
+            from: s(0.5),
+            to: s(30.0),
+        }];
+        o.holders = vec![
+            (s(0.2), set(&["c"])),
+            (s(1.0), set(&["a", "c"])),
+            (s(21.0), set(&["a", "b"])),
+            (s(25.0), set(&["b"])),
+            (s(28.0), set(&[])),
+            (s(32.0), set(&["c"])),
+            (s(35.0), set(&[])),
+        ];
+        o.cordoned = vec![
+            (s(0.3), set(&["c"])),
+            (s(1.2), set(&["a", "c"])),
+            (s(21.5), set(&["a", "b", "c"])),
+            (s(24.9), set(&["b", "c"])),
+            (s(27.9), set(&["c"])),
+            (s(31.0), set(&[])),
+            (s(32.5), set(&["c"])),
+            (s(34.9), set(&[])),
+        ];
+        o.downs = vec![
+            Down {
+                at: s(22.0),
+                node: "a".into(),
+                held: None,
+                pods_left: Vec::new(),
+            },
+            Down {
+                at: s(23.0),
+                node: "b".into(),
+                held: None,
+                pods_left: Vec::new(),
+            },
+            Down {
+                at: s(33.0),
+                node: "c".into(),
+                held: None,
+                pods_left: Vec::new(),
+            },
+        ];
+        o
+    }
+
+    #[test]
+    fn a_reclaim_of_a_holder_cut_off_for_max_hold_passes_and_its_cordon_does_not_count() {
+        let o = reclaimed();
+        assert_eq!(
+            reclaims(&o.holders),
+            vec![Reclaim {
+                at: s(21.0),
+                from: "c".into(),
+                by: "b".into()
+            }]
+        );
+        assert_eq!(violations(&o), Vec::<String>::new());
+        assert_eq!(peak(&cordoned_in_flight(&o)), 2);
+    }
+
+    #[test]
+    fn a_reclaim_of_a_live_holder_is_reported() {
+        // Cut off only 5 s before the reclaim: it was beating until then.
+        let mut o = reclaimed();
+        o.cut_offs[0].from = s(16.0);
+        let v = violations(&o);
+        assert!(
+            v.iter()
+                .any(|v| v.starts_with("c's slot was taken over by b at 21.00s while c was live")),
+            "{v:#?}"
+        );
+        // And its cordon then counts: three live nodes in flight.
+        assert!(
+            v.iter()
+                .any(|v| v.starts_with("3 nodes cordoned at once (max 2): 21.50s")),
+            "{v:#?}"
+        );
+        // Never cut off at all, or no max_hold.
+        let mut o = reclaimed();
+        o.cut_offs.clear();
+        assert!(violations(&o)
+            .iter()
+            .any(|v| v.contains("while c was live")));
+        let mut o = reclaimed();
+        o.max_hold = None;
+        assert!(violations(&o)
+            .iter()
+            .any(|v| v.contains("taken over by b at 21.00s without lock.max_hold")));
+    }
+
+    #[test]
+    fn a_third_live_node_cordoned_beside_a_reclaimed_one_is_reported() {
+        let mut o = reclaimed();
+        o.cordoned.insert(3, (s(22.5), set(&["a", "b", "c", "d"])));
+        reports(
+            &o,
+            "3 nodes cordoned at once (max 2): 22.50s {\"a\", \"b\", \"d\"}",
+        );
+        // A reclaimed node that holds a slot again counts again.
+        let mut o = reclaimed();
+        o.cordoned.insert(6, (s(32.2), set(&["a", "b", "c"])));
+        reports(&o, "3 nodes cordoned at once (max 2): 32.20s");
+    }
+
+    #[test]
+    fn a_reclaimed_node_going_down_without_its_slot_is_reported() {
+        let mut o = reclaimed();
+        o.downs.push(Down {
+            at: s(26.0),
+            node: "c".into(),
+            held: None,
+            pods_left: Vec::new(),
+        });
+        let v = violations(&o);
+        assert!(
+            v.iter()
+                .any(|v| v == "c went down at 26.00s without holding a slot"),
+            "{v:#?}"
+        );
     }
 
     #[test]

@@ -26,7 +26,8 @@ struct Cli {
     nodes: usize,
     #[arg(long, default_value_t = 2)]
     max: u64,
-    /// etcd (locksmith document) or kubernetes (Leases); Nodes are drained either way.
+    /// etcd (locksmith document in etcd v3), etcd-v2 (the same document in etcd's v2 keys
+    /// API) or kubernetes (Leases); Nodes are drained either way.
     #[arg(long, default_value = "etcd")]
     backend: Backend,
     /// etcd version: 3.4 or 3.5.
@@ -51,6 +52,23 @@ struct Cli {
     /// The rebootd binary (default: $REBOOTD_BIN, else beside this program).
     #[arg(long)]
     rebootd: Option<PathBuf>,
+    /// rebootd's lock.max_hold (off by default); it must be at least drain + reboot + ready
+    /// timeouts, as rebootd requires.
+    #[arg(long, value_parser = rebootd::config::parse_duration)]
+    max_hold: Option<Duration>,
+    /// rebootd's kubernetes.drain_timeout in the trial.
+    #[arg(long, default_value = "60s", value_parser = rebootd::config::parse_duration)]
+    drain_timeout: Duration,
+    /// rebootd's kubernetes.ready_timeout in the trial.
+    #[arg(long, default_value = "60s", value_parser = rebootd::config::parse_duration)]
+    ready_timeout: Duration,
+    /// One node per trial reaches the store through a proxy the chaos cuts off for a while
+    /// (longer than --max-hold in most cuts, when set).
+    #[arg(long)]
+    cut_off: bool,
+    /// One node per trial runs with its clock hours off (libfaketime: apt-get install faketime).
+    #[arg(long)]
+    skew_clock: bool,
     /// Checker self-test: the lab itself adds a holder (`holder`) or cordons a node
     /// (`cordon`) beyond max mid-trial; every trial must then fail.
     #[arg(long, hide = true)]
@@ -83,7 +101,7 @@ pub async fn command(args: Vec<String>) -> u8 {
         }
     };
     println!(
-        "chaos: {} trials from seed {}, {} nodes, max {}, backend {}, reboot time {:?}, reboot.timeout {:?}, up to {} actions each{}",
+        "chaos: {} trials from seed {}, {} nodes, max {}, backend {}, reboot time {:?}, reboot.timeout {:?}, up to {} actions each{}{}",
         opts.trials,
         opts.seed,
         opts.nodes,
@@ -92,6 +110,7 @@ pub async fn command(args: Vec<String>) -> u8 {
         opts.reboot_time,
         opts.reboot_timeout,
         opts.actions,
+        extras(&opts),
         opts.inject
             .map(|v| format!("; injecting a {v} violation in every trial"))
             .unwrap_or_default()
@@ -225,8 +244,32 @@ fn options(cli: Cli) -> Result<ChaosOptions, String> {
         keep_logs: Some(cli.keep_logs.unwrap_or_else(std::env::temp_dir)),
         duration: cli.duration,
         inject: cli.inject_violation,
+        max_hold: cli.max_hold,
+        drain_timeout: cli.drain_timeout,
+        ready_timeout: cli.ready_timeout,
+        cut_off: cli.cut_off,
+        skew_clock: cli.skew_clock,
         ..ChaosOptions::new(rebootd)
     })
+    .and_then(|o: ChaosOptions| o.check().map(|()| o))
+}
+
+/// The faults beyond the default ones, for the run's first line.
+fn extras(opts: &ChaosOptions) -> String {
+    let mut out = String::new();
+    if let Some(m) = opts.max_hold {
+        out.push_str(&format!(
+            ", max_hold {m:?} (drain {:?}, ready {:?})",
+            opts.drain_timeout, opts.ready_timeout
+        ));
+    }
+    if opts.cut_off {
+        out.push_str(", a node cut off from the store");
+    }
+    if opts.skew_clock {
+        out.push_str(", a node's clock hours off");
+    }
+    out
 }
 
 fn print_trial(opts: &ChaosOptions, k: usize, t: &TrialReport) {

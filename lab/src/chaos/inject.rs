@@ -2,7 +2,8 @@
 //! not rebootd, breaks an invariant for a moment, and the trial must fail saying so.
 //!
 //! - `holder`: once the outside watcher has seen a holder, the lab tops the semaphore up to
-//!   `max + 1` holders with made-up ones (etcd: a compare-and-swap on the locksmith document,
+//!   `max + 1` holders with made-up ones (etcd v3 or v2: a compare-and-swap on the locksmith
+//!   document,
 //!   kept consistent as a forced shrink is, which rebootd reads as full; Leases: unlabelled
 //!   Leases with a holder, which rebootd does not count as slots but the watcher sees), then
 //!   takes them out again.
@@ -10,6 +11,7 @@
 //!   Nodes, those that already rebooted first, up to `max + 1`, then uncordons them.
 
 use super::trial::{ChaosNode, Shared};
+use super::Backend;
 use crate::kube_api::{Cluster, Kind, LeaseBuilder};
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use rebootd::lock::document::{semaphore_key, SemaphoreDoc};
@@ -58,7 +60,7 @@ pub(super) async fn run(
     v: Violation,
     max: u64,
     nodes: Vec<Arc<ChaosNode>>,
-    etcd: Option<String>,
+    etcd: Option<(String, Backend)>,
     cluster: Cluster,
     shared: Arc<Shared>,
 ) {
@@ -84,7 +86,7 @@ async fn until(shared: &Shared, mut f: impl FnMut() -> bool) -> bool {
 
 async fn holder(
     max: u64,
-    etcd: Option<String>,
+    etcd: Option<(String, Backend)>,
     cluster: &Cluster,
     shared: &Shared,
 ) -> Result<(), String> {
@@ -96,8 +98,9 @@ async fn holder(
         return Err("the rollout ended before any holder was seen".into());
     }
     match etcd {
-        Some(ep) => {
-            let added = edit_doc(&ep, |doc| {
+        Some((ep, backend)) => {
+            let v2 = backend == Backend::EtcdV2;
+            let added = edit(&ep, v2, |doc| {
                 let k = (max + 1).saturating_sub(doc.holders.len() as u64);
                 for i in 1..=k {
                     doc.holders.push(format!("{FAKE}-{i}"));
@@ -113,7 +116,7 @@ async fn holder(
                 ))
             });
             tokio::time::sleep(HOLD).await;
-            edit_doc(&ep, |doc| {
+            edit(&ep, v2, |doc| {
                 let before = doc.holders.len();
                 doc.holders.retain(|h| !h.starts_with(FAKE));
                 let removed = (before - doc.holders.len()) as i64;
@@ -152,6 +155,68 @@ async fn holder(
         }
     }
     Ok(())
+}
+
+/// Read-modify-write the locksmith document in v3 or in v2.
+async fn edit<T>(
+    endpoint: &str,
+    v2: bool,
+    f: impl FnMut(&mut SemaphoreDoc) -> T,
+) -> Result<T, String> {
+    if v2 {
+        edit_doc_v2(endpoint, f).await
+    } else {
+        edit_doc(endpoint, f).await
+    }
+}
+
+/// Read-modify-write the v2 document with a compare-and-swap on its modified index, retrying
+/// across etcd stops and freezes for up to 30 s.
+async fn edit_doc_v2<T>(
+    endpoint: &str,
+    mut f: impl FnMut(&mut SemaphoreDoc) -> T,
+) -> Result<T, String> {
+    use rebootd::etcd_v2::{Get, KeysClient, Settings, Timeouts};
+    let key = format!("/{}", semaphore_key("default"));
+    let client = KeysClient::new(&Settings {
+        endpoints: vec![endpoint.to_owned()],
+        tls: rebootd::http::TlsFiles {
+            table: "chaos inject",
+            ..rebootd::http::TlsFiles::default()
+        },
+        basic_auth: None,
+        timeouts: Timeouts::default(),
+    })
+    .map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        let attempt = async {
+            let r = client
+                .get(&key, Get::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let value = r.node.value.ok_or("no semaphore value")?;
+            let mut doc = SemaphoreDoc::parse(value.as_bytes()).map_err(|e| e.to_string())?;
+            let out = f(&mut doc);
+            match client
+                .compare_and_swap(&key, &doc.to_json(), r.node.modified_index, None)
+                .await
+            {
+                Ok(_) => Ok(Some(out)),
+                Err(e) if e.is_compare_failed() => Ok(None),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        match tokio::time::timeout(Duration::from_secs(3), attempt).await {
+            Ok(Ok(Some(out))) => return Ok(out),
+            Ok(Ok(None)) => last = "lost a race".into(),
+            Ok(Err(e)) => last = e,
+            Err(_) => last = "timed out".into(),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(format!("etcd v2 document: {last}"))
 }
 
 /// Read-modify-write the locksmith document with a compare-and-swap on its revision, retrying

@@ -13,7 +13,9 @@
 //! Modules: [`check`] the invariants as pure functions of what a trial observed; `trial` one
 //! trial (set-up, rollout, observation, tear-down); `disrupt` the chaos itself; `watch` the
 //! outside watchers; `workload` the pods; `inject` the violations the lab commits itself for
-//! the checker's self-test; `cli` the command line.
+//! the checker's self-test; `cutoff` the node cut off from the store and the node whose clock
+//! is off; `store` the nodes' configuration and the semaphore document in etcd v3 or v2; `cli`
+//! the command line.
 //!
 //! This module runs its own fleet loop (from [`crate::node::Node`], [`crate::etcd::EtcdServer`]
 //! and the API stand-in) rather than [`crate::fleet::Fleet`], because it needs the reboot to be
@@ -21,9 +23,11 @@
 
 pub mod check;
 mod cli;
+pub mod cutoff;
 mod disrupt;
 mod inject;
 mod rng;
+mod store;
 mod trial;
 mod watch;
 mod workload;
@@ -42,17 +46,31 @@ use std::time::{Duration, Instant};
 /// Where the semaphore lives in a trial (the Nodes are drained in the API stand-in either way).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
+    /// locksmith's document in etcd v3 (rebootd's default `[lock.etcd] api = "v3"`).
     Etcd,
+    /// locksmith's document in etcd's v2 keys API (`[lock.etcd] api = "v2"`), where locksmith
+    /// itself keeps it.
+    EtcdV2,
     Kubernetes,
+}
+
+impl Backend {
+    /// Whether the semaphore lives in etcd (so etcd is started, stopped and frozen).
+    pub fn etcd(self) -> bool {
+        matches!(self, Backend::Etcd | Backend::EtcdV2)
+    }
 }
 
 impl std::str::FromStr for Backend {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
-            "etcd" => Ok(Backend::Etcd),
+            "etcd" | "etcd-v3" => Ok(Backend::Etcd),
+            "etcd-v2" => Ok(Backend::EtcdV2),
             "kubernetes" | "kube" => Ok(Backend::Kubernetes),
-            other => Err(format!("backend {other:?}: expected etcd or kubernetes")),
+            other => Err(format!(
+                "backend {other:?}: expected etcd, etcd-v2 or kubernetes"
+            )),
         }
     }
 }
@@ -61,6 +79,7 @@ impl std::fmt::Display for Backend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Backend::Etcd => "etcd",
+            Backend::EtcdV2 => "etcd-v2",
             Backend::Kubernetes => "kubernetes",
         })
     }
@@ -101,7 +120,23 @@ pub struct ChaosOptions {
     /// Checker self-test: the lab itself breaks this invariant mid-trial, so the trial must
     /// fail.
     pub inject: Option<Violation>,
+    /// rebootd's `lock.max_hold`: holders silent this long may be reclaimed. rebootd refuses a
+    /// `max_hold` shorter than `drain_timeout + reboot_timeout + ready_timeout` (checked by
+    /// [`ChaosOptions::check`]).
+    pub max_hold: Option<Duration>,
+    /// rebootd's `kubernetes.drain_timeout`.
+    pub drain_timeout: Duration,
+    /// rebootd's `kubernetes.ready_timeout`.
+    pub ready_timeout: Duration,
+    /// One node per trial reaches the store through a [`crate::cut_proxy::CutProxy`] that the
+    /// chaos cuts (blackhole or reset) for a while, longer than `max_hold` in some trials.
+    pub cut_off: bool,
+    /// One node per trial runs with its clock hours off (libfaketime).
+    pub skew_clock: bool,
 }
+
+/// The default `kubernetes.drain_timeout` and `ready_timeout` of a trial.
+pub const DEFAULT_KUBE_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl ChaosOptions {
     pub fn new(rebootd: impl Into<PathBuf>) -> ChaosOptions {
@@ -121,7 +156,28 @@ impl ChaosOptions {
             keep_logs: Some(std::env::temp_dir()),
             duration: None,
             inject: None,
+            max_hold: None,
+            drain_timeout: DEFAULT_KUBE_TIMEOUT,
+            ready_timeout: DEFAULT_KUBE_TIMEOUT,
+            cut_off: false,
+            skew_clock: false,
         }
+    }
+
+    /// rebootd's own rule, said before any trial starts: `max_hold` must outlast a live
+    /// holder's drain, reboot and wait for Ready.
+    pub fn check(&self) -> Result<(), String> {
+        let Some(max_hold) = self.max_hold else {
+            return Ok(());
+        };
+        let total = self.drain_timeout + self.reboot_timeout + self.ready_timeout;
+        if max_hold < total {
+            return Err(format!(
+                "--max-hold {max_hold:?} is shorter than --drain-timeout {:?} + --reboot-timeout {:?} + --ready-timeout {:?} = {total:?}: rebootd refuses such a lock.max_hold",
+                self.drain_timeout, self.reboot_timeout, self.ready_timeout
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -150,6 +206,13 @@ pub struct Stats {
     pub evictions_refused: u32,
     /// What the lab broke itself (`--inject-violation`).
     pub injected: Vec<String>,
+    /// Times a node was cut off from the store, and of those, cuts longer than `max_hold`.
+    pub cut_offs: u32,
+    pub long_cut_offs: u32,
+    /// Slots reclaimed (a holder replaced by another in one change), as the outside watcher saw.
+    pub reclaims: u32,
+    /// Nodes run with their clock off (libfaketime), as `node-3 +3h`.
+    pub skewed: Vec<String>,
 }
 
 impl Stats {
@@ -170,6 +233,10 @@ impl Stats {
         self.evictions += o.evictions;
         self.evictions_refused += o.evictions_refused;
         self.injected.extend(o.injected.iter().cloned());
+        self.cut_offs += o.cut_offs;
+        self.long_cut_offs += o.long_cut_offs;
+        self.reclaims += o.reclaims;
+        self.skewed.extend(o.skewed.iter().cloned());
     }
 }
 
@@ -192,6 +259,16 @@ impl std::fmt::Display for Stats {
             self.evictions_refused,
             self.reboot_calls
         )?;
+        if self.cut_offs > 0 {
+            write!(
+                f,
+                ", cut-offs {} (longer than max_hold {}), reclaims {}",
+                self.cut_offs, self.long_cut_offs, self.reclaims
+            )?;
+        }
+        if !self.skewed.is_empty() {
+            write!(f, ", clocks off: {}", self.skewed.len())?;
+        }
         if !self.injected.is_empty() {
             write!(f, "; injected: {}", self.injected.join(", "))?;
         }
@@ -318,7 +395,21 @@ pub fn replay_command(opts: &ChaosOptions, seed: u64) -> String {
         opts.reboot_timeout.as_millis(),
         opts.actions
     );
-    if opts.etcd != EtcdVersion::V34 && opts.backend == Backend::Etcd {
+    if let Some(m) = opts.max_hold {
+        cmd.push_str(&format!(
+            " --max-hold {}ms --drain-timeout {}ms --ready-timeout {}ms",
+            m.as_millis(),
+            opts.drain_timeout.as_millis(),
+            opts.ready_timeout.as_millis()
+        ));
+    }
+    if opts.cut_off {
+        cmd.push_str(" --cut-off");
+    }
+    if opts.skew_clock {
+        cmd.push_str(" --skew-clock");
+    }
+    if opts.etcd != EtcdVersion::V34 && opts.backend.etcd() {
         cmd.push_str(&format!(" --etcd {}", opts.etcd.as_str()));
     }
     if opts.trial_timeout != DEFAULT_TRIAL_TIMEOUT {

@@ -4,14 +4,16 @@
 //! error, a [`Stop`]), the processes the trial started are in its [`Rig`] and the tear-down
 //! ends them all before the trial returns.
 
-use super::check::{self, Down, Observed, SemaphoreEnd, Timeline};
+use super::check::{self, CutOff, Down, Observed, SemaphoreEnd, Timeline};
 use super::{
-    disrupt, inject, watch, workload, Backend, ChaosOptions, Rng, Stats, Stop, TrialReport,
+    cutoff, disrupt, inject, store, watch, workload, Backend, ChaosOptions, Rng, Stats, Stop,
+    TrialReport,
 };
-use crate::etcd::EtcdServer;
+use crate::cut_proxy::CutProxy;
+use crate::etcd::{EtcdOptions, EtcdServer};
 use crate::kube_api::{Cluster, Kind, KubeApi, KubeApiHandle, NodeBuilder, Options as KubeOptions};
 use crate::node::{Node, NodeOptions};
-use rebootd::lock::document::{semaphore_key, SemaphoreDoc};
+use rebootd::lock::document::SemaphoreDoc;
 use rebootd::state::{Phase, State, StateStore};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -47,6 +49,8 @@ pub(super) struct Shared {
     pub cordoned: Mutex<Timeline>,
     /// Each simulated reboot.
     pub downs: Mutex<Vec<Down>>,
+    /// Each time a node was cut off from the store.
+    pub cut_offs: Mutex<Vec<CutOff>>,
     pub problems: Mutex<Vec<String>>,
     /// The rollout is over (or the trial is being torn down): the chaos stops.
     pub stop: AtomicBool,
@@ -64,6 +68,7 @@ impl Shared {
             holders: Mutex::new(Vec::new()),
             cordoned: Mutex::new(Vec::new()),
             downs: Mutex::new(Vec::new()),
+            cut_offs: Mutex::new(Vec::new()),
             problems: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
         }
@@ -93,6 +98,10 @@ impl Shared {
         lock(&self.downs).push(d);
     }
 
+    pub fn record_cut_off(&self, c: CutOff) {
+        lock(&self.cut_offs).push(c);
+    }
+
     pub fn holders(&self) -> Timeline {
         lock(&self.holders).clone()
     }
@@ -108,6 +117,8 @@ struct Rig {
     dir: Option<tempfile::TempDir>,
     kube: Option<KubeApiHandle>,
     etcd: Arc<tokio::sync::Mutex<Option<EtcdServer>>>,
+    /// The proxy a node's store traffic goes through (`--cut-off`).
+    proxy: Option<Arc<CutProxy>>,
     nodes: Vec<Arc<ChaosNode>>,
     /// Every task that holds a node or etcd.
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -134,6 +145,7 @@ impl Rig {
         if let Some(mut e) = self.etcd.lock().await.take() {
             let _ = e.stop().await;
         }
+        self.proxy.take();
         if let Some(k) = self.kube.take() {
             k.shutdown().await;
         }
@@ -267,8 +279,12 @@ async fn run_trial(
             .map_err(|e| format!("kubeconfig: {e}"))?;
     }
     check_stop(stop)?;
-    if opts.backend == Backend::Etcd {
-        let etcd = EtcdServer::start(opts.etcd)
+    if opts.backend.etcd() {
+        let options = EtcdOptions {
+            enable_v2: opts.backend == Backend::EtcdV2,
+            ..EtcdOptions::default()
+        };
+        let etcd = EtcdServer::start_with(opts.etcd, options)
             .await
             .map_err(|e| format!("etcd: {e}"))?;
         *rig.etcd.lock().await = Some(etcd);
@@ -280,24 +296,62 @@ async fn run_trial(
             max: opts.max,
             holders: Vec::new(),
         };
-        let mut client = etcd_client::Client::connect([ep.as_str()], None)
-            .await
-            .map_err(|e| format!("etcd client: {e}"))?;
-        client
-            .put(semaphore_key("default"), doc.to_json(), None)
-            .await
-            .map_err(|e| format!("etcd put: {e}"))?;
+        store::put_doc(ep, opts.backend, &doc).await?;
     }
-    let lock_config = match &etcd_endpoint {
-        Some(ep) => format!("[lock]\nbackend = \"etcd\"\n\n[lock.etcd]\nendpoints = [{ep:?}]\n"),
-        None => format!(
-            "[lock]\nbackend = \"kubernetes\"\n\n[lock.kubernetes]\nnamespace = \"kube-system\"\nname = \"rebootd\"\nkubeconfig = {kubeconfig:?}\n"
-        ),
+    // The new faults' choices come from a stream of their own, so that the other choices of a
+    // seed stay what they were before these faults existed.
+    let mut faults = Rng::fork(seed, 7);
+    let cut_node = opts
+        .cut_off
+        .then(|| faults.below(opts.nodes as u64) as usize);
+    let skew = if opts.skew_clock {
+        let lib = cutoff::libfaketime().ok_or_else(|| {
+            "--skew-clock: libfaketime is not installed (apt-get install faketime)".to_string()
+        })?;
+        let node = faults.below(opts.nodes as u64) as usize;
+        let by = *faults.pick(cutoff::SKEWS);
+        Some((node, by, cutoff::skew_env(&lib, by)))
+    } else {
+        None
     };
-    let config = format!(
-        "[identity]\ngroup = \"default\"\n\n{lock_config}\n[kubernetes]\nkubeconfig = {kubeconfig:?}\ndrain_timeout = \"60s\"\nready_timeout = \"60s\"\n\n[reboot]\ntimeout = \"{}ms\"\n",
-        opts.reboot_timeout.as_millis()
-    );
+    if cut_node.is_some() {
+        let upstream = match &etcd_endpoint {
+            Some(ep) => ep.trim_start_matches("http://").to_string(),
+            None => rig
+                .kube
+                .as_ref()
+                .map(|k| k.addr().to_string())
+                .unwrap_or_default(),
+        };
+        let upstream = upstream
+            .parse()
+            .map_err(|e| format!("proxy upstream {upstream:?}: {e}"))?;
+        let proxy = CutProxy::start(upstream)
+            .await
+            .map_err(|e| format!("proxy: {e}"))?;
+        rig.proxy = Some(Arc::new(proxy));
+    }
+    // The store as each node reaches it: through the proxy for the node that is cut off.
+    let lease_kubeconfig = kubeconfig.with_file_name("kubeconfig-leases-via-proxy");
+    if let (Some(p), None, Some(k)) = (&rig.proxy, &etcd_endpoint, &rig.kube) {
+        let text = std::fs::read_to_string(&kubeconfig).map_err(|e| format!("kubeconfig: {e}"))?;
+        let via = text.replace(&k.base_url(), &p.url());
+        if via == text {
+            return Err(format!("kubeconfig does not name {}", k.base_url()).into());
+        }
+        std::fs::write(&lease_kubeconfig, via).map_err(|e| format!("kubeconfig: {e}"))?;
+    }
+    let proxy_url = rig.proxy.as_ref().map(|p| p.url());
+    let config_for = |i: usize| -> String {
+        let via = proxy_url.as_deref().filter(|_| cut_node == Some(i));
+        store::node_config(
+            opts,
+            etcd_endpoint.as_deref(),
+            via,
+            &kubeconfig,
+            &lease_kubeconfig,
+        )
+    };
 
     // The outside watchers, started (and their requests made) before anything else happens.
     let client = rebootd::kube_client::connect(Some(&kubeconfig))
@@ -308,7 +362,13 @@ async fn run_trial(
 
     for (i, name) in names.iter().enumerate() {
         check_stop(stop)?;
-        let mut node_opts = NodeOptions::new(name).config(&config);
+        let mut node_opts = NodeOptions::new(name).config(&config_for(i));
+        if let Some((at, by, env)) = &skew {
+            if *at == i {
+                node_opts.env = env.clone();
+                shared.stats(|s| s.skewed.push(format!("{name} {by}")));
+            }
+        }
         let set_max = opts.backend == Backend::Kubernetes && i == 0;
         node_opts.start_daemon = !set_max;
         let node = Node::start(&opts.rebootd, node_opts)
@@ -366,9 +426,12 @@ async fn run_trial(
         .iter()
         .map(|n| (n.machine_id.clone(), n.name.clone()))
         .collect();
-    rig.tasks.push(match &etcd_endpoint {
-        Some(ep) => tokio::spawn(watch::etcd(ep.clone(), ids, shared.clone())),
-        None => tokio::spawn(watch::leases(client.clone(), shared.clone())),
+    rig.tasks.push(match (&etcd_endpoint, opts.backend) {
+        (Some(ep), Backend::EtcdV2) => {
+            tokio::spawn(watch::etcd_v2(ep.clone(), ids, shared.clone()))
+        }
+        (Some(ep), _) => tokio::spawn(watch::etcd(ep.clone(), ids, shared.clone())),
+        (None, _) => tokio::spawn(watch::leases(client.clone(), shared.clone())),
     });
     for n in &rig.nodes {
         let node = n.node.lock().await;
@@ -397,12 +460,22 @@ async fn run_trial(
         cluster.clone(),
         shared.clone(),
     ));
+    let cutting = match (cut_node, &rig.proxy) {
+        (Some(i), Some(p)) => Some(tokio::spawn(cutoff::cut_offs(
+            seed,
+            rig.nodes[i].clone(),
+            p.clone(),
+            opts.max_hold,
+            shared.clone(),
+        ))),
+        _ => None,
+    };
     let injection = opts.inject.map(|v| {
         tokio::spawn(inject::run(
             v,
             opts.max,
             rig.nodes.clone(),
-            etcd_endpoint.clone(),
+            etcd_endpoint.clone().map(|e| (e, opts.backend)),
             cluster.clone(),
             shared.clone(),
         ))
@@ -414,6 +487,7 @@ async fn run_trial(
             // The tear-down ends the chaos and the injection with the rest.
             rig.tasks.push(chaos);
             rig.tasks.extend(injection);
+            rig.tasks.extend(cutting);
             return Err(Cut::Stopped);
         }
         let all_done = rig.nodes.iter().all(|n| {
@@ -437,6 +511,7 @@ async fn run_trial(
     shared.stop.store(true, Ordering::SeqCst);
     let mut heal = vec![chaos];
     heal.extend(injection);
+    heal.extend(cutting);
     let healed = or_stop(stop, async {
         for h in heal.iter_mut() {
             let _ = h.await;
@@ -481,7 +556,7 @@ async fn run_trial(
         .cloned()
         .collect();
     let semaphore_end = match &etcd_endpoint {
-        Some(ep) => match or_stop(stop, read_doc(ep)).await? {
+        Some(ep) => match or_stop(stop, store::read_doc(ep, opts.backend)).await? {
             Ok(doc) => SemaphoreEnd::Etcd(doc),
             Err(e) => SemaphoreEnd::Unreadable(e),
         },
@@ -498,10 +573,25 @@ async fn run_trial(
         ),
     };
     let (evictions, refused) = workload::eviction_counts(&cluster);
+    let reclaims = check::reclaims(&shared.holders()).len() as u32;
     shared.stats(|s| {
         s.evictions = evictions;
         s.evictions_refused = refused;
+        s.reclaims = reclaims;
     });
+    // The skewed node's own records show its clock off (else libfaketime did not take).
+    if let Some((i, by, _)) = &skew {
+        let n = &rig.nodes[*i];
+        match n.store.load() {
+            Ok(Some(st))
+                if cutoff::shows_skew(st.since, jiff::Timestamp::now(), cutoff::skew_of(by)) => {}
+            Ok(Some(st)) => shared.problem(format!(
+                "{}: its clock should be {by} off, but its state says since {}",
+                n.name, st.since
+            )),
+            _ => {}
+        }
+    }
     Ok(Observed {
         max: opts.max,
         nodes: names,
@@ -515,31 +605,9 @@ async fn run_trial(
         workload_unsettled,
         pod_deletes: workload::pod_deletes(&cluster),
         harness: lock(&shared.problems).clone(),
+        max_hold: opts.max_hold,
+        cut_offs: lock(&shared.cut_offs).clone(),
     })
-}
-
-async fn read_doc(endpoint: &str) -> Result<SemaphoreDoc, String> {
-    let mut last = String::new();
-    for _ in 0..20 {
-        let attempt = async {
-            let mut c = etcd_client::Client::connect([endpoint], None)
-                .await
-                .map_err(|e| e.to_string())?;
-            let r = c
-                .get(semaphore_key("default"), None)
-                .await
-                .map_err(|e| e.to_string())?;
-            let kv = r.kvs().first().ok_or("no semaphore key")?;
-            SemaphoreDoc::parse(kv.value()).map_err(|e| e.to_string())
-        };
-        match tokio::time::timeout(Duration::from_secs(3), attempt).await {
-            Ok(Ok(d)) => return Ok(d),
-            Ok(Err(e)) => last = e,
-            Err(_) => last = "timed out".into(),
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    Err(last)
 }
 
 /// What the kubelet posts after boot: the boot id in `status.nodeInfo.bootID`.

@@ -1,5 +1,5 @@
 //! The outside watchers: they see every change of the semaphore (an etcd watch on the
-//! locksmith key, or a kube-rs watch on the Leases) and of the Nodes' cordons, over the same
+//! locksmith key in v3, a long-poll watch on it in v2, or a kube-rs watch on the Leases) and of the Nodes' cordons, over the same
 //! APIs a user would, and record them in the trial's timelines. The chaos never touches them.
 
 use super::trial::Shared;
@@ -48,23 +48,96 @@ pub(super) async fn etcd(endpoint: String, ids: Vec<(String, String)>, shared: A
             for e in resp.events() {
                 let Some(kv) = e.kv() else { continue };
                 next_rev = next_rev.max(kv.mod_revision() + 1);
-                let holders = match SemaphoreDoc::parse(kv.value()) {
-                    Ok(doc) => doc
-                        .holders
-                        .iter()
-                        .map(|h| {
-                            ids.iter()
-                                .find(|(id, _)| id == h)
-                                .map_or(h.clone(), |(_, n)| n.clone())
-                        })
-                        .collect(),
-                    Err(err) => {
-                        shared.problem(format!("semaphore document does not parse: {err}"));
+                let holders = holder_names(kv.value(), &ids, &shared);
+                shared.record_holders(holders);
+            }
+        }
+    }
+}
+
+/// The holders of a document, by node name where the holder id is a lab node's machine id.
+fn holder_names(value: &[u8], ids: &[(String, String)], shared: &Shared) -> BTreeSet<String> {
+    match SemaphoreDoc::parse(value) {
+        Ok(doc) => doc
+            .holders
+            .iter()
+            .map(|h| {
+                ids.iter()
+                    .find(|(id, _)| id == h)
+                    .map_or(h.clone(), |(_, n)| n.clone())
+            })
+            .collect(),
+        Err(err) => {
+            shared.problem(format!("semaphore document does not parse: {err}"));
+            BTreeSet::new()
+        }
+    }
+}
+
+/// The outside watcher of the v2 semaphore document: every version of the key, by long-poll
+/// watches that resume at the index after the last event, across etcd stops and freezes (a
+/// request that fails is made again). An index etcd no longer keeps (a cleared history) is a
+/// gap: reported, then the key is read again.
+pub(super) async fn etcd_v2(endpoint: String, ids: Vec<(String, String)>, shared: Arc<Shared>) {
+    use rebootd::etcd_v2::{Get, KeysClient, Settings, Timeouts};
+    let key = format!("/{}", semaphore_key("default"));
+    let settings = Settings {
+        endpoints: vec![endpoint],
+        tls: rebootd::http::TlsFiles {
+            table: "chaos watcher",
+            ..rebootd::http::TlsFiles::default()
+        },
+        basic_auth: None,
+        timeouts: Timeouts {
+            watch: Duration::from_secs(5),
+            ..Timeouts::default()
+        },
+    };
+    let client = match KeysClient::new(&settings) {
+        Ok(c) => c,
+        Err(e) => {
+            shared.problem(format!("v2 watcher: {e}"));
+            return;
+        }
+    };
+    // 0: read the key first.
+    let mut next_index: u64 = 0;
+    while !shared.stopped() {
+        if next_index == 0 {
+            match client.get(&key, Get::default()).await {
+                Ok(r) => {
+                    if let Some(v) = &r.node.value {
+                        shared.record_holders(holder_names(v.as_bytes(), &ids, &shared));
+                    }
+                    next_index = r.etcd_index + 1;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+            continue;
+        }
+        match client.watch(&key, false, next_index).await {
+            Ok(None) => {}
+            Ok(Some(event)) => {
+                next_index = event.node.modified_index + 1;
+                let holders = match (&event.node.value, event.action.removes()) {
+                    (Some(v), false) => holder_names(v.as_bytes(), &ids, &shared),
+                    _ => {
+                        shared.problem(format!(
+                            "the v2 semaphore document was removed at index {}",
+                            event.node.modified_index
+                        ));
                         BTreeSet::new()
                     }
                 };
                 shared.record_holders(holders);
             }
+            Err(e) if e.is_index_cleared() => {
+                shared.problem(format!(
+                    "v2 watch from index {next_index}: {e}; history incomplete"
+                ));
+                next_index = 0;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
 }

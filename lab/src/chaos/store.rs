@@ -1,0 +1,145 @@
+//! The semaphore's store as a trial sets it up and reads it: each node's configuration (its
+//! store reached directly, or through the cut-off proxy; `max_hold` and the timeouts it must
+//! outlast), and the locksmith document written and read in etcd v3 or v2.
+
+use super::{Backend, ChaosOptions};
+use rebootd::lock::document::{semaphore_key, SemaphoreDoc};
+use std::path::Path;
+use std::time::Duration;
+
+/// A node's configuration fragment: the store at `etcd` (or Leases when `None`), reached
+/// through the proxy at `via` when it is the node cut off (for Leases: `lease_kubeconfig`, which
+/// names the proxy; the node's drain still uses `kubeconfig`).
+pub(super) fn node_config(
+    opts: &ChaosOptions,
+    etcd: Option<&str>,
+    via: Option<&str>,
+    kubeconfig: &Path,
+    lease_kubeconfig: &Path,
+) -> String {
+    let max_hold = opts
+        .max_hold
+        .map(|m| format!("max_hold = \"{}ms\"\n", m.as_millis()))
+        .unwrap_or_default();
+    let lock_config = match etcd {
+        Some(ep) => {
+            let ep = via.unwrap_or(ep);
+            let api = if opts.backend == Backend::EtcdV2 {
+                "api = \"v2\"\n"
+            } else {
+                ""
+            };
+            format!(
+                "[lock]\nbackend = \"etcd\"\n{max_hold}\n[lock.etcd]\n{api}endpoints = [{ep:?}]\n"
+            )
+        }
+        None => {
+            let kc = if via.is_some() {
+                lease_kubeconfig
+            } else {
+                kubeconfig
+            };
+            format!(
+                "[lock]\nbackend = \"kubernetes\"\n{max_hold}\n[lock.kubernetes]\nnamespace = \"kube-system\"\nname = \"rebootd\"\nkubeconfig = {kc:?}\n"
+            )
+        }
+    };
+    // Users' warning time counts in max_hold; the fake logind has no users anyway.
+    let users_warning = if opts.max_hold.is_some() {
+        "users_warning = \"0s\"\n"
+    } else {
+        ""
+    };
+    format!(
+        "[identity]\ngroup = \"default\"\n\n{lock_config}\n[kubernetes]\nkubeconfig = {kubeconfig:?}\ndrain_timeout = \"{}ms\"\nready_timeout = \"{}ms\"\n\n[reboot]\ntimeout = \"{}ms\"\n{users_warning}",
+        opts.drain_timeout.as_millis(),
+        opts.ready_timeout.as_millis(),
+        opts.reboot_timeout.as_millis()
+    )
+}
+
+/// A client of etcd's v2 keys API at `endpoint` (plain http).
+fn v2_client(endpoint: &str) -> Result<rebootd::etcd_v2::KeysClient, String> {
+    use rebootd::etcd_v2::{KeysClient, Settings, Timeouts};
+    KeysClient::new(&Settings {
+        endpoints: vec![endpoint.to_owned()],
+        tls: rebootd::http::TlsFiles {
+            table: "chaos",
+            ..rebootd::http::TlsFiles::default()
+        },
+        basic_auth: None,
+        timeouts: Timeouts::default(),
+    })
+    .map_err(|e| e.to_string())
+}
+
+/// Write the semaphore document (v3, or v2's key).
+pub(super) async fn put_doc(
+    endpoint: &str,
+    backend: Backend,
+    doc: &SemaphoreDoc,
+) -> Result<(), String> {
+    if backend == Backend::EtcdV2 {
+        v2_client(endpoint)?
+            .put(
+                &format!("/{}", semaphore_key("default")),
+                &doc.to_json(),
+                rebootd::etcd_v2::Put::default(),
+            )
+            .await
+            .map_err(|e| format!("etcd v2 put: {e}"))?;
+        return Ok(());
+    }
+    let mut client = etcd_client::Client::connect([endpoint], None)
+        .await
+        .map_err(|e| format!("etcd client: {e}"))?;
+    client
+        .put(semaphore_key("default"), doc.to_json(), None)
+        .await
+        .map_err(|e| format!("etcd put: {e}"))?;
+    Ok(())
+}
+
+pub(super) async fn read_doc(endpoint: &str, backend: Backend) -> Result<SemaphoreDoc, String> {
+    let mut last = String::new();
+    for _ in 0..20 {
+        if backend == Backend::EtcdV2 {
+            let attempt = async {
+                let r = v2_client(endpoint)?
+                    .get(
+                        &format!("/{}", semaphore_key("default")),
+                        rebootd::etcd_v2::Get::default(),
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let v = r.node.value.ok_or("no semaphore value")?;
+                SemaphoreDoc::parse(v.as_bytes()).map_err(|e| e.to_string())
+            };
+            match tokio::time::timeout(Duration::from_secs(3), attempt).await {
+                Ok(Ok(d)) => return Ok(d),
+                Ok(Err(e)) => last = e,
+                Err(_) => last = "timed out".into(),
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            continue;
+        }
+        let attempt = async {
+            let mut c = etcd_client::Client::connect([endpoint], None)
+                .await
+                .map_err(|e| e.to_string())?;
+            let r = c
+                .get(semaphore_key("default"), None)
+                .await
+                .map_err(|e| e.to_string())?;
+            let kv = r.kvs().first().ok_or("no semaphore key")?;
+            SemaphoreDoc::parse(kv.value()).map_err(|e| e.to_string())
+        };
+        match tokio::time::timeout(Duration::from_secs(3), attempt).await {
+            Ok(Ok(d)) => return Ok(d),
+            Ok(Err(e)) => last = e,
+            Err(_) => last = "timed out".into(),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Err(last)
+}
