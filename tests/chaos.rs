@@ -289,8 +289,9 @@ fn group_members(pgid: u32) -> Vec<String> {
 }
 
 /// The checker's self-test, end to end: with max 2, the lab itself tops the semaphore up to 3
-/// holders with made-up ones (etcd document; Leases) or cordons nodes up to 3 mid-trial (rebootd
-/// may add one more meanwhile). The trial must fail with that violation, and print its seed, its
+/// holders with made-up ones (etcd v3 and v2 documents; Leases), takes a live holder's slot
+/// over (v2 document; a Lease) or cordons nodes up to 3 mid-trial (rebootd may add one more
+/// meanwhile). The trial must fail with that violation, and print its seed, its
 /// logs directory and the command replaying it.
 #[test]
 fn a_violation_injected_by_the_lab_fails_the_trial_with_seed_and_replay() {
@@ -317,6 +318,20 @@ fn a_violation_injected_by_the_lab_fails_the_trial_with_seed_and_replay() {
             34,
             "holders at once (max 2): ",
             "chaos-injected-1",
+        ),
+        (
+            "takeover",
+            "etcd-v2",
+            35,
+            "slot was taken over by chaos-injected-1 at ",
+            "without lock.max_hold",
+        ),
+        (
+            "takeover",
+            "kubernetes",
+            36,
+            "slot was taken over by chaos-injected-1 at ",
+            "without lock.max_hold",
         ),
         (
             "cordon",

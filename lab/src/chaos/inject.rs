@@ -7,6 +7,10 @@
 //!   kept consistent as a forced shrink is, which rebootd reads as full; Leases: unlabelled
 //!   Leases with a holder, which rebootd does not count as slots but the watcher sees), then
 //!   takes them out again.
+//! - `takeover`: once the outside watcher has seen a holder, the lab puts a made-up holder in
+//!   its place (etcd: in the document; Leases: as the slot Lease's holder), as a reclaim of a
+//!   live holder would, then frees that slot again. The trial has no node cut off, so the
+//!   checker must report a slot taken over from a live holder.
 //! - `cordon`: once rebootd has cordoned a node (at best `max` of them), the lab cordons more
 //!   Nodes, those that already rebooted first, up to `max + 1`, then uncordons them.
 
@@ -33,6 +37,8 @@ pub enum Violation {
     Holder,
     /// More than `max` Nodes cordoned.
     Cordon,
+    /// A live holder's slot taken over.
+    Takeover,
 }
 
 impl std::str::FromStr for Violation {
@@ -41,7 +47,10 @@ impl std::str::FromStr for Violation {
         match s {
             "holder" => Ok(Violation::Holder),
             "cordon" => Ok(Violation::Cordon),
-            other => Err(format!("violation {other:?}: expected holder or cordon")),
+            "takeover" => Ok(Violation::Takeover),
+            other => Err(format!(
+                "violation {other:?}: expected holder, cordon or takeover"
+            )),
         }
     }
 }
@@ -51,6 +60,7 @@ impl std::fmt::Display for Violation {
         f.write_str(match self {
             Violation::Holder => "holder",
             Violation::Cordon => "cordon",
+            Violation::Takeover => "takeover",
         })
     }
 }
@@ -67,6 +77,7 @@ pub(super) async fn run(
     let result = match v {
         Violation::Holder => holder(max, etcd, &cluster, &shared).await,
         Violation::Cordon => cordon(max, &nodes, &cluster, &shared).await,
+        Violation::Takeover => takeover(etcd, &cluster, &shared).await,
     };
     if let Err(e) = result {
         shared.problem(format!("inject {v}: {e}"));
@@ -152,6 +163,83 @@ async fn holder(
             for n in &names {
                 cluster.remove(Kind::Lease, "kube-system", n);
             }
+        }
+    }
+    Ok(())
+}
+
+async fn takeover(
+    etcd: Option<(String, Backend)>,
+    cluster: &Cluster,
+    shared: &Shared,
+) -> Result<(), String> {
+    let seen = until(shared, || {
+        shared.holders().last().is_some_and(|(_, h)| !h.is_empty())
+    })
+    .await;
+    if !seen {
+        return Err("the rollout ended before any holder was seen".into());
+    }
+    let fake = format!("{FAKE}-1");
+    let at = || shared.started.elapsed().as_secs_f64();
+    match etcd {
+        Some((ep, backend)) => {
+            let v2 = backend == Backend::EtcdV2;
+            let taken = edit(&ep, v2, |doc| {
+                doc.holders
+                    .first_mut()
+                    .map(|h| std::mem::replace(h, fake.clone()))
+            })
+            .await?
+            .ok_or("no holder in the document to take over")?;
+            shared.stats(|s| {
+                s.injected.push(format!(
+                    "took over the slot of {taken} with {fake} at {:.2}s",
+                    at()
+                ))
+            });
+            tokio::time::sleep(HOLD).await;
+            edit(&ep, v2, |doc| {
+                let before = doc.holders.len();
+                doc.holders.retain(|h| !h.starts_with(FAKE));
+                doc.semaphore += (before - doc.holders.len()) as i64;
+            })
+            .await?;
+        }
+        None => {
+            let held = cluster
+                .list(Kind::Lease, Some("kube-system"))
+                .into_iter()
+                .find_map(|l| {
+                    let h = l["spec"]["holderIdentity"].as_str().unwrap_or("");
+                    (!h.is_empty()).then(|| {
+                        (
+                            l["metadata"]["name"].as_str().unwrap_or("").to_string(),
+                            h.to_string(),
+                        )
+                    })
+                })
+                .ok_or("no held Lease to take over")?;
+            let (lease, holder) = held;
+            cluster
+                .update(Kind::Lease, "kube-system", &lease, |l| {
+                    l["spec"]["holderIdentity"] = fake.clone().into();
+                })
+                .map_err(|e| format!("take over Lease {lease}: {e}"))?;
+            shared.stats(|s| {
+                s.injected.push(format!(
+                    "took over Lease {lease} of {holder} with {fake} at {:.2}s",
+                    at()
+                ))
+            });
+            tokio::time::sleep(HOLD).await;
+            cluster
+                .update(Kind::Lease, "kube-system", &lease, |l| {
+                    if l["spec"]["holderIdentity"].as_str() == Some(fake.as_str()) {
+                        l["spec"]["holderIdentity"] = serde_json::Value::Null;
+                    }
+                })
+                .map_err(|e| format!("free Lease {lease}: {e}"))?;
         }
     }
     Ok(())
