@@ -213,6 +213,9 @@ pub struct Stats {
     pub reclaims: u32,
     /// Nodes run with their clock off (libfaketime), as `node-3 +3h`.
     pub skewed: Vec<String>,
+    /// Times the node cut off found, at a fence (before a cordon or the reboot call), that its
+    /// slot was gone, and backed out (its log says so).
+    pub fenced: u32,
 }
 
 impl Stats {
@@ -237,6 +240,7 @@ impl Stats {
         self.long_cut_offs += o.long_cut_offs;
         self.reclaims += o.reclaims;
         self.skewed.extend(o.skewed.iter().cloned());
+        self.fenced += o.fenced;
     }
 }
 
@@ -262,8 +266,8 @@ impl std::fmt::Display for Stats {
         if self.cut_offs > 0 {
             write!(
                 f,
-                ", cut-offs {} (longer than max_hold {}), reclaims {}",
-                self.cut_offs, self.long_cut_offs, self.reclaims
+                ", cut-offs {} (longer than max_hold {}), reclaims {}, fenced back-outs {}",
+                self.cut_offs, self.long_cut_offs, self.reclaims, self.fenced
             )?;
         }
         if !self.skewed.is_empty() {

@@ -579,6 +579,14 @@ async fn run_trial(
         s.evictions_refused = refused;
         s.reclaims = reclaims;
     });
+    // What the node cut off did at its fences.
+    if let Some(i) = cut_node {
+        let log = std::fs::read_to_string(&rig.nodes[i].log_path).unwrap_or_default();
+        let fenced = log
+            .matches("this node no longer holds its slot; backing out")
+            .count() as u32;
+        shared.stats(|s| s.fenced = fenced);
+    }
     // The skewed node's own records show its clock off (else libfaketime did not take).
     if let Some((i, by, _)) = &skew {
         let n = &rig.nodes[*i];
