@@ -5,6 +5,7 @@
 //! every side effect is guarded by a state written before it.
 
 use crate::inhibitor::{self, Inhibitor};
+use crate::need::Need;
 use crate::state::{GateWait, Pause, Phase, RebootRequest, State};
 use jiff::Timestamp;
 use std::time::Duration;
@@ -30,7 +31,7 @@ pub enum Event {
     /// The process started, in the boot with this id.
     Started { boot_id: String },
     /// A trigger says the host needs a reboot.
-    RebootNeeded { reason: String },
+    RebootNeeded { need: Need },
     /// A maintenance window is open now.
     WindowOpen,
     /// No window is open; the next one opens then (None: never).
@@ -93,6 +94,121 @@ pub enum Event {
     Cancelled,
 }
 
+impl Event {
+    /// The event's name, for logs and refusals.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Event::Started { .. } => "started",
+            Event::RebootNeeded { .. } => "reboot_needed",
+            Event::WindowOpen => "window_open",
+            Event::WindowClosed { .. } => "window_closed",
+            Event::SlotAcquired => "slot_acquired",
+            Event::SlotLost { .. } => "slot_lost",
+            Event::Transient { .. } => "transient",
+            Event::Blocked { .. } => "blocked",
+            Event::Gated { .. } => "gated",
+            Event::Drained => "drained",
+            Event::DrainFailed { .. } => "drain_failed",
+            Event::Cordoned { .. } => "cordoned",
+            Event::UsersWarned { .. } => "users_warned",
+            Event::UsersWarningOver => "users_warning_over",
+            Event::ReadyToReboot => "ready_to_reboot",
+            Event::RebootAccepted => "reboot_accepted",
+            Event::RebootRefused { .. } => "reboot_refused",
+            Event::Inhibited { .. } => "inhibited",
+            Event::RebootTimedOut => "reboot_timed_out",
+            Event::Healthy => "healthy",
+            Event::NotHealthy { .. } => "not_healthy",
+            Event::Uncordoned => "uncordoned",
+            Event::Released => "released",
+            Event::RetryDue => "retry_due",
+            Event::Paused { .. } => "paused",
+            Event::Resumed => "resumed",
+            Event::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// An event the agent refuses because it does not belong to the phase the node is in: the
+/// outcome of an action of another phase (stale, or a runtime bug). The state is left as it
+/// is, and the runtime logs the refusal.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("refused event {event} in phase {phase}: it belongs to {belongs}")]
+pub struct Refused {
+    pub event: &'static str,
+    pub phase: Phase,
+    /// The phases (or condition) the event belongs to, in words.
+    pub belongs: &'static str,
+}
+
+/// Whether `event` belongs to the phase `s` is in. Triggers, the start, back-off ends, errors
+/// and operator requests belong to every phase; an action's outcome only to the phase whose
+/// action produces it.
+pub fn admit(s: &State, event: &Event) -> Result<(), Refused> {
+    use Phase::*;
+    let p = s.phase;
+    let before_reboot = matches!(
+        p,
+        RebootNeeded | WaitingForWindow | AcquiringSlot | Draining | Rebooting
+    );
+    let (ok, belongs) = match event {
+        Event::Started { .. }
+        | Event::RebootNeeded { .. }
+        | Event::Transient { .. }
+        | Event::RetryDue
+        | Event::Paused { .. }
+        | Event::Resumed
+        | Event::Cancelled => (true, "every phase"),
+        Event::WindowOpen => (
+            matches!(p, RebootNeeded | WaitingForWindow),
+            "reboot_needed, waiting_for_window",
+        ),
+        Event::WindowClosed { .. } | Event::Blocked { .. } => (
+            before_reboot,
+            "reboot_needed .. rebooting (before the reboot)",
+        ),
+        Event::Gated { .. } => (
+            before_reboot || p == WaitingForHealthy,
+            "reboot_needed .. rebooting, waiting_for_healthy",
+        ),
+        Event::SlotAcquired => (p == AcquiringSlot, "acquiring_slot"),
+        Event::SlotLost { .. } => (matches!(p, Draining | Rebooting), "draining, rebooting"),
+        Event::Cordoned { .. } | Event::Drained | Event::DrainFailed { .. } => {
+            (p == Draining, "draining")
+        }
+        Event::UsersWarned { .. }
+        | Event::ReadyToReboot
+        | Event::RebootRefused { .. }
+        | Event::Inhibited { .. } => (p == Rebooting, "rebooting"),
+        Event::UsersWarningOver => (
+            p == Rebooting && s.users_warned.is_some(),
+            "rebooting, with logged-in users warned",
+        ),
+        Event::RebootAccepted => (
+            p == Rebooting && s.reboot.is_some(),
+            "rebooting, with the request on record",
+        ),
+        Event::RebootTimedOut => (
+            p == Rebooting && s.reboot.as_ref().is_some_and(|r| r.called),
+            "rebooting, with logind asked",
+        ),
+        Event::Healthy | Event::NotHealthy { .. } => {
+            (p == WaitingForHealthy, "waiting_for_healthy")
+        }
+        Event::Uncordoned => (p == Uncordoning, "uncordoning"),
+        Event::Released => (p == Releasing, "releasing"),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(Refused {
+            event: event.name(),
+            phase: p,
+            belongs,
+        })
+    }
+}
+
 /// What the runtime must do next for a state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
@@ -135,6 +251,8 @@ pub enum Action {
 pub struct Step {
     pub state: State,
     pub why: String,
+    /// Set when the event did not belong to the phase: `state` is the old one.
+    pub refused: Option<Refused>,
 }
 
 /// What the state asks for next.
@@ -241,6 +359,13 @@ fn clears_gate(event: &Event, s: &State) -> bool {
 
 /// Apply an event to a state.
 pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step {
+    if let Err(refused) = admit(old, &event) {
+        return Step {
+            state: old.clone(),
+            why: refused.to_string(),
+            refused: Some(refused),
+        };
+    }
     let mut s = old.clone();
     let why: String;
     if clears_gate(&event, &s) {
@@ -310,7 +435,7 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
                 }
             }
         }
-        Event::RebootNeeded { reason } => {
+        Event::RebootNeeded { need: reason } => {
             if s.reason.is_none() {
                 s.reason = Some(reason.clone());
             }
@@ -684,7 +809,11 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
     {
         s.waiting_for = Some("`rebootctl resume` (paused)".into());
     }
-    Step { state: s, why }
+    Step {
+        state: s,
+        why,
+        refused: None,
+    }
 }
 
 /// Whether logind has not been asked yet in this cycle (an accepted or possibly accepted call
@@ -718,6 +847,7 @@ mod gate_tests;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::need::TriggerSource;
 
     fn policy() -> Policy {
         Policy {
@@ -731,6 +861,12 @@ mod tests {
 
     fn t(secs: i64) -> Timestamp {
         Timestamp::from_second(secs).unwrap()
+    }
+
+    fn needed() -> Event {
+        Event::RebootNeeded {
+            need: Need::new(TriggerSource::SentinelFile, "x"),
+        }
     }
 
     fn run(s: &State, events: Vec<Event>) -> State {
@@ -749,7 +885,7 @@ mod tests {
             &s,
             vec![
                 Event::RebootNeeded {
-                    reason: "update_engine".into(),
+                    need: Need::new(TriggerSource::UpdateEngine, "NEED_REBOOT"),
                 },
                 Event::WindowOpen,
                 Event::SlotAcquired,
@@ -788,7 +924,7 @@ mod tests {
         let s = run(
             &State::new("boot1", t(0)),
             vec![
-                Event::RebootNeeded { reason: "x".into() },
+                needed(),
                 Event::WindowOpen,
                 Event::SlotAcquired,
                 Event::ReadyToReboot,
@@ -831,7 +967,7 @@ mod tests {
         let s = run(
             &State::new("boot1", t(0)),
             vec![
-                Event::RebootNeeded { reason: "x".into() },
+                needed(),
                 Event::WindowOpen,
                 Event::SlotAcquired,
                 Event::ReadyToReboot,
@@ -859,7 +995,7 @@ mod tests {
         let s = run(
             &State::new("boot1", t(0)),
             vec![
-                Event::RebootNeeded { reason: "x".into() },
+                needed(),
                 Event::WindowOpen,
                 Event::SlotAcquired,
                 Event::ReadyToReboot,
@@ -875,7 +1011,7 @@ mod tests {
         let s = run(
             &State::new("b", t(0)),
             vec![
-                Event::RebootNeeded { reason: "x".into() },
+                needed(),
                 Event::WindowOpen,
                 Event::SlotAcquired,
                 Event::ReadyToReboot,
@@ -906,7 +1042,7 @@ mod tests {
         let s = run(
             &State::new("b", t(0)),
             vec![
-                Event::RebootNeeded { reason: "x".into() },
+                needed(),
                 Event::WindowOpen,
                 Event::SlotAcquired,
                 Event::ReadyToReboot,
@@ -958,7 +1094,7 @@ mod tests {
         let s = run(
             &State::new("b", t(0)),
             vec![
-                Event::RebootNeeded { reason: "x".into() },
+                needed(),
                 Event::WindowClosed {
                     next_open: Some(t(100)),
                 },
@@ -976,7 +1112,7 @@ mod tests {
         let s = run(
             &State::new("b", t(0)),
             vec![
-                Event::RebootNeeded { reason: "x".into() },
+                needed(),
                 Event::WindowOpen,
                 Event::SlotAcquired,
                 Event::WindowClosed { next_open: None },
@@ -992,11 +1128,7 @@ mod tests {
     fn unplanned_reboot_with_slot_goes_through_post_boot_checks() {
         let s = run(
             &State::new("b1", t(0)),
-            vec![
-                Event::RebootNeeded { reason: "x".into() },
-                Event::WindowOpen,
-                Event::SlotAcquired,
-            ],
+            vec![needed(), Event::WindowOpen, Event::SlotAcquired],
         );
         let s = run(
             &s,
@@ -1009,7 +1141,7 @@ mod tests {
         let s = run(
             &State::new("b1", t(0)),
             vec![
-                Event::RebootNeeded { reason: "x".into() },
+                needed(),
                 Event::Started {
                     boot_id: "b2".into(),
                 },
@@ -1026,11 +1158,7 @@ mod tests {
             ..policy()
         };
         let mut s = State::new("b", t(0));
-        for e in [
-            Event::RebootNeeded { reason: "x".into() },
-            Event::WindowOpen,
-            Event::SlotAcquired,
-        ] {
+        for e in [needed(), Event::WindowOpen, Event::SlotAcquired] {
             s = step(&s, e, t(1), &p).state;
         }
         assert_eq!(next_action(&s, &p), Action::RecordCordon);
@@ -1076,7 +1204,7 @@ mod tests {
         let s = run(
             &State::new("b", t(0)),
             vec![
-                Event::RebootNeeded { reason: "x".into() },
+                needed(),
                 Event::Blocked {
                     pods: vec!["db/primary-0".into()],
                 },
@@ -1088,11 +1216,7 @@ mod tests {
         assert!(s.waiting_for.as_deref().unwrap().contains("db/primary-0"));
         let mut s = run(
             &State::new("b", t(0)),
-            vec![
-                Event::RebootNeeded { reason: "x".into() },
-                Event::WindowOpen,
-                Event::SlotAcquired,
-            ],
+            vec![needed(), Event::WindowOpen, Event::SlotAcquired],
         );
         s.cordoned_by_us = true;
         let s = run(
@@ -1131,7 +1255,7 @@ mod tests {
         let s = run(
             &State::new("b", t(0)),
             vec![
-                Event::RebootNeeded { reason: "x".into() },
+                needed(),
                 Event::WindowOpen,
                 Event::Transient {
                     error: "etcd unreachable".into(),
@@ -1153,7 +1277,7 @@ mod tests {
         let held = |by_us| {
             let mut s = State::new("b", t(0));
             for e in [
-                Event::RebootNeeded { reason: "x".into() },
+                needed(),
                 Event::WindowOpen,
                 Event::SlotAcquired,
                 Event::Cordoned { by_us },
@@ -1206,7 +1330,7 @@ mod tests {
             &s,
             vec![
                 Event::RebootNeeded {
-                    reason: "again".into(),
+                    need: Need::new(TriggerSource::Rebootctl, "again"),
                 },
                 Event::Released,
             ],
@@ -1235,7 +1359,7 @@ mod tests {
         let p = s.paused.clone().unwrap();
         assert_eq!(p.reason.as_deref(), Some("db migration"));
         assert_eq!(next_action(&s, &policy()), Action::WaitForTrigger);
-        let s = run(&s, vec![Event::RebootNeeded { reason: "x".into() }]);
+        let s = run(&s, vec![needed()]);
         assert_eq!(s.phase, Phase::RebootNeeded);
         assert_eq!(next_action(&s, &policy()), Action::WaitForResume);
         assert!(
@@ -1274,10 +1398,7 @@ mod tests {
             run_with(
                 &p,
                 &State::new("b", t(0)),
-                vec![
-                    Event::RebootNeeded { reason: "x".into() },
-                    Event::WindowOpen,
-                ],
+                vec![needed(), Event::WindowOpen],
             )
         };
         // Waiting for a slot: leave (a slot an interrupted acquire may have taken is released).
@@ -1341,7 +1462,7 @@ mod tests {
             ..policy()
         };
         let base = State::new("b", t(0));
-        let need = vec![Event::RebootNeeded { reason: "x".into() }];
+        let need = vec![needed()];
         // Before the slot: idle again at once, the need forgotten.
         let s = run_with(&p, &base, need.clone());
         let s = run_with(&p, &s, vec![Event::Cancelled]);
@@ -1350,7 +1471,7 @@ mod tests {
             &p,
             &base,
             vec![
-                Event::RebootNeeded { reason: "x".into() },
+                needed(),
                 Event::WindowClosed { next_open: None },
                 Event::Cancelled,
             ],
@@ -1362,7 +1483,7 @@ mod tests {
             &p,
             &base,
             vec![
-                Event::RebootNeeded { reason: "x".into() },
+                needed(),
                 Event::WindowOpen,
                 Event::Transient {
                     error: "etcd".into(),
@@ -1380,7 +1501,7 @@ mod tests {
                 &p,
                 &base,
                 vec![
-                    Event::RebootNeeded { reason: "x".into() },
+                    needed(),
                     Event::WindowOpen,
                     Event::SlotAcquired,
                     Event::Cordoned { by_us },
@@ -1398,7 +1519,7 @@ mod tests {
             &p,
             &base,
             vec![
-                Event::RebootNeeded { reason: "x".into() },
+                needed(),
                 Event::WindowOpen,
                 Event::SlotAcquired,
                 Event::Cordoned { by_us: false },
@@ -1419,7 +1540,7 @@ mod tests {
             &p,
             &base,
             vec![
-                Event::RebootNeeded { reason: "x".into() },
+                needed(),
                 Event::WindowOpen,
                 Event::SlotAcquired,
                 Event::Blocked {
@@ -1454,7 +1575,7 @@ mod tests {
     /// An outcome the runtime could report for `action` (None: a wait only a request ends).
     fn outcome(action: &Action, rng: &mut Rng) -> Option<Event> {
         let e = match action {
-            Action::WaitForTrigger => Event::RebootNeeded { reason: "x".into() },
+            Action::WaitForTrigger => needed(),
             Action::Sleep { .. } => Event::RetryDue,
             Action::CheckWindow | Action::WaitForWindow | Action::PrepareReboot => {
                 match rng.pick(4) {
@@ -1560,7 +1681,10 @@ mod tests {
                     assert!(s.reason.is_some(), "the need is kept: seed {seed}");
                     break;
                 };
-                s = step(&s, event, t(i as i64), &p).state;
+                let next = step(&s, event, t(i as i64), &p);
+                // What an action of the phase reports always belongs to it.
+                assert_eq!(next.refused, None, "seed {seed} step {i}: {action:?}");
+                s = next.state;
             }
         }
     }
@@ -1581,7 +1705,7 @@ mod tests {
         let ready = run(
             &State::new("b1", t(0)),
             vec![
-                Event::RebootNeeded { reason: "x".into() },
+                needed(),
                 Event::WindowOpen,
                 Event::SlotAcquired,
                 Event::ReadyToReboot,
@@ -1647,5 +1771,61 @@ mod tests {
             &p,
         );
         assert_eq!(step.state, idle);
+    }
+
+    /// An outcome that does not belong to the phase is refused, named, and changes nothing:
+    /// a release while idle, a slot while rebooting, a drain's end before the slot, a timeout
+    /// of a reboot logind was never asked for, health before the reboot.
+    #[test]
+    fn events_of_another_phase_are_refused_and_change_nothing() {
+        let p = Policy {
+            drain: true,
+            ..policy()
+        };
+        let idle = State::new("b", t(0));
+        let acquiring = run_with(&p, &idle, vec![needed(), Event::WindowOpen]);
+        assert_eq!(acquiring.phase, Phase::AcquiringSlot);
+        let mut rebooting = run_with(&p, &acquiring, vec![Event::SlotAcquired]);
+        rebooting.phase = Phase::Rebooting;
+        for (s, event, phase) in [
+            (&idle, Event::Released, Phase::Idle),
+            (&idle, Event::WindowOpen, Phase::Idle),
+            (&rebooting, Event::SlotAcquired, Phase::Rebooting),
+            (&acquiring, Event::Drained, Phase::AcquiringSlot),
+            (&acquiring, Event::Healthy, Phase::AcquiringSlot),
+            (&acquiring, Event::Uncordoned, Phase::AcquiringSlot),
+            (&rebooting, Event::RebootTimedOut, Phase::Rebooting),
+            (&rebooting, Event::RebootAccepted, Phase::Rebooting),
+            (&rebooting, Event::UsersWarningOver, Phase::Rebooting),
+        ] {
+            let name = event.name();
+            let out = step(s, event, t(9), &p);
+            let refused = out
+                .refused
+                .unwrap_or_else(|| panic!("{name} in {phase} admitted"));
+            assert_eq!((refused.event, refused.phase), (name, phase));
+            assert_eq!(&out.state, s, "{name} in {phase} changed the state");
+            assert!(
+                out.why
+                    .contains(&format!("refused event {name} in phase {phase}")),
+                "{}",
+                out.why
+            );
+        }
+        // Triggers, operator requests, errors and the start belong to every phase.
+        for s in [&idle, &acquiring, &rebooting] {
+            for event in [
+                needed(),
+                Event::Cancelled,
+                Event::Resumed,
+                Event::Transient { error: "x".into() },
+                Event::RetryDue,
+                Event::Started {
+                    boot_id: "b".into(),
+                },
+            ] {
+                assert_eq!(admit(s, &event), Ok(()), "{} in {}", event.name(), s.phase);
+            }
+        }
     }
 }

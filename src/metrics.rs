@@ -168,7 +168,10 @@ mod tests {
         assert!(m.render(t(0)).contains("rebootd_paused 1"));
         s.paused = None;
         s.phase = Phase::WaitingForWindow;
-        s.reason = Some("x".into());
+        s.reason = Some(crate::need::Need::new(
+            crate::need::TriggerSource::Rebootctl,
+            "x",
+        ));
         m.observe(&s, t(10));
         s.phase = Phase::AcquiringSlot;
         m.observe(&s, t(70));

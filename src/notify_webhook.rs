@@ -309,7 +309,10 @@ mod tests {
     #[test]
     fn the_body_is_slack_and_teams_shaped_with_the_facts_as_fields() {
         let mut s = state(Phase::Draining);
-        s.reason = Some("update_engine: UPDATE_STATUS_UPDATED_NEED_REBOOT".into());
+        s.reason = Some(crate::need::Need::new(
+            crate::need::TriggerSource::UpdateEngine,
+            "UPDATE_STATUS_UPDATED_NEED_REBOOT",
+        ));
         let b = body(&Notice::DrainStarted, "node-1", "web", &s);
         assert_eq!(
             b["text"],

@@ -11,7 +11,7 @@ use crate::metrics::Metrics;
 use crate::notify::{self, Duty, Watchdog};
 use crate::reboot::{Logind, RebootError, Rebooter};
 use crate::state::{Phase, State, StateError, StateStore};
-use crate::trigger::{self, Need};
+use crate::trigger::{self, Need, TriggerSource};
 use jiff::Timestamp;
 use std::path::Path;
 use std::time::Duration;
@@ -495,6 +495,10 @@ impl Runtime {
     async fn apply(&self, state: State, event: Event) -> Result<State, RuntimeError> {
         debug!(?event, "event");
         let step = agent::step(&state, event, Timestamp::now(), &self.policy);
+        if let Some(refused) = step.refused {
+            warn!(event = refused.event, phase = %refused.phase, "{refused}; the state is left as it is");
+            return Ok(state);
+        }
         let next = step.state;
         if next.phase != state.phase {
             // The message says it all ("idle → reboot_needed: why"); the fields are for filtering.
@@ -569,24 +573,17 @@ impl Runtime {
     ) -> Result<State, RuntimeError> {
         let said = need.to_string();
         let (phase, source) = (state.phase, need.source);
-        let next = self
-            .apply(
-                state,
-                Event::RebootNeeded {
-                    reason: said.clone(),
-                },
-            )
-            .await?;
+        let next = self.apply(state, Event::RebootNeeded { need }).await?;
         if phase != Phase::Idle {
             // A sentinel command says so at every run: once in the log is enough.
             if last_noted.as_deref() != Some(said.as_str()) {
-                info!(trigger = source, %phase, "reboot needed ({said}) during phase {phase}: noted; this cycle's reboot covers it");
+                info!(trigger = %source, %phase, "reboot needed ({said}) during phase {phase}: noted; this cycle's reboot covers it");
             } else {
-                debug!(trigger = source, %phase, "reboot needed ({said}): noted again");
+                debug!(trigger = %source, %phase, "reboot needed ({said}): noted again");
             }
         }
         *last_noted = Some(said);
-        if source == "rebootctl" {
+        if source == TriggerSource::Rebootctl {
             let path = self.store.request_path();
             match std::fs::remove_file(&path) {
                 Ok(()) => {

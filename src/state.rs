@@ -78,9 +78,10 @@ pub struct State {
     pub phase: Phase,
     /// When the current phase was entered.
     pub since: Timestamp,
-    /// Why a reboot is needed (which trigger, what it said); None when none is.
+    /// Why a reboot is needed (which trigger, what it said); None when none is. On disk the
+    /// string `<trigger>: <what it saw>`, as before the trigger became a type.
     #[serde(default)]
-    pub reason: Option<String>,
+    pub reason: Option<crate::need::Need>,
     /// The boot id when this state was written.
     pub boot_id: String,
     /// Whether this node holds a slot of the semaphore.
@@ -451,5 +452,51 @@ mod tests {
         let mut v = serde_json::to_value(State::new("b", Timestamp::UNIX_EPOCH)).unwrap();
         v["version"] = 99.into();
         assert!(parse(v.to_string().as_bytes()).unwrap_err().contains("99"));
+    }
+
+    /// A state file written before the trigger became a type (its `reason` a plain string)
+    /// reads with its trigger named, and is written back the same way.
+    #[test]
+    fn a_state_file_with_the_old_reason_string_still_parses() {
+        use crate::need::{Need, TriggerSource};
+        let old = r#"{"version":1,"phase":"acquiring_slot","since":"2026-11-20T03:00:00Z",
+            "reason":"update_engine: UPDATE_STATUS_UPDATED_NEED_REBOOT (new version 4081.2.0)",
+            "boot_id":"b1","slot_held":false,"reboot":null,"failed_attempts":0,"retry_at":null,
+            "not_before":null,"last_error":null,"waiting_for":null,"cordon_recorded":false,
+            "cordoned_by_us":false,"last_reboot":null,"reboots":3}"#;
+        let s = parse(old.as_bytes()).unwrap();
+        let want = Need::new(
+            TriggerSource::UpdateEngine,
+            "UPDATE_STATUS_UPDATED_NEED_REBOOT (new version 4081.2.0)",
+        );
+        assert_eq!(s.reason.as_ref(), Some(&want));
+        let v = serde_json::to_value(&s).unwrap();
+        assert_eq!(
+            v["reason"],
+            "update_engine: UPDATE_STATUS_UPDATED_NEED_REBOOT (new version 4081.2.0)"
+        );
+        for (text, source) in [
+            (
+                "sentinel_file: /run/reboot-required exists",
+                TriggerSource::SentinelFile,
+            ),
+            (
+                "sentinel_command: [\"/bin/true\"] exited 0",
+                TriggerSource::SentinelCommand,
+            ),
+            (
+                "rebootctl: /var/lib/rebootd/reboot-request exists",
+                TriggerSource::Rebootctl,
+            ),
+        ] {
+            let mut v = serde_json::to_value(State::new("b", Timestamp::UNIX_EPOCH)).unwrap();
+            v["reason"] = text.into();
+            let s = parse(v.to_string().as_bytes()).unwrap();
+            assert_eq!(s.reason.map(|r| r.source), Some(source), "{text}");
+        }
+        // A source rebootd never wrote is refused with the file kept, as any corrupt file.
+        let mut v = serde_json::to_value(State::new("b", Timestamp::UNIX_EPOCH)).unwrap();
+        v["reason"] = "apt: upgraded".into();
+        assert!(parse(v.to_string().as_bytes()).unwrap_err().contains("apt"));
     }
 }

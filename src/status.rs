@@ -14,7 +14,11 @@ use std::fmt::Write;
 pub struct Status {
     pub phase: Phase,
     pub since: Option<Timestamp>,
+    /// Why a reboot is needed: `<trigger>: <what it saw>`.
     pub reason: Option<String>,
+    /// Which trigger said so (`update_engine`, `sentinel_file`, `sentinel_command`,
+    /// `rebootctl`).
+    pub trigger: Option<crate::need::TriggerSource>,
     pub waiting_for: Option<String>,
     pub last_error: Option<String>,
     pub retry_at: Option<Timestamp>,
@@ -60,7 +64,8 @@ pub fn local(
     Status {
         phase: state.map_or(Phase::Idle, |s| s.phase),
         since: state.map(|s| s.since),
-        reason: state.and_then(|s| s.reason.clone()),
+        reason: state.and_then(|s| s.reason.as_ref().map(|r| r.to_string())),
+        trigger: state.and_then(|s| s.reason.as_ref().map(|r| r.source)),
         waiting_for: state.and_then(|s| s.waiting_for.clone()),
         last_error: state.and_then(|s| s.last_error.clone()),
         retry_at: state.and_then(|s| s.retry_at),

@@ -487,6 +487,7 @@ fn a_sigint_stops_the_run_after_tearing_down_the_current_trial() {
 /// once (a reboot call while a shutdown is pending joins it).
 #[tokio::test]
 async fn a_crash_before_the_logind_call_does_not_stall_for_reboot_timeout() {
+    use rebootd::need::{Need, TriggerSource};
     use rebootd::state::{Phase, RebootRequest, State};
     use rebootd_lab::node::{Node, NodeOptions};
     let mut node = Node::start(
@@ -502,7 +503,10 @@ async fn a_crash_before_the_logind_call_does_not_stall_for_reboot_timeout() {
     let now = jiff::Timestamp::now();
     let mut s = State::new(&node.boot_id(), now);
     s.phase = Phase::Rebooting;
-    s.reason = Some("update_engine: UPDATE_STATUS_UPDATED_NEED_REBOOT".into());
+    s.reason = Some(Need::new(
+        TriggerSource::UpdateEngine,
+        "UPDATE_STATUS_UPDATED_NEED_REBOOT",
+    ));
     s.reboot = Some(RebootRequest {
         requested_at: now,
         boot_id: node.boot_id(),

@@ -4,6 +4,7 @@
 mod common;
 
 use common::*;
+use rebootd::need::TriggerSource;
 use rebootd::state::Phase;
 use rebootd_lab::node::{Node, NodeOptions};
 use std::path::Path;
@@ -35,7 +36,9 @@ async fn need_reboot_signal_leads_to_exactly_one_reboot_and_back_to_idle() {
         .await
         .unwrap();
     assert_eq!(s.phase, Phase::Rebooting);
-    assert!(s.reason.as_deref().unwrap().contains("1.2.3"), "{s:?}");
+    let reason = s.reason.as_ref().unwrap();
+    assert_eq!(reason.source, TriggerSource::UpdateEngine, "{s:?}");
+    assert!(reason.detail.contains("1.2.3"), "{s:?}");
 
     node.reboot().await.unwrap();
     let s = node
@@ -283,12 +286,10 @@ async fn sentinel_file_triggers_a_reboot() {
     idle(&node).await;
     std::fs::write(&sentinel, b"*** System restart required ***\n").unwrap();
     next_reboot(&node, &mut reboots, WAIT).await;
-    assert!(node
-        .state()
-        .unwrap()
-        .reason
-        .unwrap()
-        .contains("sentinel_file"));
+    assert_eq!(
+        node.state().unwrap().reason.unwrap().source,
+        TriggerSource::SentinelFile
+    );
 }
 
 #[tokio::test]

@@ -4,6 +4,7 @@
 mod common;
 
 use common::*;
+use rebootd::need::TriggerSource;
 use rebootd::state::Phase;
 use rebootd_lab::etcd::{EtcdServer, EtcdVersion};
 use rebootd_lab::fleet::{Fleet, FleetLock, FleetOptions};
@@ -459,7 +460,16 @@ async fn a_request_made_mid_cycle_is_consumed_by_that_cycle() {
     log_line(&node, &["9.1", "during phase acquiring_slot: noted"], WAIT).await;
     let s = node.state().unwrap();
     assert_eq!(s.phase, Phase::AcquiringSlot);
-    assert!(s.reason.as_deref().unwrap().contains("9.0"), "{s:?}");
+    let reason = s.reason.as_ref().unwrap();
+    assert_eq!(reason.source, TriggerSource::UpdateEngine, "{s:?}");
+    assert!(reason.detail.contains("9.0"), "{s:?}");
+    let st = status_json(&node).await;
+    assert_eq!(st["trigger"], "update_engine", "{st}");
+    let shown = st["reason"].as_str().unwrap();
+    assert!(
+        shown.starts_with("update_engine: UPDATE_STATUS_UPDATED_NEED_REBOOT"),
+        "{st}"
+    );
 
     let mut reboots = node.logind.subscribe();
     let (code, _, err) = rebootctl(&other, &["unlock"]).await;

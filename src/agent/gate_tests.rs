@@ -1,6 +1,7 @@
 //! The gates (`[gates]`) in the state machine: wait before the slot, back out after it.
 
 use super::*;
+use crate::need::TriggerSource;
 
 fn t(secs: i64) -> Timestamp {
     Timestamp::from_second(secs).unwrap()
@@ -34,7 +35,9 @@ fn gated(gate: &str, why: &str) -> Event {
 }
 
 fn needed() -> Event {
-    Event::RebootNeeded { reason: "x".into() }
+    Event::RebootNeeded {
+        need: Need::new(TriggerSource::SentinelFile, "x"),
+    }
 }
 
 #[test]
@@ -98,7 +101,11 @@ fn a_gate_closing_before_the_cordon_releases_the_slot_at_once() {
     let s = run(&s, &p, 11, vec![Event::Released]);
     assert_eq!(s.phase, Phase::RebootNeeded);
     assert!(!s.slot_held && !s.cordon_recorded);
-    assert_eq!(s.reason.as_deref(), Some("x"), "still needed");
+    assert_eq!(
+        s.reason.as_ref().map(|r| r.detail.as_str()),
+        Some("x"),
+        "still needed"
+    );
     assert!(s.waiting_for.as_deref().unwrap().contains("alerts"));
     assert_eq!(next_action(&s, &p), Action::Sleep { until: t(40) });
     assert_eq!(s.last_error, None, "a closed gate is no error");

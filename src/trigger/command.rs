@@ -1,7 +1,7 @@
 //! Trigger: a command run at an interval; exit status 0 means a reboot is needed (as kured's
 //! sentinel command).
 
-use super::{Need, Ready};
+use super::{Need, Ready, TriggerSource};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
@@ -23,10 +23,7 @@ pub async fn run(cmd: Vec<String>, interval: Duration, tx: mpsc::Sender<Need>, r
             .status();
         match tokio::time::timeout(interval, child).await {
             Ok(Ok(status)) if status.success() => {
-                let need = Need {
-                    source: "sentinel_command",
-                    detail: format!("{cmd:?} exited 0"),
-                };
+                let need = Need::new(TriggerSource::SentinelCommand, format!("{cmd:?} exited 0"));
                 if tx.send(need).await.is_err() {
                     return;
                 }

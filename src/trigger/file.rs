@@ -1,7 +1,7 @@
 //! Trigger: a file that appears (`/run/reboot-required`, or the request `rebootctl reboot`
 //! writes). Watched with inotify on its directory, not polled; checked once at start.
 
-use super::{Need, Ready};
+use super::{Need, Ready, TriggerSource};
 use inotify::{Inotify, WatchMask};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -13,13 +13,13 @@ const REWATCH_DELAY: Duration = Duration::from_secs(10);
 
 /// Watch for `path` to exist; send a [`Need`] each time it appears (and once at start if it is
 /// there already).
-pub async fn run(source: &'static str, path: PathBuf, tx: mpsc::Sender<Need>, ready: Ready) {
+pub async fn run(source: TriggerSource, path: PathBuf, tx: mpsc::Sender<Need>, ready: Ready) {
     let mut ready = Some(ready);
     loop {
         match watch(source, &path, &tx, &mut ready).await {
             Ok(()) => return, // the agent is gone
             Err(e) => {
-                warn!(trigger = source, path = %path.display(), error = %e,
+                warn!(trigger = %source, path = %path.display(), error = %e,
                     "cannot watch the sentinel file; trying again in {REWATCH_DELAY:?}");
                 if let Some(r) = ready.take() {
                     let _ = r.send(());
@@ -30,15 +30,12 @@ pub async fn run(source: &'static str, path: PathBuf, tx: mpsc::Sender<Need>, re
     }
 }
 
-fn need(source: &'static str, path: &Path) -> Need {
-    Need {
-        source,
-        detail: format!("{} exists", path.display()),
-    }
+fn need(source: TriggerSource, path: &Path) -> Need {
+    Need::new(source, format!("{} exists", path.display()))
 }
 
 async fn watch(
-    source: &'static str,
+    source: TriggerSource,
     path: &Path,
     tx: &mpsc::Sender<Need>,
     ready: &mut Option<Ready>,
@@ -53,7 +50,7 @@ async fn watch(
         WatchMask::CREATE | WatchMask::MOVED_TO | WatchMask::CLOSE_WRITE,
     )?;
     let mut events = inotify.into_event_stream(vec![0u8; 4096])?;
-    info!(trigger = source, path = %path.display(), "watching for the sentinel file");
+    info!(trigger = %source, path = %path.display(), "watching for the sentinel file");
     if path.exists() && tx.send(need(source, path)).await.is_err() {
         return Ok(());
     }
@@ -63,7 +60,7 @@ async fn watch(
     while let Some(event) = events.next().await {
         let event = event?;
         if event.name.as_deref() == name.as_deref() && path.exists() {
-            debug!(trigger = source, path = %path.display(), "sentinel file appeared");
+            debug!(trigger = %source, path = %path.display(), "sentinel file appeared");
             if tx.send(need(source, path)).await.is_err() {
                 return Ok(());
             }

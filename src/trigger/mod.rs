@@ -15,20 +15,7 @@ use tokio::task::JoinHandle;
 /// report ready only when no trigger can be missed any more.
 pub type Ready = oneshot::Sender<()>;
 
-/// A trigger's word that a reboot is needed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Need {
-    /// Which trigger: `update_engine`, `sentinel_file`, `sentinel_command`, `rebootctl`.
-    pub source: &'static str,
-    /// What it saw, for logs and `rebootctl status`.
-    pub detail: String,
-}
-
-impl std::fmt::Display for Need {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.source, self.detail)
-    }
-}
+pub use crate::need::{Need, TriggerSource};
 
 /// The running triggers.
 pub struct Running {
@@ -54,7 +41,7 @@ pub fn spawn_all(triggers: &Triggers, request_file: &Path, tx: mpsc::Sender<Need
     }
     if let Some(path) = &triggers.sentinel_file {
         tasks.push(tokio::spawn(file::run(
-            "sentinel_file",
+            TriggerSource::SentinelFile,
             path.clone(),
             tx.clone(),
             ready(),
@@ -69,7 +56,7 @@ pub fn spawn_all(triggers: &Triggers, request_file: &Path, tx: mpsc::Sender<Need
         )));
     }
     tasks.push(tokio::spawn(file::run(
-        "rebootctl",
+        TriggerSource::Rebootctl,
         request_file.to_path_buf(),
         tx,
         ready(),

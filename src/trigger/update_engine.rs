@@ -3,7 +3,7 @@
 //! (called at start and whenever update_engine appears on the bus, since the signal may have
 //! fired before rebootd listened). Reconnects when the bus or update_engine restarts.
 
-use super::{Need, Ready};
+use super::{Need, Ready, TriggerSource};
 use futures_util::StreamExt;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -97,10 +97,10 @@ async fn report(tx: &mpsc::Sender<Need>, how: &str, operation: &str, version: &s
                 via = how,
                 "update_engine: reboot needed"
             );
-            let need = Need {
-                source: "update_engine",
-                detail: format!("{operation} (new version {version})"),
-            };
+            let need = Need::new(
+                TriggerSource::UpdateEngine,
+                format!("{operation} (new version {version})"),
+            );
             tx.send(need).await.is_ok()
         }
         Meaning::Other => {
