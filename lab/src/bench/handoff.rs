@@ -5,11 +5,13 @@
 
 use super::peers;
 use super::util::{self, ms, stats, Stats};
+use crate::airlock::Airlock;
 use crate::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
 use crate::kube_api::{KubeApi, NodeBuilder, Options as KubeOptions};
 use crate::v2_watcher::V2DocWatcher;
 use rebootd::lock::etcd::EtcdSemaphore;
 use rebootd::lock::etcd_v2::EtcdV2Semaphore;
+use rebootd::lock::fleetlock::{FleetLock, Options as FleetLockOptions};
 use rebootd::lock::kube_lease::KubeLeaseSemaphore;
 use rebootd::lock::{Admin, Identity, Semaphore};
 use std::sync::Arc;
@@ -18,7 +20,8 @@ use std::time::{Duration, Instant};
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Backend: etcd-3.4, etcd-3.5 (v3), etcd-v2 (locksmith's v2 document, etcd 3.4 with
-    /// `--enable-v2`) or lease (Kubernetes Leases on the API stand-in).
+    /// `--enable-v2`), airlock (the FleetLock backend through the real airlock, then rebootd's
+    /// own etcd v3 store on the same etcd) or lease (Kubernetes Leases on the API stand-in).
     #[arg(long, default_value = "etcd-3.4")]
     backend: String,
     /// Hand-offs to measure.
@@ -52,11 +55,12 @@ pub async fn run(a: Args) -> Result<(), String> {
         })
         .collect();
     let mut sems: Vec<Arc<dyn Semaphore>> = Vec::new();
-    let admin: Box<dyn Admin>;
+    let admin: Option<Box<dyn Admin>>;
     // Keep the servers alive for the run.
     let mut _etcd = None;
     let mut _kube = None;
     let mut _dir = None;
+    let mut _airlock = None;
     let metrics_endpoint;
     let mut v2_watch = None;
     match a.backend.as_str() {
@@ -86,11 +90,11 @@ pub async fn run(a: Args) -> Result<(), String> {
                 key = s.key().to_string();
                 sems.push(Arc::new(s));
             }
-            admin = Box::new(
+            admin = Some(Box::new(
                 EtcdV2Semaphore::connect(&settings, "bench-handoff", None)
                     .await
                     .map_err(|e| e.to_string())?,
-            );
+            ));
             metrics_endpoint = Some(etcd.endpoint());
             v2_watch = Some(key);
             _etcd = Some(etcd);
@@ -114,12 +118,37 @@ pub async fn run(a: Args) -> Result<(), String> {
                     .map_err(|e| e.to_string())?;
                 sems.push(Arc::new(s));
             }
-            admin = Box::new(
+            admin = Some(Box::new(
                 EtcdSemaphore::connect(&settings, "bench-handoff", None)
                     .await
                     .map_err(|e| e.to_string())?,
-            );
+            ));
             metrics_endpoint = Some(etcd.endpoint());
+            _etcd = Some(etcd);
+        }
+        "airlock" => {
+            // rebootd's FleetLock backend through the real airlock (its semaphore in etcd v3),
+            // then, on the same etcd, rebootd's own etcd store (below).
+            let etcd = EtcdServer::start(EtcdVersion::V34)
+                .await
+                .map_err(|e| e.to_string())?;
+            let airlock = Airlock::start(&etcd, &[("default", 1)])
+                .await
+                .map_err(|e| e.to_string())?;
+            println!(
+                "airlock (real) at {} on etcd {} at {}",
+                airlock.url(),
+                etcd.binaries().version,
+                etcd.endpoint()
+            );
+            for _ in 0..a.clients {
+                let s = FleetLock::new(&airlock.url(), "default", FleetLockOptions::default())
+                    .map_err(|e| e.to_string())?;
+                sems.push(Arc::new(s));
+            }
+            admin = None;
+            metrics_endpoint = Some(etcd.endpoint());
+            _airlock = Some(airlock);
             _etcd = Some(etcd);
         }
         "lease" => {
@@ -149,71 +178,27 @@ pub async fn run(a: Args) -> Result<(), String> {
             let client = rebootd::kube_client::connect(Some(&kc))
                 .await
                 .map_err(|e| e.to_string())?;
-            admin = Box::new(KubeLeaseSemaphore::new(client, &settings, None));
+            admin = Some(Box::new(KubeLeaseSemaphore::new(client, &settings, None)));
             metrics_endpoint = None;
             _kube = Some(api);
             _dir = Some(dir);
         }
         other => {
             return Err(format!(
-                "--backend {other}: expected etcd-3.4, etcd-3.5, etcd-v2 or lease"
+                "--backend {other}: expected etcd-3.4, etcd-3.5, etcd-v2, airlock or lease"
             ))
         }
     }
-    admin.set_max(1, true).await.map_err(|e| e.to_string())?;
+    if let Some(admin) = &admin {
+        admin.set_max(1, true).await.map_err(|e| e.to_string())?;
+    }
     let watcher = match (&v2_watch, &metrics_endpoint) {
         (Some(key), Some(ep)) => Some(V2DocWatcher::start(ep, key).await?),
         _ => None,
     };
 
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, Instant)>();
-    let waiter = |i: usize| {
-        let (s, me, tx) = (sems[i].clone(), ids[i].clone(), tx.clone());
-        tokio::spawn(async move {
-            match s.acquire(&me).await {
-                Ok(()) => {
-                    let _ = tx.send((i, Instant::now()));
-                }
-                Err(e) => eprintln!("client {i}: acquire failed: {e}"),
-            }
-        })
-    };
-    sems[0].acquire(&ids[0]).await.map_err(|e| e.to_string())?;
-    let mut holder = 0;
-    for i in 1..a.clients {
-        waiter(i);
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let before = match &metrics_endpoint {
-        Some(e) => Some(util::etcd_counters(e).await?),
-        None => None,
-    };
-    let (mut from_call, mut from_return, mut release_call) = (Vec::new(), Vec::new(), Vec::new());
-    let started = Instant::now();
-    for _ in 0..a.count {
-        tokio::time::sleep(a.settle).await;
-        let t0 = Instant::now();
-        sems[holder]
-            .release(&ids[holder])
-            .await
-            .map_err(|e| e.to_string())?;
-        let t1 = Instant::now();
-        let (next, t2) = tokio::time::timeout(Duration::from_secs(10), rx.recv())
-            .await
-            .map_err(|_| "no waiter took the slot within 10 s".to_string())?
-            .ok_or("waiters gone")?;
-        from_call.push(ms(t2 - t0));
-        // Signed: the waiter may hold the slot before release() has returned to the holder.
-        from_return.push(if t2 >= t1 { ms(t2 - t1) } else { -ms(t1 - t2) });
-        release_call.push(ms(t1 - t0));
-        waiter(holder);
-        holder = next;
-    }
-    let wall = started.elapsed();
-    let after = match &metrics_endpoint {
-        Some(e) => Some(util::etcd_counters(e).await?),
-        None => None,
-    };
+    let (from_call, from_return, release_call, wall, before, after) =
+        chain(&sems, &ids, &a, metrics_endpoint.as_deref()).await?;
     let handoff = stats(&from_call);
     println!(
         "backend {} clients {} settle {:?}: {} hand-offs in {:.1}s",
@@ -261,12 +246,137 @@ pub async fn run(a: Args) -> Result<(), String> {
         },
         if handoff.p99 < 100.0 { "met" } else { "MISSED" }
     );
+    if let (Some(_), Some(etcd)) = (&_airlock, &_etcd) {
+        own_etcd_store(etcd, &ids, &a, handoff).await?;
+    }
     if a.locksmithd > 0 {
         let Some(etcd) = &_etcd else {
             return Err("--locksmithd needs --backend etcd-v2".into());
         };
         locksmithd_chain(etcd, &a, handoff).await?;
     }
+    Ok(())
+}
+
+/// What a chain measured: hand-offs from `release()` called and from it returning (ms), the
+/// `release()` calls (ms), the wall time, and etcd's counters before and after.
+type Chain = (
+    Vec<f64>,
+    Vec<f64>,
+    Vec<f64>,
+    Duration,
+    Option<util::EtcdCounters>,
+    Option<util::EtcdCounters>,
+);
+
+/// One holder, the others waiting in `acquire()`; `a.count` times: settle, the holder releases,
+/// the first waiter whose `acquire()` returns holds next, the old holder queues again.
+async fn chain(
+    sems: &[Arc<dyn Semaphore>],
+    ids: &[Identity],
+    a: &Args,
+    metrics_endpoint: Option<&str>,
+) -> Result<Chain, String> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, Instant)>();
+    let waiter = |i: usize| {
+        let (s, me, tx) = (sems[i].clone(), ids[i].clone(), tx.clone());
+        tokio::spawn(async move {
+            match s.acquire(&me).await {
+                Ok(()) => {
+                    let _ = tx.send((i, Instant::now()));
+                }
+                Err(e) => eprintln!("client {i}: acquire failed: {e}"),
+            }
+        })
+    };
+    sems[0].acquire(&ids[0]).await.map_err(|e| e.to_string())?;
+    let mut holder = 0;
+    for i in 1..a.clients {
+        waiter(i);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = match metrics_endpoint {
+        Some(e) => Some(util::etcd_counters(e).await?),
+        None => None,
+    };
+    let (mut from_call, mut from_return, mut release_call) = (Vec::new(), Vec::new(), Vec::new());
+    let started = Instant::now();
+    for _ in 0..a.count {
+        tokio::time::sleep(a.settle).await;
+        let t0 = Instant::now();
+        sems[holder]
+            .release(&ids[holder])
+            .await
+            .map_err(|e| e.to_string())?;
+        let t1 = Instant::now();
+        let (next, t2) = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .map_err(|_| "no waiter took the slot within 10 s".to_string())?
+            .ok_or("waiters gone")?;
+        from_call.push(ms(t2 - t0));
+        // Signed: the waiter may hold the slot before release() has returned to the holder.
+        from_return.push(if t2 >= t1 { ms(t2 - t1) } else { -ms(t1 - t2) });
+        release_call.push(ms(t1 - t0));
+        waiter(holder);
+        holder = next;
+    }
+    let wall = started.elapsed();
+    let after = match metrics_endpoint {
+        Some(e) => Some(util::etcd_counters(e).await?),
+        None => None,
+    };
+    Ok((from_call, from_return, release_call, wall, before, after))
+}
+
+/// After the chain through airlock: the same chain on rebootd's own etcd v3 store, same etcd.
+async fn own_etcd_store(
+    etcd: &EtcdServer,
+    ids: &[Identity],
+    a: &Args,
+    through_airlock: Stats,
+) -> Result<(), String> {
+    let settings = rebootd::config::Etcd {
+        api: rebootd::config::EtcdApi::V3,
+        endpoints: vec![etcd.endpoint()],
+        ca_file: None,
+        cert_file: None,
+        key_file: None,
+        username: None,
+        password_file: None,
+    };
+    let mut sems: Vec<Arc<dyn Semaphore>> = Vec::new();
+    for _ in 0..a.clients {
+        let s = EtcdSemaphore::connect(&settings, "bench-handoff", None)
+            .await
+            .map_err(|e| e.to_string())?;
+        sems.push(Arc::new(s));
+    }
+    let admin = EtcdSemaphore::connect(&settings, "bench-handoff", None)
+        .await
+        .map_err(|e| e.to_string())?;
+    admin.set_max(1, true).await.map_err(|e| e.to_string())?;
+    let (from_call, _, _, wall, before, after) =
+        chain(&sems, ids, a, Some(&etcd.endpoint())).await?;
+    let own = stats(&from_call);
+    println!(
+        "same etcd, rebootd's own etcd v3 store: {} hand-offs in {:.1}s",
+        a.count,
+        wall.as_secs_f64()
+    );
+    println!("hand-off (release() called -> next acquire() returned): {own}");
+    if let (Some(b), Some(x)) = (before, after) {
+        let d = x.minus(&b);
+        println!(
+            "etcd requests per hand-off: {:.2} [{}]",
+            d.requests() / a.count as f64,
+            d.describe(a.count as f64)
+        );
+    }
+    println!(
+        "FleetLock through airlock / own etcd store: median {:.1}, p99 {:.1}",
+        through_airlock.median / own.median,
+        through_airlock.p99 / own.p99
+    );
     Ok(())
 }
 
