@@ -1,6 +1,6 @@
 //! The v2 store (`[lock.etcd] api = "v2"`) against real etcd 3.4 and 3.5 (`--enable-v2=true`)
 //! and the real `locksmithctl`: both sides agree on the semaphore in both directions, waiting is
-//! one long-poll watch (requests counted), the queue is FIFO, a corrupt document is left alone,
+//! one streaming watch (requests counted), the queue is FIFO, a corrupt document is left alone,
 //! a moved document makes every call say so, and a node on v2 follows the semaphore to v3.
 //! No sleeps: waits are on watches and task completion.
 
@@ -110,6 +110,7 @@ per_version!(
     a_corrupt_document_is_refused_and_left_untouched,
     a_moved_document_is_followed_to_v3,
     a_waiter_survives_a_cleared_watch_index_and_an_etcd_restart,
+    changes_while_waiting_cost_the_waiter_no_requests,
 );
 
 mod tls {
@@ -195,6 +196,42 @@ async fn a_locksmith_holder_makes_rebootd_wait_and_its_unlock_wakes_it_by_watch(
     assert_eq!(watcher.max_holders_seen(), 1, "{history:?}");
     // The entry is gone once the slot is held.
     assert_eq!(queue_entries(&env.etcd, &queue), 0);
+}
+
+/// A waiter watches on one streaming watch: the holder's phase reports (changes of the group it
+/// watches) reach it without a request each, as long polls would (one per change).
+async fn changes_while_waiting_cost_the_waiter_no_requests(env: Env) {
+    let holder = env.store("default").await;
+    holder.set_max(1, true).await.unwrap();
+    holder.acquire(&me("holder")).await.unwrap();
+    let store = Arc::new(env.store("default").await);
+    let waiter = {
+        let s = store.clone();
+        tokio::spawn(async move { s.acquire(&me("waiter")).await })
+    };
+    let queue = tree::Keys::new("default").queue;
+    wait_queue_len(&env.etcd, &queue, 1).await;
+    let from = store.requests();
+    let phases = 20;
+    for i in 0..phases {
+        let phase = if i % 2 == 0 { "draining" } else { "rebooting" };
+        holder.report_phase(&me("holder"), phase).await.unwrap();
+    }
+    // The last report reached the waiter's view: it is in etcd, and the waiter's stream is in
+    // order; then the release wakes it.
+    holder.release(&me("holder")).await.unwrap();
+    tokio::time::timeout(WAIT, waiter)
+        .await
+        .expect("the waiter takes the freed slot")
+        .unwrap()
+        .unwrap();
+    let spent = store.requests() - from;
+    // Taking the slot: the compare-and-swap, the record, the queue entry; at most a watch
+    // opened again. Long polls would have cost one per report (20) on top.
+    assert!(
+        spent <= 6,
+        "{spent} requests while {phases} changes went by and the slot was taken"
+    );
 }
 
 async fn locksmithctl_sees_and_respects_rebootds_holder(env: Env) {

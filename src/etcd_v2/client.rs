@@ -10,6 +10,7 @@ use hyper::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, USER_AGENT
 use hyper::{Method, Request, StatusCode};
 
 use super::error::{At, V2Error};
+use super::stream::WatchStream;
 use super::types::{EtcdErrorBody, Response};
 use crate::http::{self, error_chain, HttpClient};
 
@@ -316,6 +317,79 @@ impl KeysClient {
             .await
     }
 
+    /// A streaming watch (`stream=true`) of `key` (recursive or not) from etcd index
+    /// `wait_index`, on the endpoint that answered last: etcd keeps the answer open and sends
+    /// every later event on it, so a waiter that sees many changes asks once instead of once per
+    /// change. See [`WatchStream`] for when it ends. An answer other than 2xx is asked again as
+    /// a long poll, whose error (e.g. the index cleared) is returned.
+    #[tracing::instrument(level = "trace", skip(self))]
+    pub async fn watch_stream(
+        &self,
+        key: &str,
+        recursive: bool,
+        wait_index: u64,
+    ) -> Result<WatchStream, V2Error> {
+        let key = if key.starts_with('/') {
+            key.to_owned()
+        } else {
+            format!("/{key}")
+        };
+        let i = self.current.load(Ordering::Relaxed) % self.endpoints.len();
+        let at = At {
+            endpoint: self.endpoints[i].clone(),
+            method: "GET",
+            key: key.clone(),
+        };
+        let mut query = vec![
+            ("wait", "true".to_owned()),
+            ("waitIndex", wait_index.to_string()),
+            ("stream", "true".to_owned()),
+        ];
+        if recursive {
+            query.push(("recursive", "true".to_owned()));
+        }
+        let request = self.build_request(&at, &Method::GET, &query, None)?;
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let response =
+            match tokio::time::timeout(self.timeouts.request, self.http.request(request)).await {
+                Ok(Ok(r)) if r.status().is_success() => r,
+                Ok(Ok(r)) => {
+                    drop(r);
+                    return match self.watch(&key, recursive, wait_index).await {
+                        Err(e) => Err(e),
+                        Ok(_) => Err(V2Error::Unreachable {
+                            at,
+                            reason: "a streaming watch was refused".into(),
+                        }),
+                    };
+                }
+                Ok(Err(e)) => {
+                    return Err(V2Error::Unreachable {
+                        at,
+                        reason: error_chain(&e),
+                    })
+                }
+                Err(_) => {
+                    return Err(V2Error::Unreachable {
+                        at,
+                        reason: format!("no answer within {:?}", self.timeouts.request),
+                    })
+                }
+            };
+        let opened_at = response
+            .headers()
+            .get("x-etcd-index")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        Ok(WatchStream::new(
+            at,
+            response.into_body(),
+            opened_at,
+            self.timeouts.watch,
+        ))
+    }
+
     /// A request that is not a watch: it always has an answer or an error.
     async fn request(
         &self,
@@ -377,14 +451,14 @@ impl KeysClient {
         Err(last_error.unwrap_or_else(|| V2Error::Setting("no etcd endpoint".into())))
     }
 
-    async fn once(
+    /// The HTTP request of one call on the endpoint of `at`.
+    fn build_request(
         &self,
         at: &At,
         method: &Method,
         query: &[(&str, String)],
         form: Option<&[(&str, String)]>,
-        wait: Wait,
-    ) -> Result<Option<Response>, V2Error> {
+    ) -> Result<Request<Full<Bytes>>, V2Error> {
         let mut url = format!("{}/v2/keys{}", at.endpoint, escape_path(&at.key));
         if !query.is_empty() {
             let mut q = url::form_urlencoded::Serializer::new(String::new());
@@ -421,12 +495,23 @@ impl KeysClient {
         if let Some(auth) = &self.authorization {
             request = request.header(AUTHORIZATION, auth.clone());
         }
-        let request = request
+        request
             .body(Full::new(body))
             .map_err(|e| V2Error::Unreachable {
                 at: at.clone(),
                 reason: format!("cannot build the request: {e}"),
-            })?;
+            })
+    }
+
+    async fn once(
+        &self,
+        at: &At,
+        method: &Method,
+        query: &[(&str, String)],
+        form: Option<&[(&str, String)]>,
+        wait: Wait,
+    ) -> Result<Option<Response>, V2Error> {
+        let request = self.build_request(at, method, query, form)?;
         let unreachable = |reason: String| V2Error::Unreachable {
             at: at.clone(),
             reason,

@@ -2,7 +2,8 @@
 //! HTTP/1.1 JSON over the binary's one HTTP stack ([`crate::http`]): reads (recursive, sorted,
 //! quorum), create (`prevExist=false`), compare-and-swap (`prevIndex`), delete (`prevIndex`),
 //! TTL keys and their refresh (which keeps the key's index and wakes no watcher), in-order keys
-//! (POST to a directory) and long-poll watches (`wait=true&waitIndex=N`, one event per request).
+//! (POST to a directory), long-poll watches (`wait=true&waitIndex=N`, one event per request) and
+//! streaming watches (`stream=true`, every event on one answer, [`WatchStream`]).
 //!
 //! etcd keeps the last 1000 events only: a watch on an older index answers error 401 ("The event
 //! in requested index is outdated and cleared"), [`V2Error::is_index_cleared`]; the caller reads
@@ -17,8 +18,10 @@
 
 mod client;
 mod error;
+mod stream;
 mod types;
 
 pub use client::{escape_path, Get, KeysClient, Put, Settings, Timeouts};
 pub use error::{At, V2Error};
+pub use stream::WatchStream;
 pub use types::{code, Action, EtcdErrorBody, Node, Response};

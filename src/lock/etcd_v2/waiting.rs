@@ -1,10 +1,13 @@
 //! `acquire` on the v2 store: the lock core's loop over [`V2Waiting`]. A waiter queues as an
 //! in-order key with a TTL under `rebootd/waiters/` (refreshed every third of the TTL without
-//! waking anyone), and waits by one long-poll watch of the group's directory at a time: each
-//! change ends the poll, is applied to the snapshot, and the arbiter decides again. A release
-//! by locksmith or rebootd therefore reaches the head of the queue as one watch answer, never
-//! by polling. A cancelled `acquire` deletes its entry (from a spawned task); a dead one's entry
+//! waking anyone), and waits on a watch of the group's directory: each change is applied to the
+//! snapshot, and the arbiter decides again. A release by locksmith or rebootd therefore reaches
+//! the head of the queue as one watch event, never by polling. A cancelled `acquire` deletes its entry (from a spawned task); a dead one's entry
 //! expires with its TTL.
+//!
+//! The watch is one streaming watch (`stream=true`) kept for the whole `acquire`: every change
+//! of the group comes on it without a new request (a long poll per change cost each waiter one
+//! request per change, so a rollout's requests grew with the fleet).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,7 +20,7 @@ use super::super::view::{Me, View};
 use super::super::{Identity, LockError};
 use super::tree::{QueueRecord, Snapshot};
 use super::{lock_error, EtcdV2Semaphore, BACKEND};
-use crate::etcd_v2::{KeysClient, Response, V2Error};
+use crate::etcd_v2::{KeysClient, Response, V2Error, WatchStream};
 
 /// Take a slot for `me` in `store`, waiting in its queue as long as it takes.
 pub(super) async fn acquire(store: &EtcdV2Semaphore, me: &Identity) -> Result<(), LockError> {
@@ -43,6 +46,9 @@ pub(super) async fn acquire(store: &EtcdV2Semaphore, me: &Identity) -> Result<()
             client: store.client.clone(),
             key: None,
         },
+        stream: None,
+        next_index: None,
+        behind: false,
     };
     acquire::acquire(&mut w, me, &settings).await
 }
@@ -81,6 +87,20 @@ struct V2Waiting<'a> {
     /// When my entry's TTL is due for a refresh.
     refresh_at: Option<Instant>,
     entry: EntryGuard,
+    /// The streaming watch of the group's keys, kept across waits, and the index after the last
+    /// event it brought.
+    stream: Option<WatchStream>,
+    next_index: Option<u64>,
+    /// The last stream brought an event from etcd's history with more changes after it: a read
+    /// catches up in one request, where watching again would take one per change.
+    behind: bool,
+}
+
+/// What ended one step of a wait.
+enum Got {
+    Event(Box<Result<Option<Response>, V2Error>>),
+    Refresh,
+    Until,
 }
 
 impl V2Waiting<'_> {
@@ -169,6 +189,9 @@ impl V2Waiting<'_> {
 impl Waiting for V2Waiting<'_> {
     async fn read(&mut self) -> Result<(), LockError> {
         let snap = self.store.read(false).await?;
+        // The watch goes on from this read.
+        self.stream = None;
+        self.next_index = None;
         // A restarted rebootd (same token) takes its old entry over, keeping its place.
         if self.entry.key.is_none() {
             if let Some((key, _)) = snap.my_entry(&self.me.id, &self.me.token) {
@@ -234,37 +257,66 @@ impl Waiting for V2Waiting<'_> {
     async fn wait(&mut self, until: Option<Instant>, _head: bool) -> Result<Wake, LockError> {
         let store = self.store;
         let keys = &store.keys;
-        let mut from = self.snap()?.index + 1;
-        let mut poll = watch(store.client.clone(), keys.root.clone(), from);
         loop {
-            let refresh_at = self.refresh_at;
-            tokio::select! {
-                answer = &mut poll => match answer {
-                    Ok(Some(event)) => {
-                        let ours = self
-                            .snap
-                            .as_mut()
-                            .is_some_and(|s| s.apply(keys, &event));
-                        if ours {
-                            return Ok(Wake::Changed);
+            let mut stream = match self.stream.take().filter(|s| !s.ended()) {
+                Some(s) => s,
+                None if self.behind => {
+                    self.behind = false;
+                    return Ok(Wake::Reread);
+                }
+                None => {
+                    let from = match self.next_index {
+                        Some(i) => i,
+                        None => self.snap()?.index + 1,
+                    };
+                    match store.client.watch_stream(&keys.root, true, from).await {
+                        Ok(s) => s,
+                        Err(e) if e.is_index_cleared() => {
+                            tracing::debug!(error = %e, "watch index cleared; reading again");
+                            return Ok(Wake::Reread);
                         }
-                        from = event.node.modified_index + 1;
-                        poll = watch(store.client.clone(), keys.root.clone(), from);
+                        Err(e) => return Err(lock_error(e)),
                     }
-                    Ok(None) => poll = watch(store.client.clone(), keys.root.clone(), from),
-                    Err(e) if e.is_index_cleared() => {
-                        tracing::debug!(error = %e, "watch index cleared; reading again");
-                        return Ok(Wake::Reread);
-                    }
-                    Err(e) => return Err(lock_error(e)),
-                },
-                _ = sleep_until(refresh_at), if refresh_at.is_some() => {
+                }
+            };
+            let refresh_at = self.refresh_at;
+            let got = tokio::select! {
+                answer = stream.next() => Got::Event(Box::new(answer)),
+                _ = sleep_until(refresh_at), if refresh_at.is_some() => Got::Refresh,
+                _ = sleep_until(until), if until.is_some() => Got::Until,
+            };
+            let answer = match got {
+                Got::Event(answer) => *answer,
+                Got::Refresh => {
+                    self.stream = Some(stream);
                     if !self.refresh().await? {
                         // Expired: queue again (at the end) after deciding on a fresh view.
                         return Ok(Wake::Reread);
                     }
+                    continue;
                 }
-                _ = sleep_until(until), if until.is_some() => return Ok(Wake::Changed),
+                Got::Until => {
+                    self.stream = Some(stream);
+                    return Ok(Wake::Changed);
+                }
+            };
+            match answer {
+                Ok(Some(event)) => {
+                    self.behind = stream.ended() && event.node.modified_index < stream.opened_at();
+                    self.stream = Some(stream);
+                    self.next_index = Some(event.node.modified_index + 1);
+                    let ours = self.snap.as_mut().is_some_and(|s| s.apply(keys, &event));
+                    if ours {
+                        return Ok(Wake::Changed);
+                    }
+                }
+                // Silence for the watch time limit, or the stream ended: open another.
+                Ok(None) => {}
+                Err(e) if e.is_index_cleared() => {
+                    tracing::debug!(error = %e, "watch index cleared; reading again");
+                    return Ok(Wake::Reread);
+                }
+                Err(e) => return Err(lock_error(e)),
             }
         }
     }
@@ -301,14 +353,6 @@ impl V2Waiting<'_> {
         self.note(&created);
         Ok(())
     }
-}
-
-type Poll =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<Response>, V2Error>> + Send>>;
-
-/// One long poll of everything under `root` from etcd index `from`.
-fn watch(client: Arc<KeysClient>, root: String, from: u64) -> Poll {
-    Box::pin(async move { client.watch(&root, true, from).await })
 }
 
 async fn sleep_until(at: Option<Instant>) {
