@@ -417,6 +417,8 @@ impl Runtime {
         let mut inbox = control::Inbox::open(&self.store);
         tokio::pin!(shutdown);
         let mut last_noted: Option<String> = None;
+        // When the next heartbeat is due, across actions (see `heartbeat`).
+        let beat_due = std::sync::Mutex::new(None);
         let result = 'run: loop {
             // The loop came round: it is alive. While an action waits the watchdog is fed from
             // here too; a call that hangs is not fed, so systemd restarts the daemon.
@@ -453,7 +455,7 @@ impl Runtime {
             let decided = state.clone();
             let perform = self.perform(&action, &decided).instrument(span);
             tokio::pin!(perform);
-            let heartbeat = self.heartbeat(state.slot_held);
+            let heartbeat = self.heartbeat(state.slot_held, &beat_due);
             tokio::pin!(heartbeat);
             let event = loop {
                 tokio::select! {
@@ -911,13 +913,32 @@ impl Runtime {
     }
 
     /// Keep the slot's record fresh while holding it, so `lock.max_hold` never takes this node
-    /// for dead. Runs beside the current action; never ends.
-    async fn heartbeat(&self, held: bool) -> std::convert::Infallible {
+    /// for dead. Runs beside the current action; never ends. `due` is when the next beat is
+    /// due, kept across actions: each action runs its own copy of this future, and a timer
+    /// started afresh with each one would never fire while every action is shorter than a beat
+    /// (asking a gate again every `gates.interval`, retrying every `reboot.retry_interval`).
+    async fn heartbeat(
+        &self,
+        held: bool,
+        due: &std::sync::Mutex<Option<tokio::time::Instant>>,
+    ) -> std::convert::Infallible {
+        let set = |at: Option<tokio::time::Instant>| {
+            *due.lock().unwrap_or_else(|p| p.into_inner()) = at;
+        };
         let Some(every) = self.semaphore.heartbeat_every().filter(|_| held) else {
+            set(None);
             return std::future::pending().await;
         };
         loop {
-            tokio::time::sleep(every).await;
+            let at = due
+                .lock()
+                .map(|d| *d)
+                .unwrap_or(None)
+                .unwrap_or_else(|| tokio::time::Instant::now() + every);
+            set(Some(at));
+            tokio::time::sleep_until(at).await;
+            // The next one is due a beat from now, whether this call ends or its action does.
+            set(Some(tokio::time::Instant::now() + every));
             match self.semaphore.heartbeat(&self.me).await {
                 Ok(Fence::Held) => debug!("heartbeat"),
                 Ok(Fence::Lost { why }) => {

@@ -544,6 +544,85 @@ async fn checks_after_the_boot_and_the_settle_time_hold_the_slot() {
         .expect("both nodes roll");
 }
 
+/// A holder waiting for a check after its boot keeps its slot for as long as the check says
+/// wait, also with `lock.max_hold`: it keeps beating while it asks again every
+/// `gates.interval`, which here is shorter than a beat (`max_hold / 8`). Found by the chaos
+/// trials' review: the beat's timer started again with every action, so a holder whose every
+/// action (ask, wait `interval`, ask again) was shorter than a beat never beat, and the waiter
+/// behind it reclaimed the slot of a live node after `max_hold`, two nodes in flight with max 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_waiting_for_a_check_after_the_boot_keeps_beating_and_its_slot_with_max_hold() {
+    // A beat every 1.25 s; the check is asked every second (the shortest interval allowed).
+    let max_hold = Duration::from_secs(10);
+    let config = "[reboot]\ntimeout = \"2s\"\nusers_warning = \"0s\"\n\n[gates]\ninterval = \"1s\"\n\n[[gates.after_boot]]\nname = \"after\"\ncommand = [\"sh\", \"-c\", \"! test -e \\\"$STATE_DIRECTORY/hold\\\"\"]\n";
+    let fleet = Fleet::start(
+        Path::new(REBOOTD),
+        FleetOptions {
+            nodes: 2,
+            max: 1,
+            config: config.into(),
+            lock_config: format!("max_hold = \"{}s\"\n", max_hold.as_secs()),
+            ..FleetOptions::default()
+        },
+    )
+    .await
+    .expect("start fleet");
+    fleet.wait_ready(WAIT).await.unwrap();
+    let hold = fleet.nodes[0].lock().await.state_dir().join("hold");
+    std::fs::write(&hold, "").unwrap();
+    let mut events = fleet.subscribe();
+    for (i, version) in [(0, "3.0"), (1, "3.0")] {
+        if i == 1 {
+            // node-1 rebooted and waits for its check, holding the slot.
+            fleet
+                .wait_state(
+                    0,
+                    "node-1 to wait for its check after the boot",
+                    WAIT,
+                    |s| gate_named(s, "after") && s.slot_held && s.last_reboot.is_some(),
+                )
+                .await
+                .unwrap();
+        }
+        fleet.nodes[i]
+            .lock()
+            .await
+            .update_engine
+            .set_status(NEED, version)
+            .await
+            .unwrap();
+    }
+    // node-2 waits behind it: for two and a half times max_hold, nobody takes node-1's slot.
+    let quiet = max_hold * 5 / 2;
+    let taken = tokio::time::timeout(quiet, async {
+        loop {
+            match events.recv().await {
+                Ok(FleetEvent::RebootRequested { node, .. }) if node == "node-2" => return,
+                Ok(_) => continue,
+                Err(e) => panic!("fleet events: {e}"),
+            }
+        }
+    })
+    .await;
+    let n1 = fleet.nodes[0].lock().await.state().unwrap();
+    assert!(
+        taken.is_err() && n1.slot_held,
+        "node-2 rebooted while node-1 waited for its check holding the slot (node-1: {n1:?})\n{}",
+        fleet.nodes[1].lock().await.log()
+    );
+    assert!(
+        !fleet.nodes[1].lock().await.log().contains("RECLAIMING"),
+        "node-2 reclaimed the slot of a live holder"
+    );
+    // The check says go: node-1 gives its slot back, node-2 reboots.
+    std::fs::remove_file(&hold).unwrap();
+    fleet
+        .wait_rolled_nodes(&[0, 1], WAIT)
+        .await
+        .expect("both nodes complete their reboot");
+    assert_eq!(fleet.max_holders_seen(), 1);
+}
+
 /// While rebooting, rebootd labels and taints its Node and takes it out of external load
 /// balancers, waiting before the first eviction; afterwards it takes off exactly what it added
 /// (an operator's label with the same key and another taint stay), with per-node identities and

@@ -38,6 +38,8 @@ pub struct FleetOptions {
     pub reboot_time: Duration,
     /// Extra TOML for every node.
     pub config: String,
+    /// Extra keys for the nodes' `[lock]` table (e.g. `max_hold = "3s"`).
+    pub lock_config: String,
     pub group: String,
     /// Each node talks to the API stand-in as its own identity, user `rebootd:node:<node>` (as
     /// `deploy/kubernetes/mint-kubeconfig.sh` mints them), with the Lease semaphore in the
@@ -58,6 +60,7 @@ impl Default for FleetOptions {
             kubernetes_config: "drain_timeout = \"60s\"\nready_timeout = \"30s\"\n".into(),
             reboot_time: Duration::from_millis(500),
             config: String::new(),
+            lock_config: String::new(),
             group: "default".into(),
             node_identities: false,
             kube_admission: None,
@@ -158,7 +161,8 @@ impl Fleet {
                     .await
                     .map_err(|e| LabError::DaemonStart(format!("etcd put: {e}")))?;
                 let config = format!(
-                    "[lock]\nbackend = \"etcd\"\n\n[lock.etcd]\nendpoints = [{:?}]\n",
+                    "[lock]\nbackend = \"etcd\"\n{}\n[lock.etcd]\nendpoints = [{:?}]\n",
+                    opts.lock_config,
                     etcd.endpoint()
                 );
                 (Some(etcd), Some(client), config)
@@ -170,7 +174,8 @@ impl Fleet {
                     "kube-system"
                 };
                 let config = format!(
-                    "[lock]\nbackend = \"kubernetes\"\n\n[lock.kubernetes]\nnamespace = {namespace:?}\nname = \"rebootd\"\nkubeconfig = @KUBECONFIG@\n",
+                    "[lock]\nbackend = \"kubernetes\"\n{}\n[lock.kubernetes]\nnamespace = {namespace:?}\nname = \"rebootd\"\nkubeconfig = @KUBECONFIG@\n",
+                    opts.lock_config,
                 );
                 (None, None, config)
             }
