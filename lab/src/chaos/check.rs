@@ -134,14 +134,33 @@ pub fn reclaims(history: &Timeline) -> Vec<Reclaim> {
 /// off from the store from at least `max_hold / 2` before the reclaim until it (allowing for
 /// the watcher's lag). A live holder beats every `max_hold / 8`, and a reclaimer waits for
 /// `max_hold` of silence by its own clock, so a reclaim of a holder cut off for less is one of a
-/// holder that was alive.
+/// holder that was alive. Two cuts less than a beat apart count as one: in between, the holder
+/// had no beat due (and its connections to make again).
 pub fn reclaim_allowed(o: &Observed, r: &Reclaim) -> bool {
     let Some(max_hold) = o.max_hold else {
         return false;
     };
-    o.cut_offs
+    cut_spans(&o.cut_offs, &r.from, max_hold / 8)
         .iter()
-        .any(|c| c.node == r.from && c.from + max_hold / 2 <= r.at && r.at <= c.to + WATCH_LAG)
+        .any(|(from, to)| *from + max_hold / 2 <= r.at && r.at <= *to + WATCH_LAG)
+}
+
+/// The cuts of `node`, in order, those less than `gap` apart merged.
+fn cut_spans(cuts: &[CutOff], node: &str, gap: Duration) -> Vec<(Duration, Duration)> {
+    let mut spans: Vec<(Duration, Duration)> = cuts
+        .iter()
+        .filter(|c| c.node == node)
+        .map(|c| (c.from, c.to))
+        .collect();
+    spans.sort();
+    let mut merged: Vec<(Duration, Duration)> = Vec::new();
+    for (from, to) in spans {
+        match merged.last_mut() {
+            Some(last) if from <= last.1 + gap => last.1 = last.1.max(to),
+            _ => merged.push((from, to)),
+        }
+    }
+    merged
 }
 
 /// The cordoned Nodes that count at each instant: all of them but the ones whose slot was
@@ -633,6 +652,31 @@ mod tests {
         assert!(violations(&o)
             .iter()
             .any(|v| v.contains("taken over by b at 21.00s without lock.max_hold")));
+    }
+
+    #[test]
+    fn two_cuts_less_than_a_beat_apart_count_as_one() {
+        // Cut from 0.5 s to 15 s, then again from 16 s: the reclaim at 21 s is of a node that
+        // had one second to reach the store, less than a beat (2.5 s).
+        let mut o = reclaimed();
+        o.cut_offs = vec![
+            CutOff {
+                node: "c".into(),
+                from: s(0.5),
+                to: s(15.0),
+            },
+            CutOff {
+                node: "c".into(),
+                from: s(16.0),
+                to: s(30.0),
+            },
+        ];
+        assert_eq!(violations(&o), Vec::<String>::new());
+        // Four seconds between them: it had a beat due and the store to take it.
+        o.cut_offs[0].to = s(12.0);
+        assert!(violations(&o)
+            .iter()
+            .any(|v| v.contains("c's slot was taken over by b at 21.00s while c was live")));
     }
 
     #[test]

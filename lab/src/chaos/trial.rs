@@ -228,6 +228,18 @@ fn keep_logs(opts: &ChaosOptions, seed: u64, rig: &Rig, shared: &Shared) -> Opti
     };
     let _ = std::fs::write(out.join("holders.txt"), text(shared.holders()));
     let _ = std::fs::write(out.join("cordoned.txt"), text(shared.cordoned()));
+    let cuts: String = lock(&shared.cut_offs)
+        .iter()
+        .map(|c| {
+            format!(
+                "{} cut off {:.3}s - {:.3}s\n",
+                c.node,
+                c.from.as_secs_f64(),
+                c.to.as_secs_f64()
+            )
+        })
+        .collect();
+    let _ = std::fs::write(out.join("cut-offs.txt"), cuts);
     Some(out)
 }
 
