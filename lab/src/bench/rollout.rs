@@ -200,6 +200,15 @@ impl Backend {
         }
     }
 
+    fn probe(&self) -> Probe {
+        match self {
+            Backend::Etcd { server, .. } | Backend::EtcdV2 { server, .. } => {
+                Probe::Etcd(server.endpoint())
+            }
+            Backend::Lease { api, .. } => Probe::Api(api.cluster().clone()),
+        }
+    }
+
     /// The holders (as named in the semaphore: machine id or node name) after every change,
     /// timestamped when seen.
     async fn watch(&mut self) -> Result<mpsc::UnboundedReceiver<(Instant, Vec<String>)>, String> {
@@ -267,6 +276,24 @@ impl Backend {
             }
         }
         Ok(rx)
+    }
+}
+
+/// What counts the store's requests, for the sampler.
+enum Probe {
+    Etcd(String),
+    Api(crate::kube_api::Cluster),
+}
+
+impl Probe {
+    async fn count(&self) -> f64 {
+        match self {
+            Probe::Etcd(ep) => util::etcd_counters(ep)
+                .await
+                .map(|c| c.requests())
+                .unwrap_or(0.0),
+            Probe::Api(c) => c.requests().count(|_| true) as f64,
+        }
     }
 }
 
@@ -545,6 +572,28 @@ pub async fn run(a: Args) -> Result<(), String> {
 
     let before = backend.counters().await?;
     let calls_before = calls.snapshot();
+    // The store's request rate, each second: the peak is what the fleet puts on it.
+    let (peak_tx, peak_rx) = tokio::sync::watch::channel((0.0f64, 0.0f64));
+    let sampler = {
+        let probe = backend.probe();
+        tokio::spawn(async move {
+            let start = Instant::now();
+            let mut last = probe.count().await;
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let now = probe.count().await;
+                let rate = now - last;
+                last = now;
+                peak_tx.send_if_modified(|p| {
+                    (rate > p.0)
+                        .then(|| *p = (rate, start.elapsed().as_secs_f64()))
+                        .is_some()
+                });
+            }
+        })
+    };
     let t0 = Instant::now();
     for n in nodes.iter() {
         rebootd::state::write_atomic(&n.store().request_path(), b"{\"by\":\"bench\"}")
@@ -556,6 +605,8 @@ pub async fn run(a: Args) -> Result<(), String> {
         .await
         .map_err(|_| format!("rollout not done within {budget:?}"))?;
     let after = backend.counters().await?;
+    sampler.abort();
+    let (peak, peak_at) = *peak_rx.borrow();
     let calls_during = calls.snapshot().minus(&calls_before);
     let times = times.lock().unwrap().clone();
     let end = times.iter().filter_map(|t| t.released).max().unwrap_or(t0);
@@ -617,6 +668,14 @@ pub async fn run(a: Args) -> Result<(), String> {
         "most holders at once (outside watcher): {} (max {})",
         max_seen.lock().unwrap(),
         a.max
+    );
+    println!(
+        "store requests per second, sampled each second: peak {peak:.0} (at t = {peak_at:.0} s), mean {:.1} over the rollout",
+        match (&after, &before) {
+            (Counters::Etcd(x), Counters::Etcd(b)) => x.minus(b).requests(),
+            (Counters::Api(x), Counters::Api(b)) => (x - b) as f64,
+            _ => 0.0,
+        } / total.as_secs_f64()
     );
     println!(
         "rebootd lock calls per node per reboot: {}",
