@@ -5,6 +5,7 @@
 //! every side effect is guarded by a state written before it.
 
 use crate::inhibitor::{self, Inhibitor};
+use crate::lock::GroupPause;
 use crate::need::Need;
 use crate::state::{GateWait, Pause, Phase, RebootRequest, State};
 use jiff::Timestamp;
@@ -92,6 +93,10 @@ pub enum Event {
     Resumed,
     /// The operator cancelled the pending reboot (`rebootctl cancel`).
     Cancelled,
+    /// The lock store says the group is paused (`rebootctl pause --group`): no slot is taken.
+    GroupPaused { pause: GroupPause },
+    /// The group's pause is gone (`rebootctl resume --group`).
+    GroupResumed,
 }
 
 impl Event {
@@ -125,6 +130,8 @@ impl Event {
             Event::Paused { .. } => "paused",
             Event::Resumed => "resumed",
             Event::Cancelled => "cancelled",
+            Event::GroupPaused { .. } => "group_paused",
+            Event::GroupResumed => "group_resumed",
         }
     }
 }
@@ -171,7 +178,9 @@ pub fn admit(s: &State, event: &Event) -> Result<(), Refused> {
             before_reboot || p == WaitingForHealthy,
             "reboot_needed .. rebooting, waiting_for_healthy",
         ),
-        Event::SlotAcquired => (p == AcquiringSlot, "acquiring_slot"),
+        Event::SlotAcquired | Event::GroupPaused { .. } | Event::GroupResumed => {
+            (p == AcquiringSlot, "acquiring_slot")
+        }
         Event::SlotLost { .. } => (matches!(p, Draining | Rebooting), "draining, rebooting"),
         Event::Cordoned { .. } | Event::Drained | Event::DrainFailed { .. } => {
             (p == Draining, "draining")
@@ -220,8 +229,10 @@ pub enum Action {
     CheckWindow,
     /// Wait until a window opens.
     WaitForWindow,
-    /// Take a slot (waiting for one).
+    /// Take a slot (waiting for one), unless the group is paused.
     AcquireSlot,
+    /// The group is paused: wait until its pause is no longer this one.
+    WaitForGroupResume { known: GroupPause },
     /// Read whether the node is unschedulable already, before cordoning it.
     RecordCordon,
     /// Cordon and drain the node.
@@ -271,7 +282,10 @@ pub fn next_action(s: &State, policy: &Policy) -> Action {
             None => Action::CheckWindow,
         },
         Phase::WaitingForWindow => Action::WaitForWindow,
-        Phase::AcquiringSlot => Action::AcquireSlot,
+        Phase::AcquiringSlot => match &s.group_paused {
+            Some(p) => Action::WaitForGroupResume { known: p.clone() },
+            None => Action::AcquireSlot,
+        },
         Phase::Draining if !s.cordon_recorded => Action::RecordCordon,
         Phase::Draining => Action::Drain,
         Phase::Rebooting if !s.inhibited_by.is_empty() => Action::AwaitInhibitors {
@@ -312,6 +326,8 @@ fn enter(s: &mut State, phase: Phase, now: Timestamp) {
         if phase != Phase::Rebooting {
             s.users_warned = None;
         }
+        // The group's pause is looked at again at the next slot wait.
+        s.group_paused = None;
     }
     s.waiting_for = None;
 }
@@ -768,6 +784,21 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
             if matches!(s.phase, Phase::RebootNeeded | Phase::WaitingForWindow) {
                 s.waiting_for = None;
             }
+        }
+        Event::GroupPaused { pause } => {
+            let said = pause.describe();
+            why = format!(
+                "the group is paused ({said}): no slot is taken until `rebootctl resume --group`"
+            );
+            s.waiting_for = Some(format!(
+                "`rebootctl resume --group` (the group is paused {said})"
+            ));
+            s.group_paused = Some(pause);
+        }
+        Event::GroupResumed => {
+            s.group_paused = None;
+            s.waiting_for = None;
+            why = "the group was resumed: waiting for a slot".into();
         }
         Event::Cancelled => match s.phase {
             Phase::Idle => why = "cancel: no reboot pending (no change)".into(),
@@ -1589,12 +1620,20 @@ mod tests {
                     _ => Event::WindowOpen,
                 }
             }
-            Action::AcquireSlot => match rng.pick(3) {
+            Action::AcquireSlot => match rng.pick(4) {
                 0 => Event::Transient {
                     error: "etcd".into(),
                 },
+                1 => Event::GroupPaused {
+                    pause: GroupPause {
+                        since: t(1),
+                        reason: None,
+                        by: None,
+                    },
+                },
                 _ => Event::SlotAcquired,
             },
+            Action::WaitForGroupResume { .. } => Event::GroupResumed,
             Action::RecordCordon => Event::Cordoned {
                 by_us: rng.pick(2) == 0,
             },
@@ -1827,5 +1866,47 @@ mod tests {
                 assert_eq!(admit(s, &event), Ok(()), "{} in {}", event.name(), s.phase);
             }
         }
+    }
+
+    /// A group paused in the lock store: the waiter takes no slot and waits for the resume,
+    /// shown in what it waits for; the resume sends it back to the slot wait. A window closing
+    /// meanwhile backs out as for any slot wait, forgetting the pause (looked at again next time).
+    #[test]
+    fn a_paused_group_holds_the_slot_wait_until_resumed() {
+        let p = policy();
+        let pause = GroupPause {
+            since: t(5),
+            reason: Some("kernel freeze".into()),
+            by: Some("ops-1".into()),
+        };
+        let acquiring = run(&State::new("b", t(0)), vec![needed(), Event::WindowOpen]);
+        assert_eq!(next_action(&acquiring, &p), Action::AcquireSlot);
+        let paused = run(
+            &acquiring,
+            vec![Event::GroupPaused {
+                pause: pause.clone(),
+            }],
+        );
+        assert_eq!(paused.phase, Phase::AcquiringSlot);
+        assert_eq!(
+            next_action(&paused, &p),
+            Action::WaitForGroupResume {
+                known: pause.clone()
+            }
+        );
+        let waiting = paused.waiting_for.clone().unwrap();
+        assert!(waiting.contains("resume --group"), "{waiting}");
+        assert!(waiting.contains("kernel freeze"), "{waiting}");
+        let resumed = run(&paused, vec![Event::GroupResumed]);
+        assert_eq!(resumed.group_paused, None);
+        assert_eq!(next_action(&resumed, &p), Action::AcquireSlot);
+        let closed = run(&paused, vec![Event::WindowClosed { next_open: None }]);
+        assert_eq!(closed.group_paused, None);
+        assert_ne!(closed.phase, Phase::AcquiringSlot);
+        // Only a slot wait hears of it.
+        let idle = State::new("b", t(0));
+        let out = step(&idle, Event::GroupPaused { pause }, t(1), &p);
+        assert!(out.refused.is_some());
+        assert_eq!(out.state, idle);
     }
 }

@@ -31,6 +31,7 @@ struct Values {
     reboot_needed: bool,
     slot_held: bool,
     paused: bool,
+    group_paused: bool,
     /// Seconds spent in finished waits, by what was waited for.
     waited: BTreeMap<&'static str, f64>,
     evictions_blocked: u64,
@@ -81,6 +82,7 @@ impl Metrics {
             v.reboot_needed = s.reason.is_some();
             v.slot_held = s.slot_held;
             v.paused = s.paused.is_some();
+            v.group_paused = s.group_paused.is_some();
             v.reboots = s.reboots;
             v.last_reboot = s.last_reboot;
         });
@@ -118,6 +120,7 @@ impl Metrics {
             }
             let _ = writeln!(out, "# HELP rebootd_slot_held Whether this node holds a slot of the semaphore.\n# TYPE rebootd_slot_held gauge\nrebootd_slot_held {}", flag(v.slot_held));
             let _ = writeln!(out, "# HELP rebootd_paused Whether an operator paused this node (rebootctl pause): it takes no slot.\n# TYPE rebootd_paused gauge\nrebootd_paused {}", flag(v.paused));
+            let _ = writeln!(out, "# HELP rebootd_group_paused Whether this node waits for a slot of a group an operator paused (rebootctl pause --group).\n# TYPE rebootd_group_paused gauge\nrebootd_group_paused {}", flag(v.group_paused));
             let _ = writeln!(out, "# HELP rebootd_wait_seconds_total Time spent waiting, by what for (the current wait included).\n# TYPE rebootd_wait_seconds_total counter");
             for what in ["window", "slot", "drain", "healthy"] {
                 let mut secs = v.waited.get(what).copied().unwrap_or(0.0);
@@ -167,6 +170,15 @@ mod tests {
         m.observe(&s, t(0));
         assert!(m.render(t(0)).contains("rebootd_paused 1"));
         s.paused = None;
+        assert!(text.contains("rebootd_group_paused 0"), "{text}");
+        s.group_paused = Some(crate::lock::GroupPause {
+            since: t(0),
+            reason: None,
+            by: None,
+        });
+        m.observe(&s, t(0));
+        assert!(m.render(t(0)).contains("rebootd_group_paused 1"));
+        s.group_paused = None;
         s.phase = Phase::WaitingForWindow;
         s.reason = Some(crate::need::Need::new(
             crate::need::TriggerSource::Rebootctl,

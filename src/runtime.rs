@@ -209,6 +209,7 @@ fn duty(action: &Action) -> Duty {
         | Action::Sleep { .. }
         | Action::WaitForWindow
         | Action::AcquireSlot
+        | Action::WaitForGroupResume { .. }
         | Action::Drain
         | Action::AwaitReboot { .. }
         | Action::AwaitInhibitors { .. }
@@ -234,6 +235,7 @@ fn interruptible(action: &Action) -> bool {
             | Action::Sleep { .. }
             | Action::WaitForWindow
             | Action::AcquireSlot
+            | Action::WaitForGroupResume { .. }
             | Action::Drain
             | Action::AwaitInhibitors { .. }
             | Action::WarnUsers { .. }
@@ -537,6 +539,17 @@ impl Runtime {
                     }
                 }
             }
+            if next.group_paused != state.group_paused {
+                if let Some(d) = &self.drainer {
+                    let reason = next
+                        .group_paused
+                        .as_ref()
+                        .map(|p| p.reason.as_deref().unwrap_or(""));
+                    if let Err(e) = d.annotate_group_paused(reason).await {
+                        warn!(error = %e, "cannot annotate the node: {e}");
+                    }
+                }
+            }
             if next.slot_held && next.phase != state.phase {
                 if let Err(e) = self
                     .semaphore
@@ -598,6 +611,53 @@ impl Runtime {
             }
         }
         Ok(next)
+    }
+
+    /// Resolves when the maintenance window open now closes, with the event saying so (never
+    /// when windows are always open).
+    async fn window_closes(&self) -> Event {
+        let windows = &self.config.windows;
+        let Some(closes) = windows.close_of_current(Timestamp::now()) else {
+            return std::future::pending().await;
+        };
+        sleep_until(closes).await;
+        let next_open = windows.next_open(Timestamp::now());
+        let next = next_open.map_or("never".to_string(), |t| t.to_string());
+        info!(%closes, "the maintenance window closed at {closes}; leaving the queue (next opens {next})");
+        Event::WindowClosed { next_open }
+    }
+
+    /// Wait for a slot unless the group is paused (`rebootctl pause --group`): a pause seen
+    /// before or during the wait ends it (the queue entry goes, see `lock::acquire::Waiting`)
+    /// and the node waits for the resume instead; holders are not asked.
+    async fn acquire_unless_paused(&self) -> Event {
+        match self.semaphore.group_pause().await {
+            Ok(Some(pause)) => return Event::GroupPaused { pause },
+            Ok(None) => {}
+            Err(e) => {
+                return Event::Transient {
+                    error: format!("cannot read the group's pause: {e}"),
+                }
+            }
+        }
+        let paused = async {
+            match self.semaphore.group_pause_changed(None).await {
+                Ok(Some(pause)) => pause,
+                // Resumed before it was paused: cannot be; a broken watch leaves the wait alone.
+                Ok(None) => std::future::pending().await,
+                Err(e) => {
+                    warn!(error = %e, "cannot follow the group's pause while waiting for a slot: {e}");
+                    std::future::pending().await
+                }
+            }
+        };
+        tokio::select! {
+            event = self.acquire_within_window() => event,
+            pause = paused => {
+                info!("the group was paused ({}) while waiting for a slot; leaving the queue", pause.describe());
+                Event::GroupPaused { pause }
+            }
+        }
     }
 
     /// Wait for a slot, but no longer than the maintenance window is open: when it closes
@@ -707,11 +767,31 @@ impl Runtime {
                 }
             },
             Action::AcquireSlot => {
-                let event = self.acquire_within_window().await;
+                let event = self.acquire_unless_paused().await;
                 if matches!(event, Event::Transient { .. }) {
                     self.metrics.error("lock");
                 }
                 event
+            }
+            Action::WaitForGroupResume { known } => {
+                let group = &self.config.identity.group;
+                info!(%group, "group {group} paused ({}): waiting for `rebootctl resume --group`", known.describe());
+                let changed = async {
+                    match self.semaphore.group_pause_changed(Some(known)).await {
+                        Ok(None) => Event::GroupResumed,
+                        Ok(Some(pause)) => Event::GroupPaused { pause },
+                        Err(e) => {
+                            self.metrics.error("lock");
+                            Event::Transient {
+                                error: format!("cannot follow the group's pause: {e}"),
+                            }
+                        }
+                    }
+                };
+                tokio::select! {
+                    event = changed => event,
+                    event = self.window_closes() => event,
+                }
             }
             Action::ReleaseSlot => {
                 if let Some(d) = &self.drainer {

@@ -130,6 +130,10 @@ pub struct State {
     /// no reboot started (a need is kept for later).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused: Option<Pause>,
+    /// The group's pause (`rebootctl pause --group`, kept in the lock store) this node saw while
+    /// waiting for a slot: it takes none until the group is resumed. Gone with that phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_paused: Option<crate::lock::GroupPause>,
     /// Back after the reboot: the slot is held until then (`gates.settle`), then released.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub settle_until: Option<Timestamp>,
@@ -189,6 +193,7 @@ impl State {
             inhibited_by: Vec::new(),
             gate: None,
             paused: None,
+            group_paused: None,
             settle_until: None,
             users_warned: None,
         }

@@ -50,6 +50,9 @@ pub struct Status {
     /// Operator requests (`pause`, `resume`, `cancel`) the daemon has not applied yet, oldest
     /// first.
     pub requests: Vec<String>,
+    /// The group's pause (`rebootctl pause --group`) as the lock store says (`since`, `reason`,
+    /// `by`); None when not paused or not readable.
+    pub group_paused: Option<crate::lock::GroupPause>,
 }
 
 /// Gather the local part of the status.
@@ -94,6 +97,7 @@ pub fn local(
                 Err(_) => "unreadable".to_string(),
             })
             .collect(),
+        group_paused: None,
     }
 }
 
@@ -188,6 +192,19 @@ pub fn render(s: &Status, now: Timestamp, style: Style) -> String {
                     "for {} (since {}){why}; no slot is taken until `rebootctl resume`",
                     age(p.since, now),
                     p.since
+                ),
+            ),
+        );
+    }
+    if let Some(p) = &s.group_paused {
+        row(
+            "group paused",
+            style.paint(
+                "33",
+                &format!(
+                    "for {} ({}); no node of the group takes a slot until `rebootctl resume --group`",
+                    age(p.since, now),
+                    p.describe()
                 ),
             ),
         );

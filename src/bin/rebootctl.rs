@@ -42,13 +42,24 @@ enum Command {
     /// Pause this node: it takes no slot and starts no reboot until `resume` (kept in the state
     /// file across restarts and reboots); a reboot under way that has not reached logind is
     /// backed out of (rebootd's cordon undone, the slot given back), its need kept.
+    ///
+    /// With --group: pause every node of this node's group, in the lock store (etcd v3 and v2,
+    /// Leases): no node of the group takes a slot until `resume --group`; holders finish their
+    /// cycle. A FleetLock server has no such call.
     Pause {
         /// Why, shown by `status`.
         #[arg(long)]
         reason: Option<String>,
+        /// Pause the whole group (kept in the lock store), not only this node.
+        #[arg(long)]
+        group: bool,
     },
-    /// Undo `pause`.
-    Resume,
+    /// Undo `pause` (with --group: undo `pause --group`).
+    Resume {
+        /// Resume the whole group.
+        #[arg(long)]
+        group: bool,
+    },
     /// Drop this node's pending reboot if it has not reached logind: leave the queue or give
     /// the slot back, undoing only the cordon rebootd made. A trigger that says so again starts
     /// a new one (use `pause` to hold reboots off).
@@ -150,10 +161,18 @@ async fn gather(config: &Config, store: &StateStore) -> Result<status::Status, F
         return Ok(report);
     }
     match lock::open::open_admin(config).await {
-        Ok(admin) => match admin.status().await {
-            Ok(s) => report.semaphore = Some(s),
-            Err(e) => report.semaphore_error = Some(e.to_string()),
-        },
+        Ok(admin) => {
+            match admin.status().await {
+                Ok(s) => report.semaphore = Some(s),
+                Err(e) => report.semaphore_error = Some(e.to_string()),
+            }
+            match admin.group_pause().await {
+                Ok(p) => report.group_paused = p,
+                Err(e) => report
+                    .warnings
+                    .push(format!("cannot read the group's pause: {e}")),
+            }
+        }
         Err(e) => report.semaphore_error = Some(e.to_string()),
     }
     if let Some(w) = lock::open::split_warning(config).await {
@@ -260,6 +279,44 @@ async fn request(store: &StateStore, request: control::Request) -> Result<(), Fa
     Ok(())
 }
 
+/// `pause --group` (`Some(reason)`) or `resume --group` (`None`): in the lock store, where every
+/// node of the group sees it.
+async fn pause_group(config: &Config, pause: Option<Option<String>>) -> Result<(), Failure> {
+    let group = &config.identity.group;
+    if let LockBackend::FleetLock(f) = &config.lock.backend {
+        return Err(op(format!(
+            "pause --group is not supported by a FleetLock server ({}): the protocol has no \
+             call for it; pause each node (`rebootctl pause`) or stop handing out slots in the \
+             server",
+            f.url
+        )));
+    }
+    let admin = lock::open::open_admin(config).await.map_err(op)?;
+    match pause {
+        Some(reason) => {
+            let pause = lock::GroupPause {
+                since: jiff::Timestamp::now(),
+                reason,
+                by: Some(config.identity.node_name.clone()),
+            };
+            admin.pause_group(&pause).await.map_err(op)?;
+            println!(
+                "group {group} paused ({}): no node of it takes a slot until `rebootctl resume --group`; holders finish their cycle",
+                pause.describe()
+            );
+        }
+        None => {
+            let was = admin.group_pause().await.map_err(op)?;
+            admin.resume_group().await.map_err(op)?;
+            match was {
+                Some(p) => println!("group {group} resumed (was paused {})", p.describe()),
+                None => println!("group {group} was not paused (no change)"),
+            }
+        }
+    }
+    Ok(())
+}
+
 fn op<E: std::fmt::Display>(e: E) -> Failure {
     Failure::Operation(e.to_string())
 }
@@ -334,8 +391,16 @@ async fn run(args: Args) -> Result<(), Failure> {
             );
             Ok(())
         }
-        Command::Pause { reason } => request(&store, control::Request::Pause { reason }).await,
-        Command::Resume => request(&store, control::Request::Resume).await,
+        Command::Pause {
+            reason,
+            group: true,
+        } => pause_group(&config, Some(reason)).await,
+        Command::Resume { group: true } => pause_group(&config, None).await,
+        Command::Pause {
+            reason,
+            group: false,
+        } => request(&store, control::Request::Pause { reason }).await,
+        Command::Resume { group: false } => request(&store, control::Request::Resume).await,
         Command::Cancel => {
             // A `rebootctl reboot` the daemon has not taken up yet is dropped here.
             match std::fs::remove_file(store.request_path()) {

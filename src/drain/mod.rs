@@ -61,6 +61,11 @@ pub const ANNOTATION_REBOOT_NEEDED: &str = "rebootd.io/reboot-needed";
 pub const ANNOTATION_PAUSED: &str = "rebootd.io/paused";
 /// Node annotation: the reason given to `rebootctl pause --reason`, while paused.
 pub const ANNOTATION_PAUSED_REASON: &str = "rebootd.io/paused-reason";
+/// Node annotation: `"true"` while this node waits for a slot of a group an operator paused
+/// (`rebootctl pause --group`); absent otherwise.
+pub const ANNOTATION_GROUP_PAUSED: &str = "rebootd.io/group-paused";
+/// Node annotation: the reason given to `rebootctl pause --group --reason`, while so.
+pub const ANNOTATION_GROUP_PAUSED_REASON: &str = "rebootd.io/group-paused-reason";
 /// The Event source component and reporting controller.
 pub const COMPONENT: &str = "rebootd";
 /// The annotation the kubelet puts on mirror (static) pods.
@@ -106,6 +111,12 @@ pub trait Drainer: Send + Sync {
     /// Node annotations `rebootd.io/paused` ("true") and `rebootd.io/paused-reason` while
     /// paused (`Some(reason)`; an empty reason leaves the second out); both removed when not.
     async fn annotate_paused(&self, paused: Option<&str>) -> Result<(), DrainError> {
+        let _ = paused;
+        Ok(())
+    }
+    /// Node annotations `rebootd.io/group-paused` ("true") and `rebootd.io/group-paused-reason`
+    /// while this node waits on a paused group (as [`Drainer::annotate_paused`]).
+    async fn annotate_group_paused(&self, paused: Option<&str>) -> Result<(), DrainError> {
         let _ = paused;
         Ok(())
     }
@@ -412,6 +423,31 @@ enum Evicted {
 }
 
 impl KubeDrainer {
+    /// Set (`Some(reason)`) or remove a flag annotation and its reason annotation.
+    async fn annotate_flag(
+        &self,
+        paused: Option<&str>,
+        flag_key: &str,
+        reason_key: &str,
+    ) -> Result<(), DrainError> {
+        let (flag, reason) = match paused {
+            Some(r) => (
+                json!("true"),
+                if r.is_empty() { json!(null) } else { json!(r) },
+            ),
+            None => (json!(null), json!(null)),
+        };
+        let patch = json!({"metadata": {"annotations": {
+            flag_key: flag,
+            reason_key: reason,
+        }}});
+        self.nodes
+            .patch(&self.node, &patch_params(), &Patch::Merge(patch))
+            .await
+            .map_err(|e| DrainError::api(format!("annotate node {}", self.node), e))?;
+        Ok(())
+    }
+
     /// A drainer for node `node` with the `[kubernetes]` settings.
     pub fn new(
         client: kube::Client,
@@ -1092,22 +1128,18 @@ impl Drainer for KubeDrainer {
 
     #[tracing::instrument(level = "debug", skip(self), fields(node = %self.node))]
     async fn annotate_paused(&self, paused: Option<&str>) -> Result<(), DrainError> {
-        let (flag, reason) = match paused {
-            Some(r) => (
-                json!("true"),
-                if r.is_empty() { json!(null) } else { json!(r) },
-            ),
-            None => (json!(null), json!(null)),
-        };
-        let patch = json!({"metadata": {"annotations": {
-            ANNOTATION_PAUSED: flag,
-            ANNOTATION_PAUSED_REASON: reason,
-        }}});
-        self.nodes
-            .patch(&self.node, &patch_params(), &Patch::Merge(patch))
+        self.annotate_flag(paused, ANNOTATION_PAUSED, ANNOTATION_PAUSED_REASON)
             .await
-            .map_err(|e| DrainError::api(format!("annotate node {}", self.node), e))?;
-        Ok(())
+    }
+
+    #[tracing::instrument(level = "debug", skip(self), fields(node = %self.node))]
+    async fn annotate_group_paused(&self, paused: Option<&str>) -> Result<(), DrainError> {
+        self.annotate_flag(
+            paused,
+            ANNOTATION_GROUP_PAUSED,
+            ANNOTATION_GROUP_PAUSED_REASON,
+        )
+        .await
     }
 
     #[tracing::instrument(level = "debug", skip(self, message), fields(node = %self.node))]

@@ -25,6 +25,7 @@ pub mod fleetlock;
 pub mod kube_lease;
 pub mod none;
 pub mod open;
+pub mod pause;
 pub mod retry;
 pub mod view;
 
@@ -32,6 +33,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
+
+pub use pause::GroupPause;
 
 /// Who this node is, as the semaphore records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -148,6 +151,22 @@ pub trait Semaphore: Send + Sync {
     /// Record the phase of a holder, for `rebootctl status` (it counts as a heartbeat too).
     /// Not holding a slot is a no-op.
     async fn report_phase(&self, me: &Identity, phase: &str) -> Result<(), LockError>;
+
+    /// The group's pause (`rebootctl pause --group`, see [`pause`]) as the store says now. A
+    /// store that keeps none (no lock, a FleetLock server) never says paused.
+    async fn group_pause(&self) -> Result<Option<GroupPause>, LockError> {
+        Ok(None)
+    }
+
+    /// Wait (by watch) until the group's pause differs from `known`, and say what it is then.
+    /// A store that keeps none never answers.
+    async fn group_pause_changed(
+        &self,
+        known: Option<&GroupPause>,
+    ) -> Result<Option<GroupPause>, LockError> {
+        let _ = known;
+        std::future::pending().await
+    }
 }
 
 /// What `rebootctl` does to a semaphore beside the agent's calls. Not every store has it: a
@@ -162,6 +181,16 @@ pub trait Admin: Send + Sync {
 
     /// Change the number of slots. Refuses fewer slots than holders unless `force`.
     async fn set_max(&self, max: u64, force: bool) -> Result<(), LockError>;
+
+    /// The group's pause, if set (see [`pause`]).
+    async fn group_pause(&self) -> Result<Option<GroupPause>, LockError>;
+
+    /// Pause the whole group: no node of it takes a slot until [`Admin::resume_group`].
+    /// Pausing a paused group replaces its record.
+    async fn pause_group(&self, pause: &GroupPause) -> Result<(), LockError>;
+
+    /// Undo [`Admin::pause_group`]. Not paused is success.
+    async fn resume_group(&self) -> Result<(), LockError>;
 }
 
 /// How often a holder beats when holders silent for `max_hold` are reclaimed: an eighth of it,

@@ -64,4 +64,20 @@ impl Admin for NoLock {
             "lock backend `none` has no slots to set".into(),
         ))
     }
+
+    async fn group_pause(&self) -> Result<Option<super::GroupPause>, LockError> {
+        Ok(None)
+    }
+
+    async fn pause_group(&self, _pause: &super::GroupPause) -> Result<(), LockError> {
+        Err(LockError::Refused(
+            "lock backend none: there is no shared store to keep a group's pause in; \
+             pause each node (`rebootctl pause`)"
+                .into(),
+        ))
+    }
+
+    async fn resume_group(&self) -> Result<(), LockError> {
+        Ok(())
+    }
 }

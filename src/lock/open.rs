@@ -13,7 +13,7 @@ use super::etcd_v2::follow::FollowV3;
 use super::fleetlock::{FleetLock, Options as FleetLockOptions};
 use super::kube_lease::KubeLeaseSemaphore;
 use super::none::NoLock;
-use super::{Admin, Fence, Identity, LockError, Semaphore, SemaphoreStatus};
+use super::{Admin, Fence, GroupPause, Identity, LockError, Semaphore, SemaphoreStatus};
 use crate::config::{self, Config, EtcdApi, LockBackend};
 
 /// The agent's side of the configured backend.
@@ -169,6 +169,17 @@ impl Semaphore for LazyEtcd {
     async fn report_phase(&self, me: &Identity, phase: &str) -> Result<(), LockError> {
         self.get().await?.report_phase(me, phase).await
     }
+
+    async fn group_pause(&self) -> Result<Option<GroupPause>, LockError> {
+        Semaphore::group_pause(self.get().await?).await
+    }
+
+    async fn group_pause_changed(
+        &self,
+        known: Option<&GroupPause>,
+    ) -> Result<Option<GroupPause>, LockError> {
+        self.get().await?.group_pause_changed(known).await
+    }
 }
 
 #[async_trait]
@@ -183,5 +194,17 @@ impl Admin for LazyEtcd {
 
     async fn set_max(&self, max: u64, force: bool) -> Result<(), LockError> {
         self.get().await?.set_max(max, force).await
+    }
+
+    async fn group_pause(&self) -> Result<Option<GroupPause>, LockError> {
+        Admin::group_pause(self.get().await?).await
+    }
+
+    async fn pause_group(&self, pause: &GroupPause) -> Result<(), LockError> {
+        self.get().await?.pause_group(pause).await
+    }
+
+    async fn resume_group(&self) -> Result<(), LockError> {
+        self.get().await?.resume_group().await
     }
 }

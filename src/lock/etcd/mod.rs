@@ -33,6 +33,7 @@
 
 mod connect;
 mod import;
+mod pause;
 pub mod snapshot;
 mod waiting;
 
@@ -43,7 +44,7 @@ use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpRespo
 
 use super::document::{DocError, HolderRecord, SemaphoreDoc};
 use super::retry::{Cas, MAX_CONFLICTS};
-use super::{Admin, Fence, Holder, Identity, LockError, Semaphore, SemaphoreStatus};
+use super::{Admin, Fence, GroupPause, Holder, Identity, LockError, Semaphore, SemaphoreStatus};
 use crate::config;
 pub use connect::check_settings;
 use connect::{classify, connect_options, explain_wrong_protocol};
@@ -483,10 +484,33 @@ impl Semaphore for EtcdSemaphore {
         })
         .await
     }
+
+    async fn group_pause(&self) -> Result<Option<GroupPause>, LockError> {
+        self.group_pause_now().await
+    }
+
+    async fn group_pause_changed(
+        &self,
+        known: Option<&GroupPause>,
+    ) -> Result<Option<GroupPause>, LockError> {
+        self.pause_changed(known).await
+    }
 }
 
 #[async_trait]
 impl Admin for EtcdSemaphore {
+    async fn group_pause(&self) -> Result<Option<GroupPause>, LockError> {
+        self.group_pause_now().await
+    }
+
+    async fn pause_group(&self, pause: &GroupPause) -> Result<(), LockError> {
+        self.put_pause(pause).await
+    }
+
+    async fn resume_group(&self) -> Result<(), LockError> {
+        self.delete_pause().await
+    }
+
     #[tracing::instrument(skip(self), fields(key = %self.keys.doc))]
     async fn unlock(&self, id: &str) -> Result<(), LockError> {
         self.unlock_from(id, None).await

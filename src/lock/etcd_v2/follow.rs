@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use tokio::sync::OnceCell;
 
 use super::super::etcd::EtcdSemaphore;
-use super::super::{Admin, Fence, Identity, LockError, Semaphore, SemaphoreStatus};
+use super::super::{Admin, Fence, GroupPause, Identity, LockError, Semaphore, SemaphoreStatus};
 use super::EtcdV2Semaphore;
 use crate::config::{self, EtcdApi};
 
@@ -113,6 +113,24 @@ impl Semaphore for FollowV3 {
     async fn report_phase(&self, me: &Identity, phase: &str) -> Result<(), LockError> {
         follow!(self, s => s.report_phase(me, phase).await)
     }
+
+    // The pause lives in the store the semaphore is in now (not moved by `migrate`).
+    async fn group_pause(&self) -> Result<Option<GroupPause>, LockError> {
+        if self.moved() {
+            return Semaphore::group_pause(self.v3().await?).await;
+        }
+        Semaphore::group_pause(self.v2().await?).await
+    }
+
+    async fn group_pause_changed(
+        &self,
+        known: Option<&GroupPause>,
+    ) -> Result<Option<GroupPause>, LockError> {
+        if self.moved() {
+            return self.v3().await?.group_pause_changed(known).await;
+        }
+        self.v2().await?.group_pause_changed(known).await
+    }
 }
 
 #[async_trait]
@@ -127,5 +145,23 @@ impl Admin for FollowV3 {
 
     async fn set_max(&self, max: u64, force: bool) -> Result<(), LockError> {
         follow!(self, s => s.set_max(max, force).await)
+    }
+
+    async fn group_pause(&self) -> Result<Option<GroupPause>, LockError> {
+        Semaphore::group_pause(self).await
+    }
+
+    async fn pause_group(&self, pause: &GroupPause) -> Result<(), LockError> {
+        if self.moved() {
+            return self.v3().await?.pause_group(pause).await;
+        }
+        self.v2().await?.pause_group(pause).await
+    }
+
+    async fn resume_group(&self) -> Result<(), LockError> {
+        if self.moved() {
+            return self.v3().await?.resume_group().await;
+        }
+        self.v2().await?.resume_group().await
     }
 }

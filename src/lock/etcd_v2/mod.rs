@@ -15,6 +15,7 @@
 
 pub mod follow;
 pub mod migrate;
+mod pause;
 pub mod tree;
 mod waiting;
 
@@ -25,7 +26,7 @@ use async_trait::async_trait;
 
 use super::document::{DocError, HolderRecord, SemaphoreDoc};
 use super::retry::{Cas, MAX_CONFLICTS};
-use super::{Admin, Fence, Holder, Identity, LockError, Semaphore, SemaphoreStatus};
+use super::{Admin, Fence, GroupPause, Holder, Identity, LockError, Semaphore, SemaphoreStatus};
 use crate::config;
 use crate::etcd_v2::{Get, KeysClient, Put, Settings, V2Error};
 use tree::{DocState, Keys, Snapshot};
@@ -497,10 +498,33 @@ impl Semaphore for EtcdV2Semaphore {
             self.try_report_phase(me, phase).await
         )
     }
+
+    async fn group_pause(&self) -> Result<Option<GroupPause>, LockError> {
+        self.group_pause_now().await
+    }
+
+    async fn group_pause_changed(
+        &self,
+        known: Option<&GroupPause>,
+    ) -> Result<Option<GroupPause>, LockError> {
+        self.pause_changed(known).await
+    }
 }
 
 #[async_trait]
 impl Admin for EtcdV2Semaphore {
+    async fn group_pause(&self) -> Result<Option<GroupPause>, LockError> {
+        self.group_pause_now().await
+    }
+
+    async fn pause_group(&self, pause: &GroupPause) -> Result<(), LockError> {
+        self.put_pause(pause).await
+    }
+
+    async fn resume_group(&self) -> Result<(), LockError> {
+        self.delete_pause().await
+    }
+
     #[tracing::instrument(skip(self), fields(key = %self.keys.doc))]
     async fn status(&self) -> Result<SemaphoreStatus, LockError> {
         let snap = self.read(false).await?;

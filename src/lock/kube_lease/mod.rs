@@ -117,6 +117,7 @@
 
 mod calls;
 mod objects;
+mod pause;
 mod queue;
 mod snapshot;
 mod waiting;
@@ -130,9 +131,10 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::Api;
 
-use super::{Admin, Fence, Holder, Identity, LockError, Semaphore, SemaphoreStatus};
+use super::{Admin, Fence, GroupPause, Holder, Identity, LockError, Semaphore, SemaphoreStatus};
 use crate::config;
 use objects::{name_problem, Slot};
+pub use pause::ANNOTATION_PAUSED;
 pub use queue::ANNOTATION_WAITER_NODE;
 use snapshot::Snapshot;
 
@@ -427,10 +429,33 @@ impl Semaphore for KubeLeaseSemaphore {
         })
         .await
     }
+
+    async fn group_pause(&self) -> Result<Option<GroupPause>, LockError> {
+        self.group_pause_now().await
+    }
+
+    async fn group_pause_changed(
+        &self,
+        known: Option<&GroupPause>,
+    ) -> Result<Option<GroupPause>, LockError> {
+        self.pause_changed(known).await
+    }
 }
 
 #[async_trait]
 impl Admin for KubeLeaseSemaphore {
+    async fn group_pause(&self) -> Result<Option<GroupPause>, LockError> {
+        self.group_pause_now().await
+    }
+
+    async fn pause_group(&self, pause: &GroupPause) -> Result<(), LockError> {
+        self.put_pause(pause).await
+    }
+
+    async fn resume_group(&self) -> Result<(), LockError> {
+        self.delete_pause().await
+    }
+
     /// Frees every slot held by `id` (node name or machine id); a slot at or above `max` (left
     /// by a forced shrink) is deleted instead.
     #[tracing::instrument(skip(self), fields(namespace = %self.namespace, semaphore = %self.name))]

@@ -1,0 +1,96 @@
+//! The group's pause on the v3 store: one key beside locksmith's document (see
+//! [`crate::lock::pause`]), read, put, deleted, and watched from the revision read.
+
+use etcd_client::{EventType, WatchOptions};
+
+use super::super::pause::{self, GroupPause};
+use super::super::LockError;
+use super::EtcdSemaphore;
+
+impl EtcdSemaphore {
+    /// The key of this group's pause.
+    pub fn pause_key(&self) -> String {
+        pause::etcd_key(&self.keys.group)
+    }
+
+    /// The pause and the revision it was read at.
+    async fn read_pause(&self) -> Result<(Option<GroupPause>, i64), LockError> {
+        let mut kv = self.client.kv_client();
+        let key = self.pause_key();
+        let r = self
+            .request("reading the group's pause: ", kv.get(key, None))
+            .await?;
+        let revision = r.header().map_or(0, |h| h.revision());
+        let pause = r
+            .kvs()
+            .first()
+            .map(|kv| GroupPause::parse(&String::from_utf8_lossy(kv.value())));
+        Ok((pause, revision))
+    }
+
+    pub(super) async fn group_pause_now(&self) -> Result<Option<GroupPause>, LockError> {
+        Ok(self.read_pause().await?.0)
+    }
+
+    #[tracing::instrument(skip(self, p), fields(key = %self.pause_key()))]
+    pub(super) async fn put_pause(&self, p: &GroupPause) -> Result<(), LockError> {
+        let mut kv = self.client.kv_client();
+        let put = kv.put(self.pause_key(), p.to_json(), None);
+        self.request("pausing the group: ", put).await?;
+        tracing::info!(key = %self.pause_key(), group = %self.keys.group, "group paused");
+        Ok(())
+    }
+
+    #[tracing::instrument(skip(self), fields(key = %self.pause_key()))]
+    pub(super) async fn delete_pause(&self) -> Result<(), LockError> {
+        let mut kv = self.client.kv_client();
+        let delete = kv.delete(self.pause_key(), None);
+        self.request("resuming the group: ", delete).await?;
+        tracing::info!(key = %self.pause_key(), group = %self.keys.group, "group resumed");
+        Ok(())
+    }
+
+    /// Wait until the pause differs from `known`: read, then watch from the revision read.
+    pub(super) async fn pause_changed(
+        &self,
+        known: Option<&GroupPause>,
+    ) -> Result<Option<GroupPause>, LockError> {
+        loop {
+            let (now, revision) = self.read_pause().await?;
+            if now.as_ref() != known {
+                return Ok(now);
+            }
+            let options = WatchOptions::new().with_start_revision(revision + 1);
+            let mut watch = self.client.watch_client();
+            let mut stream = self
+                .request(
+                    "watching the group's pause: ",
+                    watch.watch(self.pause_key(), Some(options)),
+                )
+                .await?;
+            loop {
+                match stream.message().await {
+                    // Compacted or cancelled: read again.
+                    Ok(Some(resp)) if resp.compact_revision() > 0 || resp.canceled() => break,
+                    Ok(Some(resp)) => {
+                        for e in resp.events() {
+                            let pause = match (e.event_type(), e.kv()) {
+                                (EventType::Put, Some(kv)) => {
+                                    Some(GroupPause::parse(&String::from_utf8_lossy(kv.value())))
+                                }
+                                _ => None,
+                            };
+                            if pause.as_ref() != known {
+                                return Ok(pause);
+                            }
+                        }
+                    }
+                    Ok(None) => {
+                        return Err(self.unreachable("the pause's watch stream ended".into()))
+                    }
+                    Err(e) => return Err(self.classify(e)),
+                }
+            }
+        }
+    }
+}

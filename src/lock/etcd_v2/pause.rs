@@ -1,0 +1,86 @@
+//! The group's pause on the v2 store: one key of rebootd's beside locksmith's document (never in
+//! it, see [`crate::lock::pause`]), read, set, deleted, and watched from the index read.
+
+use super::super::pause::{self, GroupPause};
+use super::super::LockError;
+use super::{lock_error, EtcdV2Semaphore};
+use crate::etcd_v2::{Action, Get, Put, V2Error};
+
+impl EtcdV2Semaphore {
+    /// The key of this group's pause.
+    pub fn pause_key(&self) -> String {
+        format!("/{}", pause::etcd_key(&self.keys.group))
+    }
+
+    /// The pause and etcd's index when it was read.
+    async fn read_pause(&self) -> Result<(Option<GroupPause>, u64), LockError> {
+        let get = Get {
+            quorum: true,
+            ..Get::default()
+        };
+        match self.client.get(&self.pause_key(), get).await {
+            Ok(r) => Ok((
+                r.node.value.as_deref().map(GroupPause::parse),
+                r.etcd_index.max(r.node.modified_index),
+            )),
+            Err(e @ V2Error::Etcd { index, .. }) if e.is_key_not_found() => Ok((None, index)),
+            Err(e) => Err(lock_error(e)),
+        }
+    }
+
+    pub(super) async fn group_pause_now(&self) -> Result<Option<GroupPause>, LockError> {
+        Ok(self.read_pause().await?.0)
+    }
+
+    #[tracing::instrument(skip(self, p), fields(key = %self.pause_key()))]
+    pub(super) async fn put_pause(&self, p: &GroupPause) -> Result<(), LockError> {
+        self.client
+            .put(&self.pause_key(), &p.to_json(), Put::default())
+            .await
+            .map_err(lock_error)?;
+        tracing::info!(key = %self.pause_key(), "group paused");
+        Ok(())
+    }
+
+    #[tracing::instrument(skip(self), fields(key = %self.pause_key()))]
+    pub(super) async fn delete_pause(&self) -> Result<(), LockError> {
+        match self.client.delete(&self.pause_key(), None).await {
+            Ok(_) => {}
+            Err(e) if e.is_key_not_found() => {}
+            Err(e) => return Err(lock_error(e)),
+        }
+        tracing::info!(key = %self.pause_key(), "group resumed");
+        Ok(())
+    }
+
+    /// Wait until the pause differs from `known`: read, then watch the key from the index read.
+    pub(super) async fn pause_changed(
+        &self,
+        known: Option<&GroupPause>,
+    ) -> Result<Option<GroupPause>, LockError> {
+        'read: loop {
+            let (now, index) = self.read_pause().await?;
+            if now.as_ref() != known {
+                return Ok(now);
+            }
+            let mut from = index + 1;
+            loop {
+                match self.client.watch(&self.pause_key(), false, from).await {
+                    Ok(None) => continue,
+                    Ok(Some(r)) => {
+                        from = r.node.modified_index + 1;
+                        let pause = match r.action {
+                            Action::Delete | Action::CompareAndDelete | Action::Expire => None,
+                            _ => r.node.value.as_deref().map(GroupPause::parse),
+                        };
+                        if pause.as_ref() != known {
+                            return Ok(pause);
+                        }
+                    }
+                    Err(e) if e.is_index_cleared() => continue 'read,
+                    Err(e) => return Err(lock_error(e)),
+                }
+            }
+        }
+    }
+}

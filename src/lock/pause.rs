@@ -1,0 +1,94 @@
+//! A pause of a whole group (`rebootctl pause --group`), kept in the lock store beside the
+//! semaphore so every node of the group sees it: while it is set no node of the group takes a
+//! slot (a waiter leaves the queue and waits for the resume), and holders finish their cycle.
+//!
+//! Where each store keeps it:
+//! - etcd v3 and v2: the key `…/rebootd/control/paused` beside locksmith's document (never in
+//!   it: locksmith reads only its document). On v3 it sorts before the holder records, outside
+//!   the key range waiters watch for the semaphore; on v2 waiters' reads ignore it.
+//! - Leases: the annotation `rebootd.io/paused` on the group's control Lease (the one saying
+//!   `max`).
+//! - A FleetLock server owns its semaphore and has no such call: refused by `rebootctl`.
+
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+
+/// A group's pause as the store keeps it (JSON on etcd, the annotation's value on a Lease).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupPause {
+    /// When `rebootctl pause --group` was run.
+    pub since: Timestamp,
+    /// What the operator said (`--reason`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Where it was run from (the host's node name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+}
+
+impl GroupPause {
+    /// Parse what a store holds. Something that does not parse still pauses the group (someone
+    /// meant to): its text becomes the reason.
+    pub fn parse(value: &str) -> GroupPause {
+        serde_json::from_str(value).unwrap_or_else(|_| GroupPause {
+            since: Timestamp::UNIX_EPOCH,
+            reason: Some(format!("unreadable pause record: {value}")),
+            by: None,
+        })
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// In words, for status lines and logs.
+    pub fn describe(&self) -> String {
+        let mut s = format!("since {}", self.since);
+        if let Some(by) = &self.by {
+            s.push_str(&format!(" by {by}"));
+        }
+        if let Some(r) = &self.reason {
+            s.push_str(&format!(": {r}"));
+        }
+        s
+    }
+}
+
+/// The etcd key (v3 form, no leading `/`) of `group`'s pause.
+pub fn etcd_key(group: &str) -> String {
+    let records = super::document::holder_records_prefix(group);
+    let base = records.strip_suffix("holders/").unwrap_or(&records);
+    format!("{base}control/paused")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_key_is_beside_the_document_and_outside_the_watched_range() {
+        for group in ["default", "workers"] {
+            let key = etcd_key(group);
+            let doc = super::super::document::semaphore_key(group);
+            let records = super::super::document::holder_records_prefix(group);
+            assert!(key.ends_with("/rebootd/control/paused"), "{key}");
+            assert_ne!(key, doc);
+            // Waiters on v3 watch [records, doc]: the pause is not in it.
+            assert!(key.as_str() < records.as_str(), "{key} < {records}");
+        }
+        assert!(etcd_key("workers").contains("/groups/workers/"));
+    }
+
+    #[test]
+    fn a_record_round_trips_and_junk_still_pauses() {
+        let p = GroupPause {
+            since: Timestamp::from_second(1_800_000_000).unwrap(),
+            reason: Some("kernel freeze".into()),
+            by: Some("worker-1".into()),
+        };
+        assert_eq!(GroupPause::parse(&p.to_json()), p);
+        assert!(p.describe().contains("by worker-1: kernel freeze"));
+        let junk = GroupPause::parse("yes");
+        assert!(junk.reason.unwrap().contains("yes"));
+    }
+}
