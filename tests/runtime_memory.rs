@@ -1,0 +1,290 @@
+//! The runtime (`rebootd::runtime::Runtime`, in this process) with in-memory adapters: a
+//! semaphore kept in a `watch` channel, a rebooter that records its calls. Triggers are the real
+//! `rebootctl reboot` request file; state is the real state file in a temporary directory. Its
+//! own test binary: the runtime talks to `NOTIFY_SOCKET`, which the library's unit tests set.
+
+use async_trait::async_trait;
+use jiff::Timestamp;
+use rebootd::config::Config;
+use rebootd::lock::{Fence, GroupPause, Identity, LockError, Semaphore};
+use rebootd::reboot::RebootError;
+use rebootd::runtime::{identity, Runtime};
+use rebootd::state::{Phase, State, StateStore};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// The semaphore as it stands: slots, holders, waiters, the group's pause.
+#[derive(Debug, Clone, Default)]
+struct Mem {
+    max: usize,
+    holders: Vec<String>,
+    waiters: usize,
+    pause: Option<GroupPause>,
+}
+
+#[derive(Clone)]
+struct MemLock(Arc<watch::Sender<Mem>>);
+
+/// Leaves the queue when the acquire ends or is dropped.
+struct Leave<'a>(&'a watch::Sender<Mem>);
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        self.0.send_modify(|m| m.waiters -= 1);
+    }
+}
+
+#[async_trait]
+impl Semaphore for MemLock {
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn acquire(&self, me: &Identity) -> Result<(), LockError> {
+        let mut rx = self.0.subscribe();
+        self.0.send_modify(|m| m.waiters += 1);
+        let _leave = Leave(&self.0);
+        loop {
+            let mut took = false;
+            self.0.send_if_modified(|m| {
+                took = m.holders.contains(&me.id);
+                if !took && m.holders.len() < m.max {
+                    m.holders.push(me.id.clone());
+                    took = true;
+                    return true;
+                }
+                false
+            });
+            if took {
+                return Ok(());
+            }
+            let _ = rx.changed().await;
+        }
+    }
+
+    async fn fence(&self, me: &Identity) -> Result<Fence, LockError> {
+        Ok(match self.0.borrow().holders.contains(&me.id) {
+            true => Fence::Held,
+            false => Fence::Lost {
+                why: "released".into(),
+            },
+        })
+    }
+
+    fn heartbeat_every(&self) -> Option<Duration> {
+        None
+    }
+
+    async fn heartbeat(&self, me: &Identity) -> Result<Fence, LockError> {
+        self.fence(me).await
+    }
+
+    async fn release(&self, me: &Identity) -> Result<(), LockError> {
+        self.0.send_modify(|m| m.holders.retain(|h| *h != me.id));
+        Ok(())
+    }
+
+    async fn report_phase(&self, _me: &Identity, _phase: &str) -> Result<(), LockError> {
+        Ok(())
+    }
+
+    async fn group_pause(&self) -> Result<Option<GroupPause>, LockError> {
+        Ok(self.0.borrow().pause.clone())
+    }
+
+    async fn group_pause_changed(
+        &self,
+        known: Option<&GroupPause>,
+    ) -> Result<Option<GroupPause>, LockError> {
+        let mut rx = self.0.subscribe();
+        let m = rx
+            .wait_for(|m| m.pause.as_ref() != known)
+            .await
+            .map_err(|e| LockError::Refused(e.to_string()))?;
+        Ok(m.pause.clone())
+    }
+}
+
+/// Counts the reboots asked for.
+struct MemRebooter(Arc<watch::Sender<usize>>);
+
+#[async_trait]
+impl rebootd::reboot::Rebooter for MemRebooter {
+    async fn reboot(&self) -> Result<(), RebootError> {
+        self.0.send_modify(|n| *n += 1);
+        Ok(())
+    }
+}
+
+struct Host {
+    dir: tempfile::TempDir,
+    lock: MemLock,
+    reboots: Arc<watch::Sender<usize>>,
+}
+
+type Running = (
+    tokio::task::JoinHandle<()>,
+    tokio::sync::oneshot::Sender<()>,
+);
+
+impl Host {
+    fn new(mem: Mem) -> Host {
+        let dir = tempfile::tempdir().unwrap();
+        let path = |name: &str| dir.path().join(name);
+        std::fs::write(path("machine-id"), "0123456789abcdef0123456789abcdef\n").unwrap();
+        std::fs::write(path("boot_id"), "boot-1\n").unwrap();
+        let config = format!(
+            "[identity]\nnode_name = \"n1\"\nmachine_id_file = {:?}\nboot_id_file = {:?}\n\n\
+             [triggers]\nupdate_engine = false\n\n[reboot]\nretry_interval = \"1s\"\n",
+            path("machine-id"),
+            path("boot_id"),
+        );
+        std::fs::write(path("rebootd.toml"), config).unwrap();
+        Host {
+            dir,
+            lock: MemLock(Arc::new(watch::channel(mem).0)),
+            reboots: Arc::new(watch::channel(0).0),
+        }
+    }
+
+    fn store(&self) -> StateStore {
+        StateStore::new(self.dir.path().join("state"))
+    }
+
+    /// A running agent on this host, in the boot its boot id file says; stopped by the sender.
+    fn start(&self) -> Running {
+        let config = Config::load(&[self.dir.path().join("rebootd.toml")]).unwrap();
+        let store = self.store();
+        std::fs::create_dir_all(store.dir()).unwrap();
+        let me = identity(&config, &store).unwrap();
+        let rt = Runtime::new(config, store, Box::new(self.lock.clone()), None, me)
+            .with_rebooter(Box::new(MemRebooter(self.reboots.clone())));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            rt.run(async {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap();
+        });
+        (task, stop)
+    }
+
+    /// Wait (inotify on the state directory) until the state file satisfies `pred`.
+    async fn state(&self, what: &str, pred: impl Fn(&State) -> bool) -> State {
+        use futures_util::StreamExt;
+        let store = self.store();
+        let inotify = inotify::Inotify::init().unwrap();
+        let mask = inotify::WatchMask::MOVED_TO
+            | inotify::WatchMask::CLOSE_WRITE
+            | inotify::WatchMask::DELETE;
+        inotify.watches().add(store.dir(), mask).unwrap();
+        let mut events = inotify.into_event_stream(vec![0u8; 4096]).unwrap();
+        let found = tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                if let Some(s) = store.load().ok().flatten().filter(&pred) {
+                    return s;
+                }
+                events.next().await;
+            }
+        })
+        .await;
+        found.unwrap_or_else(|_| panic!("{what}: last state {:?}", store.load()))
+    }
+
+    async fn mem(&self, what: &str, pred: impl Fn(&Mem) -> bool) {
+        let mut rx = self.lock.0.subscribe();
+        let waited = tokio::time::timeout(Duration::from_secs(20), rx.wait_for(pred))
+            .await
+            .is_ok();
+        assert!(waited, "{what}: {:?}", *self.lock.0.borrow());
+    }
+
+    async fn reboots(&self, n: usize) {
+        let mut rx = self.reboots.subscribe();
+        let waited = tokio::time::timeout(Duration::from_secs(20), rx.wait_for(|c| *c == n))
+            .await
+            .is_ok();
+        assert!(waited, "{n} reboots: {}", *self.reboots.borrow());
+    }
+
+    fn request(&self) {
+        std::fs::write(self.store().request_path(), b"{}").unwrap();
+    }
+}
+
+async fn stop(running: Running) {
+    drop(running.1);
+    running.0.await.unwrap();
+}
+
+/// A `rebootctl reboot` made while the node waits for a slot is consumed by that cycle: the
+/// request file goes at once, the queue place is kept, one reboot, idle after the boot.
+#[tokio::test]
+async fn a_request_made_while_waiting_for_a_slot_is_served_by_that_cycle() {
+    let host = Host::new(Mem {
+        max: 1,
+        holders: vec!["other".into()],
+        ..Mem::default()
+    });
+    let running = host.start();
+    host.request();
+    host.mem("in the queue", |m| m.waiters == 1).await;
+    host.request();
+    let request = host.store().request_path();
+    host.state("the second request consumed", |s| {
+        s.phase == Phase::AcquiringSlot && !request.exists()
+    })
+    .await;
+    assert_eq!(host.lock.0.borrow().waiters, 1, "still in the queue");
+    host.lock.0.send_modify(|m| m.holders.clear());
+    host.reboots(1).await;
+    host.state("the reboot on record", |s| {
+        s.reboot.as_ref().is_some_and(|r| r.called)
+    })
+    .await;
+    stop(running).await;
+    // The next boot: back to idle, the slot given back, no second cycle.
+    std::fs::write(host.dir.path().join("boot_id"), "boot-2\n").unwrap();
+    let running = host.start();
+    host.state("idle in the new boot", |s| {
+        s.phase == Phase::Idle && s.boot_id == "boot-2"
+    })
+    .await;
+    host.mem("the slot given back", |m| m.holders.is_empty())
+        .await;
+    assert_eq!(*host.reboots.borrow(), 1);
+    stop(running).await;
+}
+
+/// A group paused in the lock store: the waiter leaves the queue, says why, and takes the slot
+/// once resumed.
+#[tokio::test]
+async fn a_paused_group_takes_the_waiter_out_of_the_queue_until_resumed() {
+    let host = Host::new(Mem {
+        max: 1,
+        holders: vec!["other".into()],
+        ..Mem::default()
+    });
+    let running = host.start();
+    host.request();
+    host.mem("in the queue", |m| m.waiters == 1).await;
+    let pause = GroupPause {
+        since: Timestamp::now(),
+        reason: Some("freeze".into()),
+        by: None,
+    };
+    host.lock.0.send_modify(|m| m.pause = Some(pause.clone()));
+    let s = host
+        .state("waiting on the group", |s| s.group_paused.is_some())
+        .await;
+    assert!(s.waiting_for.unwrap().contains("freeze"));
+    host.mem("out of the queue", |m| m.waiters == 0).await;
+    host.lock.0.send_modify(|m| m.holders.clear());
+    assert_eq!(*host.reboots.borrow(), 0);
+    host.lock.0.send_modify(|m| m.pause = None);
+    host.reboots(1).await;
+    assert_eq!(host.lock.0.borrow().holders.len(), 1);
+    stop(running).await;
+}
