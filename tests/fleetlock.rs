@@ -269,8 +269,20 @@ async fn five_acquirers_share_two_slots(server: Server) {
     let granted = Arc::new(tokio::sync::watch::channel(0usize).0);
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..5 {
-        // One client each, as five nodes would have.
-        let s = client(&url);
+        // One client each, as five nodes would have. airlock answers a compare-and-swap of
+        // its etcd document that lost to another request's (or ran out of its transaction
+        // timeout on a busy machine) with a 500 `failed_lock`; a release retries those more
+        // often here than `fast()` does, as the daemon would retry it later (the give-up
+        // itself is tested in `server_errors_are_retried`).
+        let s = FleetLock::new(
+            &url,
+            "default",
+            Options {
+                release_attempts: 20,
+                ..fast()
+            },
+        )
+        .expect("client");
         let (mut denied, granted) = (denials.clone(), granted.clone());
         tasks.spawn(async move {
             let id = format!("node-{i}");
