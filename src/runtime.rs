@@ -419,8 +419,8 @@ impl Runtime {
         let mut inbox = control::Inbox::open(&self.store);
         tokio::pin!(shutdown);
         let mut last_noted: Option<String> = None;
-        // When the next heartbeat is due, across actions (see `heartbeat`).
-        let beat_due = std::sync::Mutex::new(None);
+        // When the slot's record was last made fresh, across actions (see `heartbeat`).
+        let last_beat = std::sync::Mutex::new(None);
         let result = 'run: loop {
             // The loop came round: it is alive. While an action waits the watchdog is fed from
             // here too; a call that hangs is not fed, so systemd restarts the daemon.
@@ -450,6 +450,9 @@ impl Runtime {
                 inbox.done(&path);
                 continue;
             }
+            // A beat that came due during actions shorter than a beat is made here, between two
+            // actions, and awaited (its own time limits bound it).
+            self.beat_if_due(state.slot_held, &last_beat).await;
             let action = agent::next_action(&state, &self.policy);
             let span = info_span!("action", phase = %state.phase, action = ?action);
             // The action works on the state as it was decided on; a trigger noted meanwhile
@@ -457,7 +460,7 @@ impl Runtime {
             let decided = state.clone();
             let perform = self.perform(&action, &decided).instrument(span);
             tokio::pin!(perform);
-            let heartbeat = self.heartbeat(state.slot_held, &beat_due);
+            let heartbeat = self.heartbeat(state.slot_held, &last_beat);
             tokio::pin!(heartbeat);
             let event = loop {
                 tokio::select! {
@@ -993,43 +996,54 @@ impl Runtime {
     }
 
     /// Keep the slot's record fresh while holding it, so `lock.max_hold` never takes this node
-    /// for dead. Runs beside the current action; never ends. `due` is when the next beat is
-    /// due, kept across actions: each action runs its own copy of this future, and a timer
-    /// started afresh with each one would never fire while every action is shorter than a beat
-    /// (asking a gate again every `gates.interval`, retrying every `reboot.retry_interval`).
+    /// for dead. Runs beside the current action; never ends. Each action runs its own copy, whose
+    /// timer starts with it: while every action is shorter than a beat (a check after the boot
+    /// asked again every `gates.interval`, retries every `reboot.retry_interval`) it never
+    /// fires, and [`Self::beat_if_due`] makes the beat between actions. `last` is when the record
+    /// was last made fresh.
     async fn heartbeat(
         &self,
         held: bool,
-        due: &std::sync::Mutex<Option<tokio::time::Instant>>,
+        last: &std::sync::Mutex<Option<std::time::Instant>>,
     ) -> std::convert::Infallible {
-        let set = |at: Option<tokio::time::Instant>| {
-            *due.lock().unwrap_or_else(|p| p.into_inner()) = at;
-        };
         let Some(every) = self.semaphore.heartbeat_every().filter(|_| held) else {
-            set(None);
             return std::future::pending().await;
         };
         loop {
-            let at = due
-                .lock()
-                .map(|d| *d)
-                .unwrap_or(None)
-                .unwrap_or_else(|| tokio::time::Instant::now() + every);
-            set(Some(at));
-            tokio::time::sleep_until(at).await;
-            // The next one is due a beat from now, whether this call ends or its action does.
-            set(Some(tokio::time::Instant::now() + every));
-            match self.semaphore.heartbeat(&self.me).await {
-                Ok(Fence::Held) => debug!("heartbeat"),
-                Ok(Fence::Lost { why }) => {
-                    warn!(%why, "heartbeat: this node no longer holds its slot (the next fence backs out)")
-                }
-                Err(e) => {
-                    self.metrics.error("lock");
-                    warn!(error = %e, "heartbeat failed; trying again at the next one")
-                }
+            tokio::time::sleep(every).await;
+            self.beat(last).await;
+        }
+    }
+
+    /// Between two actions: make the beat when one is due (none was made for a beat's time).
+    async fn beat_if_due(&self, held: bool, last: &std::sync::Mutex<Option<std::time::Instant>>) {
+        let now = std::time::Instant::now();
+        let Some(every) = self.semaphore.heartbeat_every().filter(|_| held) else {
+            *last.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            return;
+        };
+        let since = *last.lock().unwrap_or_else(|p| p.into_inner());
+        match since {
+            // Just took the slot: taking it wrote the record.
+            None => *last.lock().unwrap_or_else(|p| p.into_inner()) = Some(now),
+            Some(at) if now.duration_since(at) >= every => self.beat(last).await,
+            Some(_) => {}
+        }
+    }
+
+    async fn beat(&self, last: &std::sync::Mutex<Option<std::time::Instant>>) {
+        match self.semaphore.heartbeat(&self.me).await {
+            Ok(Fence::Held) => debug!("heartbeat"),
+            Ok(Fence::Lost { why }) => {
+                warn!(%why, "heartbeat: this node no longer holds its slot (the next fence backs out)")
+            }
+            Err(e) => {
+                self.metrics.error("lock");
+                warn!(error = %e, "heartbeat failed; trying again at the next one")
             }
         }
+        // Tried, whatever came of it: the next try a beat from now.
+        *last.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
     }
 
     async fn call_reboot(&self) -> Event {
