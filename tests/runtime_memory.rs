@@ -1,11 +1,14 @@
 //! The runtime (`rebootd::runtime::Runtime`, in this process) with in-memory adapters: a
-//! semaphore kept in a `watch` channel, a rebooter that records its calls. Triggers are the real
+//! semaphore kept in a `watch` channel, a rebooter that records its calls, a node drainer whose
+//! Node is a `watch` channel too. Triggers are the real
 //! `rebootctl reboot` request file; state is the real state file in a temporary directory. Its
 //! own test binary: the runtime talks to `NOTIFY_SOCKET`, which the library's unit tests set.
 
 use async_trait::async_trait;
 use jiff::Timestamp;
 use rebootd::config::Config;
+use rebootd::control::{self, Request};
+use rebootd::drain::{DrainError, Drainer};
 use rebootd::lock::{Fence, GroupPause, Identity, LockError, Semaphore};
 use rebootd::reboot::RebootError;
 use rebootd::runtime::{identity, Runtime};
@@ -117,10 +120,76 @@ impl rebootd::reboot::Rebooter for MemRebooter {
     }
 }
 
+/// This host's Node as the drainer sees it.
+#[derive(Debug, Clone, Default)]
+struct Node {
+    unschedulable: bool,
+    /// A drain never finishes (a pod its budget keeps) when true.
+    drain_hangs: bool,
+    drains: usize,
+    uncordons: usize,
+}
+
+/// A drainer whose Node lives in a `watch` channel: the drain cordons, then finishes at once or
+/// never (`drain_hangs`); the node is Ready at once.
+#[derive(Clone)]
+struct MemDrainer(Arc<watch::Sender<Node>>);
+
+#[async_trait]
+impl Drainer for MemDrainer {
+    async fn is_unschedulable(&self) -> Result<bool, DrainError> {
+        Ok(self.0.borrow().unschedulable)
+    }
+
+    async fn blocking_pods(&self) -> Result<Vec<String>, DrainError> {
+        Ok(Vec::new())
+    }
+
+    async fn drain(&self) -> Result<(), DrainError> {
+        let mut hangs = false;
+        self.0.send_modify(|n| {
+            n.unschedulable = true;
+            n.drains += 1;
+            hangs = n.drain_hangs;
+        });
+        if hangs {
+            std::future::pending::<()>().await;
+        }
+        Ok(())
+    }
+
+    async fn wait_ready(&self, _timeout: Duration) -> Result<(), DrainError> {
+        Ok(())
+    }
+
+    async fn uncordon(&self) -> Result<(), DrainError> {
+        self.0.send_modify(|n| {
+            n.unschedulable = false;
+            n.uncordons += 1;
+        });
+        Ok(())
+    }
+
+    async fn annotate(
+        &self,
+        _phase: &str,
+        _since: Timestamp,
+        _reboot_needed: bool,
+    ) -> Result<(), DrainError> {
+        Ok(())
+    }
+
+    async fn event(&self, _reason: &str, _message: &str, _warning: bool) -> Result<(), DrainError> {
+        Ok(())
+    }
+}
+
 struct Host {
     dir: tempfile::TempDir,
     lock: MemLock,
     reboots: Arc<watch::Sender<usize>>,
+    /// `Some`: the config has `[kubernetes]` and the runtime drains through this.
+    node: Option<MemDrainer>,
 }
 
 type Running = (
@@ -130,21 +199,33 @@ type Running = (
 
 impl Host {
     fn new(mem: Mem) -> Host {
+        Host::with_node(mem, None)
+    }
+
+    fn with_node(mem: Mem, node: Option<Node>) -> Host {
         let dir = tempfile::tempdir().unwrap();
         let path = |name: &str| dir.path().join(name);
         std::fs::write(path("machine-id"), "0123456789abcdef0123456789abcdef\n").unwrap();
         std::fs::write(path("boot_id"), "boot-1\n").unwrap();
-        let config = format!(
+        let mut config = format!(
             "[identity]\nnode_name = \"n1\"\nmachine_id_file = {:?}\nboot_id_file = {:?}\n\n\
              [triggers]\nupdate_engine = false\n\n[reboot]\nretry_interval = \"1s\"\n",
             path("machine-id"),
             path("boot_id"),
         );
+        if node.is_some() {
+            // Never opened: the drainer is the in-memory one.
+            config.push_str(&format!(
+                "\n[kubernetes]\nkubeconfig = {:?}\n",
+                path("kubeconfig")
+            ));
+        }
         std::fs::write(path("rebootd.toml"), config).unwrap();
         Host {
             dir,
             lock: MemLock(Arc::new(watch::channel(mem).0)),
             reboots: Arc::new(watch::channel(0).0),
+            node: node.map(|n| MemDrainer(Arc::new(watch::channel(n).0))),
         }
     }
 
@@ -158,7 +239,8 @@ impl Host {
         let store = self.store();
         std::fs::create_dir_all(store.dir()).unwrap();
         let me = identity(&config, &store).unwrap();
-        let rt = Runtime::new(config, store, Box::new(self.lock.clone()), None, me)
+        let drainer = self.node.clone().map(|d| Box::new(d) as Box<dyn Drainer>);
+        let rt = Runtime::new(config, store, Box::new(self.lock.clone()), drainer, me)
             .with_rebooter(Box::new(MemRebooter(self.reboots.clone())));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
@@ -207,6 +289,23 @@ impl Host {
             .await
             .is_ok();
         assert!(waited, "{n} reboots: {}", *self.reboots.borrow());
+    }
+
+    async fn node(&self, what: &str, pred: impl Fn(&Node) -> bool) -> Node {
+        let mut rx = self
+            .node
+            .as_ref()
+            .expect("a host with a node")
+            .0
+            .subscribe();
+        let seen = tokio::time::timeout(Duration::from_secs(20), async {
+            rx.wait_for(pred).await.map(|n| n.clone())
+        })
+        .await;
+        match seen {
+            Ok(Ok(n)) => n,
+            _ => panic!("{what}: {:?}", *rx.borrow()),
+        }
     }
 
     fn request(&self) {
@@ -286,5 +385,80 @@ async fn a_paused_group_takes_the_waiter_out_of_the_queue_until_resumed() {
     host.lock.0.send_modify(|m| m.pause = None);
     host.reboots(1).await;
     assert_eq!(host.lock.0.borrow().holders.len(), 1);
+    stop(running).await;
+}
+
+/// A cancel while the drain cannot finish takes effect at once: the drain is dropped, the
+/// cordon rebootd made comes off, the slot goes back, no reboot.
+#[tokio::test]
+async fn a_cancel_during_a_drain_that_cannot_finish_undoes_the_cordon_and_gives_the_slot_back() {
+    let host = Host::with_node(
+        Mem {
+            max: 1,
+            ..Mem::default()
+        },
+        Some(Node {
+            drain_hangs: true,
+            ..Node::default()
+        }),
+    );
+    let running = host.start();
+    host.request();
+    host.node("cordoned for the drain", |n| {
+        n.drains == 1 && n.unschedulable
+    })
+    .await;
+    host.state("draining", |s| s.phase == Phase::Draining).await;
+    assert_eq!(host.lock.0.borrow().holders.len(), 1);
+    control::submit(&host.store(), Request::Cancel).unwrap();
+    let n = host
+        .node("uncordoned", |n| !n.unschedulable && n.uncordons == 1)
+        .await;
+    assert_eq!(n.drains, 1);
+    host.mem("the slot given back", |m| m.holders.is_empty())
+        .await;
+    let s = host
+        .state("idle, the need dropped", |s| {
+            s.phase == Phase::Idle && s.reason.is_none()
+        })
+        .await;
+    assert!(!s.slot_held);
+    assert_eq!(*host.reboots.borrow(), 0, "no reboot after a cancel");
+    stop(running).await;
+}
+
+/// A Node an operator had cordoned before the cycle stays cordoned: rebootd drains it, reboots,
+/// and after the boot gives its slot back without uncordoning what it did not cordon.
+#[tokio::test]
+async fn a_node_cordoned_by_someone_else_stays_cordoned_after_the_cycle() {
+    let host = Host::with_node(
+        Mem {
+            max: 1,
+            ..Mem::default()
+        },
+        Some(Node {
+            unschedulable: true,
+            ..Node::default()
+        }),
+    );
+    let running = host.start();
+    host.request();
+    host.reboots(1).await;
+    host.state("the reboot on record", |s| {
+        s.reboot.as_ref().is_some_and(|r| r.called)
+    })
+    .await;
+    stop(running).await;
+    std::fs::write(host.dir.path().join("boot_id"), "boot-2\n").unwrap();
+    let running = host.start();
+    host.state("idle in the new boot", |s| {
+        s.phase == Phase::Idle && s.boot_id == "boot-2"
+    })
+    .await;
+    host.mem("the slot given back", |m| m.holders.is_empty())
+        .await;
+    let n = host.node("after the cycle", |_| true).await;
+    assert_eq!((n.drains, n.uncordons), (1, 0), "{n:?}");
+    assert!(n.unschedulable, "still cordoned, as the operator left it");
     stop(running).await;
 }
