@@ -1,6 +1,7 @@
 //! Retrying, written once for every store: which errors are worth another try, the capped
-//! exponential back-off between tries, and the compare-and-swap loop of the calls other than
-//! `acquire` (read, build, commit on what was read; a lost race reads again).
+//! exponential back-off between tries, and the count of lost races in the compare-and-swap loops
+//! of the calls other than `acquire` (read, build, commit on what was read; a lost race reads
+//! again).
 
 use std::time::Duration;
 
@@ -60,24 +61,44 @@ pub enum Cas<T> {
 /// Compare-and-swap attempts before an update (other than `acquire`) gives up.
 pub const MAX_CONFLICTS: usize = 64;
 
-/// Run `attempt` (one read, one conditional write) until it is not a [`Cas::Conflict`], at most
-/// [`MAX_CONFLICTS`] times; then a [`LockError::Backend`] saying `what` of `target` gave up.
-pub async fn cas_loop<T>(
+/// The count of one compare-and-swap loop's lost races, written once for every store: each
+/// store's loop reads, builds and commits on what it read (its own `try_*` call), and tells this
+/// when it lost; after [`MAX_CONFLICTS`] losses the update gives up with a
+/// [`LockError::Backend`] naming what it did and on which key. (A loop function taking an async
+/// closure would be neater, but its future is not `Send` inside `async_trait` methods.)
+#[derive(Debug)]
+pub struct Conflicts<'a, D: std::fmt::Display> {
     backend: &'static str,
-    what: &str,
-    target: &str,
-    mut attempt: impl AsyncFnMut() -> Result<Cas<T>, LockError>,
-) -> Result<T, LockError> {
-    for _ in 0..MAX_CONFLICTS {
-        if let Cas::Done(t) = attempt().await? {
-            return Ok(t);
+    what: &'a str,
+    target: D,
+    lost: usize,
+}
+
+impl<'a, D: std::fmt::Display> Conflicts<'a, D> {
+    pub fn new(backend: &'static str, what: &'a str, target: D) -> Self {
+        Conflicts {
+            backend,
+            what,
+            target,
+            lost: 0,
         }
-        tracing::debug!(what, target, "lost a race; reading again");
     }
-    Err(LockError::Backend {
-        backend,
-        reason: format!("{what}: gave up after {MAX_CONFLICTS} conflicting updates of {target}"),
-    })
+
+    /// One more lost race: `Ok` to read again and retry, or the error that ends the update.
+    pub fn lost(&mut self) -> Result<(), LockError> {
+        self.lost += 1;
+        tracing::debug!(what = self.what, target = %self.target, lost = self.lost, "lost a race; reading again");
+        if self.lost < MAX_CONFLICTS {
+            return Ok(());
+        }
+        Err(LockError::Backend {
+            backend: self.backend,
+            reason: format!(
+                "{}: gave up after {MAX_CONFLICTS} conflicting updates of {}",
+                self.what, self.target
+            ),
+        })
+    }
 }
 
 #[cfg(test)]
@@ -108,17 +129,16 @@ mod tests {
         }));
     }
 
-    #[tokio::test]
-    async fn cas_loop_retries_conflicts_then_gives_up() {
-        let mut n = 0;
-        let r = cas_loop("etcd", "set-max", "k", async || {
-            n += 1;
-            Ok(if n < 3 { Cas::Conflict } else { Cas::Done(n) })
-        })
-        .await;
-        assert_eq!(r.unwrap(), 3);
-        let r: Result<(), _> = cas_loop("etcd", "set-max", "k", async || Ok(Cas::Conflict)).await;
-        let e = r.unwrap_err().to_string();
-        assert!(e.contains("set-max: gave up after 64"), "{e}");
+    #[test]
+    fn conflicts_allow_retries_then_give_up_naming_what_and_where() {
+        let mut c = Conflicts::new("etcd", "set-max", "k");
+        for _ in 1..MAX_CONFLICTS {
+            c.lost().unwrap();
+        }
+        let e = c.lost().unwrap_err().to_string();
+        assert!(
+            e.contains("set-max: gave up after 64 conflicting updates of k"),
+            "{e}"
+        );
     }
 }

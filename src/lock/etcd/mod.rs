@@ -43,7 +43,7 @@ use async_trait::async_trait;
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse, TxnResponse};
 
 use super::document::{DocError, HolderRecord, SemaphoreDoc};
-use super::retry::{Cas, MAX_CONFLICTS};
+use super::retry::{Cas, Conflicts};
 use super::{Admin, Fence, GroupPause, Holder, Identity, LockError, Semaphore, SemaphoreStatus};
 use crate::config;
 pub use connect::check_settings;
@@ -373,19 +373,13 @@ impl EtcdSemaphore {
     where
         F: FnMut(&Snapshot) -> Result<Option<Vec<TxnOp>>, LockError> + Send,
     {
-        for _ in 0..MAX_CONFLICTS {
+        let mut conflicts = Conflicts::new(BACKEND, what, &self.keys.doc);
+        loop {
             if let Cas::Done(()) = self.try_update(first.take(), &mut f).await? {
                 return Ok(());
             }
-            tracing::debug!(what, key = %self.keys.doc, "lost a race; reading again");
+            conflicts.lost()?;
         }
-        Err(LockError::Backend {
-            backend: BACKEND,
-            reason: format!(
-                "{what}: gave up after {MAX_CONFLICTS} conflicting updates of {}",
-                self.keys.doc
-            ),
-        })
     }
 
     /// Give the slot of `id` back (and delete orphan records), first on `first`.

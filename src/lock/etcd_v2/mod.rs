@@ -25,7 +25,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::document::{DocError, HolderRecord, SemaphoreDoc};
-use super::retry::{Cas, MAX_CONFLICTS};
+use super::retry::{Cas, Conflicts};
 use super::{Admin, Fence, GroupPause, Holder, Identity, LockError, Semaphore, SemaphoreStatus};
 use crate::config;
 use crate::etcd_v2::{Get, KeysClient, Put, Settings, V2Error};
@@ -34,27 +34,18 @@ use tree::{DocState, Keys, Snapshot};
 const BACKEND: &str = "etcd";
 
 /// Run `$attempt` (one read and one conditional write, giving `Result<Cas<T>, LockError>`)
-/// until it is not a conflict, at most [`MAX_CONFLICTS`] times. (The lock core's `cas_loop`
-/// with an async closure does not make a `Send` future inside `async_trait` methods.)
+/// until it is not a conflict, counting lost races with the lock core's [`Conflicts`].
 macro_rules! cas_retry {
     ($what:expr, $target:expr, $attempt:expr) => {{
-        let mut done = None;
-        for _ in 0..MAX_CONFLICTS {
-            match $attempt? {
-                Cas::Done(t) => {
-                    done = Some(t);
-                    break;
-                }
-                Cas::Conflict => tracing::debug!(what = $what, "lost a race; reading again"),
+        let mut conflicts = Conflicts::new(BACKEND, $what, &$target);
+        loop {
+            if let Cas::Done(t) = $attempt? {
+                break Ok(t);
+            }
+            if let Err(e) = conflicts.lost() {
+                break Err(e);
             }
         }
-        done.ok_or_else(|| LockError::Backend {
-            backend: BACKEND,
-            reason: format!(
-                "{}: gave up after {MAX_CONFLICTS} conflicting updates of {}",
-                $what, $target
-            ),
-        })
     }};
 }
 

@@ -12,6 +12,7 @@ use kube::core::Status;
 use super::objects::{label, Slot};
 use super::snapshot::Snapshot;
 use super::*;
+use crate::lock::retry::Conflicts;
 
 /// What a GET of a Node said.
 pub(super) enum NodeLookup {
@@ -284,7 +285,9 @@ impl KubeLeaseSemaphore {
         F: FnMut(Snapshot) -> Fut,
         Fut: Future<Output = Result<bool, LockError>> + 'a,
     {
-        for _ in 0..MAX_CONFLICTS {
+        let target = format!("Leases {}/{}*", self.namespace, self.name);
+        let mut conflicts = Conflicts::new(BACKEND, what, target);
+        loop {
             let snap = match first.take() {
                 Some(s) => s,
                 None => self.read().await?,
@@ -292,13 +295,7 @@ impl KubeLeaseSemaphore {
             if f(snap).await? {
                 return Ok(());
             }
+            conflicts.lost()?;
         }
-        Err(LockError::Backend {
-            backend: BACKEND,
-            reason: format!(
-                "{what}: gave up after {MAX_CONFLICTS} conflicting updates of Leases {}/{}*",
-                self.namespace, self.name
-            ),
-        })
     }
 }

@@ -173,8 +173,6 @@ const HOLDER_ANNOTATIONS: [&str; 6] = [
 pub const DEFAULT_MAX: u64 = 1;
 /// Largest `max` `set-max` accepts (one Lease per slot).
 pub const MAX_SLOTS: u64 = 1000;
-/// Optimistic-concurrency attempts before an update (other than `acquire`) gives up.
-const MAX_CONFLICTS: usize = 64;
 /// Added to a waiter Lease's expiry before it counts as dead: the clocks of the waiters (who
 /// write `renewTime`) and of the readers may differ by this much.
 const WAITER_CLOCK_SLACK: Duration = Duration::from_secs(2);
