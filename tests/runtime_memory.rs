@@ -308,6 +308,25 @@ impl Host {
         }
     }
 
+    /// The reboot asked for is on record; the agent stops (the host goes down) and starts in
+    /// the next boot, which ends idle with the slot given back.
+    async fn next_boot(&self, running: Running) -> Running {
+        self.state("the reboot on record", |s| {
+            s.reboot.as_ref().is_some_and(|r| r.called)
+        })
+        .await;
+        stop(running).await;
+        std::fs::write(self.dir.path().join("boot_id"), "boot-2\n").unwrap();
+        let running = self.start();
+        self.state("idle in the new boot", |s| {
+            s.phase == Phase::Idle && s.boot_id == "boot-2"
+        })
+        .await;
+        self.mem("the slot given back", |m| m.holders.is_empty())
+            .await;
+        running
+    }
+
     fn request(&self) {
         std::fs::write(self.store().request_path(), b"{}").unwrap();
     }
@@ -339,20 +358,8 @@ async fn a_request_made_while_waiting_for_a_slot_is_served_by_that_cycle() {
     assert_eq!(host.lock.0.borrow().waiters, 1, "still in the queue");
     host.lock.0.send_modify(|m| m.holders.clear());
     host.reboots(1).await;
-    host.state("the reboot on record", |s| {
-        s.reboot.as_ref().is_some_and(|r| r.called)
-    })
-    .await;
-    stop(running).await;
     // The next boot: back to idle, the slot given back, no second cycle.
-    std::fs::write(host.dir.path().join("boot_id"), "boot-2\n").unwrap();
-    let running = host.start();
-    host.state("idle in the new boot", |s| {
-        s.phase == Phase::Idle && s.boot_id == "boot-2"
-    })
-    .await;
-    host.mem("the slot given back", |m| m.holders.is_empty())
-        .await;
+    let running = host.next_boot(running).await;
     assert_eq!(*host.reboots.borrow(), 1);
     stop(running).await;
 }
@@ -444,19 +451,7 @@ async fn a_node_cordoned_by_someone_else_stays_cordoned_after_the_cycle() {
     let running = host.start();
     host.request();
     host.reboots(1).await;
-    host.state("the reboot on record", |s| {
-        s.reboot.as_ref().is_some_and(|r| r.called)
-    })
-    .await;
-    stop(running).await;
-    std::fs::write(host.dir.path().join("boot_id"), "boot-2\n").unwrap();
-    let running = host.start();
-    host.state("idle in the new boot", |s| {
-        s.phase == Phase::Idle && s.boot_id == "boot-2"
-    })
-    .await;
-    host.mem("the slot given back", |m| m.holders.is_empty())
-        .await;
+    let running = host.next_boot(running).await;
     let n = host.node("after the cycle", |_| true).await;
     assert_eq!((n.drains, n.uncordons), (1, 0), "{n:?}");
     assert!(n.unschedulable, "still cordoned, as the operator left it");
