@@ -7,10 +7,11 @@
 //!
 //! - [`view`]: a store-neutral snapshot (max, holders, the waiter queue);
 //!   [`arbiter`]: the one pure decision over it (held, take, reclaim, wait until);
-//!   [`retry`]: back-off, the compare-and-swap loop and which errors are transient;
+//!   [`retry`]: back-off, the count of a compare-and-swap loop's lost races and which errors
+//!   are transient;
 //!   [`acquire`]: the one acquire loop, over a store adapter's [`acquire::Waiting`].
-//! - Store adapters: [`etcd`] (locksmith's document in etcd v3), [`kube_lease`] (Lease
-//!   objects), [`fleetlock`] (a FleetLock server, agent side only), [`none`].
+//! - Store adapters: [`etcd`] (locksmith's document in etcd v3), [`etcd_v2`] (locksmith's
+//!   own store, etcd's v2 keys API), [`kube_lease`] (Lease objects), [`fleetlock`] (a FleetLock server, agent side only), [`none`].
 //! - Two traits: [`Semaphore`] is what the agent needs (acquire, fence, heartbeat, release,
 //!   phase reports); [`Admin`] is what `rebootctl` needs (status, unlock, set-max). A store
 //!   whose server owns the semaphore (FleetLock) implements only the first.
