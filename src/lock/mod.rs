@@ -7,8 +7,8 @@
 //!
 //! - [`view`]: a store-neutral snapshot (max, holders, the waiter queue);
 //!   [`arbiter`]: the one pure decision over it (held, take, reclaim, wait until);
-//!   [`retry`]: back-off, the count of a compare-and-swap loop's lost races and which errors
-//!   are transient;
+//!   [`retry`]: back-off, the one compare-and-swap loop of every store (`cas_loop!`, counting
+//!   lost races) and which errors are transient;
 //!   [`acquire`]: the one acquire loop, over a store adapter's [`acquire::Waiting`].
 //! - Store adapters: [`etcd`] (locksmith's document in etcd v3), [`etcd_v2`] (locksmith's
 //!   own store, etcd's v2 keys API), [`kube_lease`] (Lease objects), [`fleetlock`] (a FleetLock server, agent side only), [`none`].

@@ -1,7 +1,7 @@
 //! Retrying, written once for every store: which errors are worth another try, the capped
-//! exponential back-off between tries, and the count of lost races in the compare-and-swap loops
-//! of the calls other than `acquire` (read, build, commit on what was read; a lost race reads
-//! again).
+//! exponential back-off between tries, and the compare-and-swap loop of the calls other than
+//! `acquire` ([`cas_loop!`]: read, build, commit on what was read; a lost race reads again, up
+//! to [`MAX_CONFLICTS`] times).
 
 use std::time::Duration;
 
@@ -61,11 +61,9 @@ pub enum Cas<T> {
 /// Compare-and-swap attempts before an update (other than `acquire`) gives up.
 pub const MAX_CONFLICTS: usize = 64;
 
-/// The count of one compare-and-swap loop's lost races, written once for every store: each
-/// store's loop reads, builds and commits on what it read (its own `try_*` call), and tells this
-/// when it lost; after [`MAX_CONFLICTS`] losses the update gives up with a
-/// [`LockError::Backend`] naming what it did and on which key. (A loop function taking an async
-/// closure would be neater, but its future is not `Send` inside `async_trait` methods.)
+/// The count of one compare-and-swap loop's lost races: [`cas_loop!`] tells it each loss; after
+/// [`MAX_CONFLICTS`] losses the update gives up with a [`LockError::Backend`] naming what it did
+/// and on which key.
 #[derive(Debug)]
 pub struct Conflicts<'a, D: std::fmt::Display> {
     backend: &'static str,
@@ -100,6 +98,30 @@ impl<'a, D: std::fmt::Display> Conflicts<'a, D> {
         })
     }
 }
+
+/// The compare-and-swap loop of every store, written once: runs `$attempt` (one read, a
+/// decision on it and a write conditional on what was read, an expression giving
+/// `Result<Cas<T>, LockError>`) until it is done, an error, or it has lost [`MAX_CONFLICTS`]
+/// races, counted by [`Conflicts`]; it evaluates to `Result<T, LockError>`. A macro rather than
+/// a function taking an async closure: such a closure borrows the store and the caller's
+/// decision closure, and its future is then not `Send` inside `async_trait` methods.
+macro_rules! cas_loop {
+    ($backend:expr, $what:expr, $target:expr, $attempt:expr) => {{
+        let mut conflicts = $crate::lock::retry::Conflicts::new($backend, $what, $target);
+        loop {
+            match $attempt {
+                Ok($crate::lock::retry::Cas::Done(t)) => break Ok(t),
+                Ok($crate::lock::retry::Cas::Conflict) => {
+                    if let Err(e) = conflicts.lost() {
+                        break Err(e);
+                    }
+                }
+                Err(e) => break Err(e),
+            }
+        }
+    }};
+}
+pub(crate) use cas_loop;
 
 #[cfg(test)]
 mod tests {
@@ -140,5 +162,38 @@ mod tests {
             e.contains("set-max: gave up after 64 conflicting updates of k"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_loop_retries_lost_races_stops_at_an_error_and_gives_up_at_the_cap() {
+        let mut tries = 0;
+        let done: Result<u32, LockError> = cas_loop!("etcd", "report phase", "k", {
+            tries += 1;
+            Ok(if tries < 3 {
+                Cas::Conflict
+            } else {
+                Cas::Done(7)
+            })
+        });
+        assert_eq!((done.unwrap(), tries), (7, 3));
+
+        tries = 0;
+        let failed: Result<(), LockError> = cas_loop!("etcd", "release", "k", {
+            tries += 1;
+            if tries < 2 {
+                Ok(Cas::Conflict)
+            } else {
+                Err(LockError::Refused("no".into()))
+            }
+        });
+        assert!(matches!(failed, Err(LockError::Refused(_))) && tries == 2);
+
+        tries = 0;
+        let lost: Result<(), LockError> = cas_loop!("etcd", "set-max", "k", {
+            tries += 1;
+            Ok(Cas::Conflict)
+        });
+        assert_eq!(tries, MAX_CONFLICTS);
+        assert!(lost.unwrap_err().to_string().contains("gave up after 64"));
     }
 }

@@ -43,7 +43,7 @@ use async_trait::async_trait;
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse, TxnResponse};
 
 use super::document::{DocError, HolderRecord, SemaphoreDoc};
-use super::retry::{Cas, Conflicts};
+use super::retry::{cas_loop, Cas};
 use super::{Admin, Fence, GroupPause, Holder, Identity, LockError, Semaphore, SemaphoreStatus};
 use crate::config;
 pub use connect::check_settings;
@@ -373,13 +373,12 @@ impl EtcdSemaphore {
     where
         F: FnMut(&Snapshot) -> Result<Option<Vec<TxnOp>>, LockError> + Send,
     {
-        let mut conflicts = Conflicts::new(BACKEND, what, &self.keys.doc);
-        loop {
-            if let Cas::Done(()) = self.try_update(first.take(), &mut f).await? {
-                return Ok(());
-            }
-            conflicts.lost()?;
-        }
+        cas_loop!(
+            BACKEND,
+            what,
+            &self.keys.doc,
+            self.try_update(first.take(), &mut f).await
+        )
     }
 
     /// Give the slot of `id` back (and delete orphan records), first on `first`.

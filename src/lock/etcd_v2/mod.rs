@@ -25,29 +25,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::document::{DocError, HolderRecord, SemaphoreDoc};
-use super::retry::{Cas, Conflicts};
+use super::retry::{cas_loop, Cas};
 use super::{Admin, Fence, GroupPause, Holder, Identity, LockError, Semaphore, SemaphoreStatus};
 use crate::config;
 use crate::etcd_v2::{Get, KeysClient, Put, Settings, V2Error};
 use tree::{DocState, Keys, Snapshot};
 
 const BACKEND: &str = "etcd";
-
-/// Run `$attempt` (one read and one conditional write, giving `Result<Cas<T>, LockError>`)
-/// until it is not a conflict, counting lost races with the lock core's [`Conflicts`].
-macro_rules! cas_retry {
-    ($what:expr, $target:expr, $attempt:expr) => {{
-        let mut conflicts = Conflicts::new(BACKEND, $what, &$target);
-        loop {
-            if let Cas::Done(t) = $attempt? {
-                break Ok(t);
-            }
-            if let Err(e) = conflicts.lost() {
-                break Err(e);
-            }
-        }
-    }};
-}
 
 /// Time limits of the v2 store beyond the client's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -394,9 +378,10 @@ impl EtcdV2Semaphore {
         mut first: Option<Snapshot>,
         mut f: impl FnMut(&SemaphoreDoc) -> Result<Option<SemaphoreDoc>, LockError> + Send,
     ) -> Result<(), LockError> {
-        cas_retry!(
+        cas_loop!(
+            BACKEND,
             what,
-            self.keys.doc,
+            &self.keys.doc,
             self.try_update_doc(&mut first, &mut f).await
         )
     }
@@ -462,7 +447,12 @@ impl Semaphore for EtcdV2Semaphore {
     /// Writes my record again (a new index of its key), if I hold my slot.
     #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
     async fn heartbeat(&self, me: &Identity) -> Result<Fence, LockError> {
-        cas_retry!("heartbeat", self.keys.doc, self.try_heartbeat(me).await)
+        cas_loop!(
+            BACKEND,
+            "heartbeat",
+            &self.keys.doc,
+            self.try_heartbeat(me).await
+        )
     }
 
     /// Releases my slot, unless its record says another host (another token) holds it.
@@ -483,9 +473,10 @@ impl Semaphore for EtcdV2Semaphore {
     /// Records the phase of a holder; not holding a slot is a no-op.
     #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
     async fn report_phase(&self, me: &Identity, phase: &str) -> Result<(), LockError> {
-        cas_retry!(
+        cas_loop!(
+            BACKEND,
             "report phase",
-            self.keys.doc,
+            &self.keys.doc,
             self.try_report_phase(me, phase).await
         )
     }

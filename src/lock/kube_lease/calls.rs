@@ -12,7 +12,7 @@ use kube::core::Status;
 use super::objects::{label, Slot};
 use super::snapshot::Snapshot;
 use super::*;
-use crate::lock::retry::Conflicts;
+use crate::lock::retry::{cas_loop, Cas};
 
 /// What a GET of a Node said.
 pub(super) enum NodeLookup {
@@ -286,16 +286,17 @@ impl KubeLeaseSemaphore {
         Fut: Future<Output = Result<bool, LockError>> + 'a,
     {
         let target = format!("Leases {}/{}*", self.namespace, self.name);
-        let mut conflicts = Conflicts::new(BACKEND, what, target);
-        loop {
+        cas_loop!(BACKEND, what, &target, {
             let snap = match first.take() {
-                Some(s) => s,
-                None => self.read().await?,
+                Some(s) => Ok(s),
+                None => self.read().await,
             };
-            if f(snap).await? {
-                return Ok(());
+            match snap {
+                Ok(snap) => f(snap)
+                    .await
+                    .map(|done| if done { Cas::Done(()) } else { Cas::Conflict }),
+                Err(e) => Err(e),
             }
-            conflicts.lost()?;
-        }
+        })
     }
 }
