@@ -14,6 +14,7 @@ use rebootd::lock::etcd_v2::EtcdV2Semaphore;
 use rebootd::lock::fleetlock::{FleetLock, Options as FleetLockOptions};
 use rebootd::lock::kube_lease::KubeLeaseSemaphore;
 use rebootd::lock::{Admin, Identity, Semaphore};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -54,7 +55,7 @@ pub async fn run(a: Args) -> Result<(), String> {
             token: util::random_id(),
         })
         .collect();
-    let mut sems: Vec<Arc<dyn Semaphore>> = Vec::new();
+    let sems: Vec<Arc<dyn Semaphore>>;
     let admin: Option<Box<dyn Admin>>;
     // Keep the servers alive for the run.
     let mut _etcd = None;
@@ -73,56 +74,27 @@ pub async fn run(a: Args) -> Result<(), String> {
                 etcd.binaries().version,
                 etcd.endpoint()
             );
-            let settings = rebootd::config::Etcd {
-                api: rebootd::config::EtcdApi::V2,
-                endpoints: vec![etcd.endpoint()],
-                ca_file: None,
-                cert_file: None,
-                key_file: None,
-                username: None,
-                password_file: None,
-            };
-            let mut key = String::new();
-            for _ in 0..a.clients {
-                let s = EtcdV2Semaphore::connect(&settings, "bench-handoff", None)
+            let settings = etcd_settings(rebootd::config::EtcdApi::V2, &etcd);
+            let (chain, v2_admin) = connections(a.clients, || async {
+                EtcdV2Semaphore::connect(&settings, GROUP, None)
                     .await
-                    .map_err(|e| e.to_string())?;
-                key = s.key().to_string();
-                sems.push(Arc::new(s));
-            }
-            admin = Some(Box::new(
-                EtcdV2Semaphore::connect(&settings, "bench-handoff", None)
-                    .await
-                    .map_err(|e| e.to_string())?,
-            ));
+                    .map_err(|e| e.to_string())
+            })
+            .await?;
+            sems = chain;
+            // Every connection is to the same group, so the same document key.
+            v2_watch = Some(v2_admin.key().to_string());
+            admin = Some(Box::new(v2_admin));
             metrics_endpoint = Some(etcd.endpoint());
-            v2_watch = Some(key);
             _etcd = Some(etcd);
         }
         b @ ("etcd-3.4" | "etcd-3.5") => {
             let v = util::parse_etcd(&b[5..])?;
             let etcd = EtcdServer::start(v).await.map_err(|e| e.to_string())?;
             println!("{} ({}) at {}", v, etcd.binaries().version, etcd.endpoint());
-            let settings = rebootd::config::Etcd {
-                api: rebootd::config::EtcdApi::V3,
-                endpoints: vec![etcd.endpoint()],
-                ca_file: None,
-                cert_file: None,
-                key_file: None,
-                username: None,
-                password_file: None,
-            };
-            for _ in 0..a.clients {
-                let s = EtcdSemaphore::connect(&settings, "bench-handoff", None)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                sems.push(Arc::new(s));
-            }
-            admin = Some(Box::new(
-                EtcdSemaphore::connect(&settings, "bench-handoff", None)
-                    .await
-                    .map_err(|e| e.to_string())?,
-            ));
+            let (chain, v3_admin) = etcd_v3_connections(&etcd, a.clients).await?;
+            sems = chain;
+            admin = Some(Box::new(v3_admin));
             metrics_endpoint = Some(etcd.endpoint());
             _etcd = Some(etcd);
         }
@@ -141,11 +113,13 @@ pub async fn run(a: Args) -> Result<(), String> {
                 etcd.binaries().version,
                 etcd.endpoint()
             );
+            let mut chain: Vec<Arc<dyn Semaphore>> = Vec::new();
             for _ in 0..a.clients {
                 let s = FleetLock::new(&airlock.url(), "default", FleetLockOptions::default())
                     .map_err(|e| e.to_string())?;
-                sems.push(Arc::new(s));
+                chain.push(Arc::new(s));
             }
+            sems = chain;
             admin = None;
             metrics_endpoint = Some(etcd.endpoint());
             _airlock = Some(airlock);
@@ -169,16 +143,15 @@ pub async fn run(a: Args) -> Result<(), String> {
                 name: "bench".into(),
                 kubeconfig: None,
             };
-            for _ in 0..a.clients {
+            let (chain, lease_admin) = connections(a.clients, || async {
                 let client = rebootd::kube_client::connect(Some(&kc))
                     .await
                     .map_err(|e| e.to_string())?;
-                sems.push(Arc::new(KubeLeaseSemaphore::new(client, &settings, None)));
-            }
-            let client = rebootd::kube_client::connect(Some(&kc))
-                .await
-                .map_err(|e| e.to_string())?;
-            admin = Some(Box::new(KubeLeaseSemaphore::new(client, &settings, None)));
+                Ok(KubeLeaseSemaphore::new(client, &settings, None))
+            })
+            .await?;
+            sems = chain;
+            admin = Some(Box::new(lease_admin));
             metrics_endpoint = None;
             _kube = Some(api);
             _dir = Some(dir);
@@ -258,6 +231,54 @@ pub async fn run(a: Args) -> Result<(), String> {
     Ok(())
 }
 
+/// The etcd group every client of the bench contends in.
+const GROUP: &str = "bench-handoff";
+
+/// Settings for rebootd's etcd store of `api` on `etcd`, without TLS or a password.
+fn etcd_settings(api: rebootd::config::EtcdApi, etcd: &EtcdServer) -> rebootd::config::Etcd {
+    rebootd::config::Etcd {
+        api,
+        endpoints: vec![etcd.endpoint()],
+        ca_file: None,
+        cert_file: None,
+        key_file: None,
+        username: None,
+        password_file: None,
+    }
+}
+
+/// The chain's `clients` stores and, made last, one more for the admin calls: each its own
+/// connection, made by `connect`.
+async fn connections<S, F, Fut>(
+    clients: usize,
+    connect: F,
+) -> Result<(Vec<Arc<dyn Semaphore>>, S), String>
+where
+    S: Semaphore + 'static,
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<S, String>>,
+{
+    let mut sems: Vec<Arc<dyn Semaphore>> = Vec::new();
+    for _ in 0..clients {
+        sems.push(Arc::new(connect().await?));
+    }
+    Ok((sems, connect().await?))
+}
+
+/// [`connections`] to rebootd's own etcd v3 store on `etcd` (group [`GROUP`]).
+async fn etcd_v3_connections(
+    etcd: &EtcdServer,
+    clients: usize,
+) -> Result<(Vec<Arc<dyn Semaphore>>, EtcdSemaphore), String> {
+    let settings = etcd_settings(rebootd::config::EtcdApi::V3, etcd);
+    connections(clients, || async {
+        EtcdSemaphore::connect(&settings, GROUP, None)
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await
+}
+
 /// What a chain measured: hand-offs from `release()` called and from it returning (ms), the
 /// `release()` calls (ms), the wall time, and etcd's counters before and after.
 type Chain = (
@@ -335,25 +356,7 @@ async fn own_etcd_store(
     a: &Args,
     through_airlock: Stats,
 ) -> Result<(), String> {
-    let settings = rebootd::config::Etcd {
-        api: rebootd::config::EtcdApi::V3,
-        endpoints: vec![etcd.endpoint()],
-        ca_file: None,
-        cert_file: None,
-        key_file: None,
-        username: None,
-        password_file: None,
-    };
-    let mut sems: Vec<Arc<dyn Semaphore>> = Vec::new();
-    for _ in 0..a.clients {
-        let s = EtcdSemaphore::connect(&settings, "bench-handoff", None)
-            .await
-            .map_err(|e| e.to_string())?;
-        sems.push(Arc::new(s));
-    }
-    let admin = EtcdSemaphore::connect(&settings, "bench-handoff", None)
-        .await
-        .map_err(|e| e.to_string())?;
+    let (sems, admin) = etcd_v3_connections(etcd, a.clients).await?;
     admin.set_max(1, true).await.map_err(|e| e.to_string())?;
     let (from_call, _, _, wall, before, after) =
         chain(&sems, ids, a, Some(&etcd.endpoint())).await?;
