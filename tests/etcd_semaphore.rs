@@ -296,9 +296,8 @@ async fn waits_at(logs: &mut Logs, id: &str, position: usize) -> String {
     .await
 }
 
-/// etcd's request counters (its `/metrics` on the plain client URL): unary calls started by
-/// method, and messages received on streams (`Watch(msgs)`: watch creates and cancels).
-async fn etcd_requests(etcd: &EtcdServer) -> std::collections::BTreeMap<String, f64> {
+/// etcd's `/metrics` page, on the plain client URL.
+async fn etcd_metrics(etcd: &EtcdServer) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let endpoint = etcd.endpoint();
     let addr = endpoint
@@ -310,6 +309,35 @@ async fn etcd_requests(etcd: &EtcdServer) -> std::collections::BTreeMap<String, 
         .unwrap();
     let mut body = String::new();
     conn.read_to_string(&mut body).await.unwrap();
+    body
+}
+
+/// Wait until etcd has `n` watchers (its gauge `etcd_debugging_mvcc_watcher_total`): a waiter
+/// logs its place in the queue before it opens its watch, so the log alone does not say that
+/// the watch was created.
+async fn watchers_reach(etcd: &EtcdServer, n: usize) {
+    within("watchers created", async {
+        loop {
+            let body = etcd_metrics(etcd).await;
+            let now = body
+                .lines()
+                .find_map(|l| l.strip_prefix("etcd_debugging_mvcc_watcher_total "))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or(0.0);
+            if now >= n as f64 {
+                eprintln!("etcd watchers: {now}");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+}
+
+/// etcd's request counters (its `/metrics` on the plain client URL): unary calls started by
+/// method, and messages received on streams (`Watch(msgs)`: watch creates and cancels).
+async fn etcd_requests(etcd: &EtcdServer) -> std::collections::BTreeMap<String, f64> {
+    let body = etcd_metrics(etcd).await;
     let mut counts = std::collections::BTreeMap::new();
     for line in body.lines() {
         let (suffix, rest) = if let Some(r) = line.strip_prefix("grpc_server_started_total{") {
@@ -910,6 +938,7 @@ async fn a_release_wakes_only_the_head_of_the_queue(mut env: Env) {
         tasks.push(spawn_waiter(etcd, id, &took_tx).await);
         waits_at(&mut env.logs, id, i + 1).await;
     }
+    watchers_reach(etcd, ids.len()).await;
 
     let before = etcd_requests(etcd).await;
     admin.unlock("h").await.unwrap();
