@@ -31,6 +31,12 @@ const TRIALS: u64 = 7;
 /// The hard faults' trials: one per store (4 nodes, max 1).
 const HARD_SEEDS_FROM: u64 = 70_000;
 
+/// Where the search for the cut-off trials' seeds starts (one per store).
+const CUT_OFF_SEEDS_FROM: u64 = 80_000;
+
+/// The hard faults' `max_hold`.
+const HARD_MAX_HOLD: Duration = Duration::from_secs(16);
+
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()
@@ -128,11 +134,32 @@ async fn chaos_trials_etcd_v2() {
     .await;
 }
 
-/// The hard faults on each store, in the suite: `max_hold` 16 s (drain 7 s + reboot 4 s + ready
-/// 4 s = 15 s, as rebootd requires) and one node's clock hours off (libfaketime), 4 nodes, max
-/// 1. The node cut off from the store (`--cut-off`) runs in the long runs only: with the build
-/// of 2026-11-23 18:00 a node cut off sometimes stayed in `releasing` after the cut ended (see
-/// RELIABILITY.md, run G), which would make this test flaky.
+/// One trial of the hard faults: 4 nodes, max 1, `max_hold` 16 s (drain 7 s + reboot 4 s +
+/// ready 4 s = 15 s, as rebootd requires) and one node's clock hours off (libfaketime); with
+/// `cut_off`, one node's store traffic is cut by a lab proxy (blackhole or reset) too.
+async fn hard_trial(backend: Backend, seed: u64, cut_off: bool) -> chaos::Stats {
+    let opts = ChaosOptions {
+        trials: 1,
+        seed,
+        backend,
+        nodes: 4,
+        max: 1,
+        max_hold: Some(HARD_MAX_HOLD),
+        drain_timeout: Duration::from_secs(7),
+        reboot_timeout: Duration::from_secs(4),
+        ready_timeout: Duration::from_secs(4),
+        cut_off,
+        skew_clock: true,
+        ..ChaosOptions::new(env!("CARGO_BIN_EXE_rebootd"))
+    };
+    opts.check().unwrap();
+    let stats = run_with(opts).await;
+    assert_eq!(stats.skewed.len(), 1, "{backend}: {stats}");
+    stats
+}
+
+/// `max_hold` and a clock off, nothing stopped, on each store: every holder beats, so no slot
+/// may be reclaimed (a reclaim here would be of a live node judged by a clock).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_trials_max_hold_and_a_clock_hours_off_on_every_store() {
     let seed = env_u64("REBOOTD_CHAOS_SEED", 1) + HARD_SEEDS_FROM;
@@ -140,24 +167,38 @@ async fn chaos_trials_max_hold_and_a_clock_hours_off_on_every_store() {
         .into_iter()
         .enumerate()
     {
-        let opts = ChaosOptions {
-            trials: 1,
-            seed: seed + k as u64,
-            backend,
-            nodes: 4,
-            max: 1,
-            max_hold: Some(Duration::from_secs(16)),
-            drain_timeout: Duration::from_secs(7),
-            reboot_timeout: Duration::from_secs(4),
-            ready_timeout: Duration::from_secs(4),
-            skew_clock: true,
-            ..ChaosOptions::new(env!("CARGO_BIN_EXE_rebootd"))
-        };
-        opts.check().unwrap();
-        let stats = run_with(opts).await;
-        assert_eq!(stats.skewed.len(), 1, "{backend}: {stats}");
+        let stats = hard_trial(backend, seed + k as u64, false).await;
         assert_eq!(stats.reclaims, 0, "no node stopped, no reclaim: {stats}");
     }
+}
+
+/// The same with a node cut off from the store, on seeds whose first cut comes while that node
+/// holds its slot and outlasts `max_hold`, so that the waiters may take its slot over: the
+/// checker then requires that every takeover was of the node cut off (for at least
+/// `max_hold`/2), that the node cut off never went down without its slot (it must back out at
+/// its fence), and that no more than `max` live nodes were cordoned at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_trials_max_hold_a_node_cut_off_and_a_clock_hours_off_on_every_store() {
+    let mut seed = env_u64("REBOOTD_CHAOS_SEED", 1) + CUT_OFF_SEEDS_FROM;
+    let mut all = chaos::Stats::default();
+    for backend in [Backend::Etcd, Backend::EtcdV2, Backend::Kubernetes] {
+        while !chaos::cutoff::plan(seed, Some(HARD_MAX_HOLD))
+            .first()
+            .is_some_and(|c| c.while_holding && c.long)
+        {
+            seed += 1;
+        }
+        let stats = hard_trial(backend, seed, true).await;
+        assert!(stats.long_cut_offs >= 1, "{backend}: {stats}");
+        seed += 1;
+        all.cut_offs += stats.cut_offs;
+        all.reclaims += stats.reclaims;
+        all.fenced += stats.fenced;
+    }
+    eprintln!(
+        "hard faults with a node cut off: {} cut-offs, {} slots taken over, {} fenced back-outs",
+        all.cut_offs, all.reclaims, all.fenced
+    );
 }
 
 /// A trial's `max_hold` must be one rebootd accepts.
