@@ -9,18 +9,11 @@ use common::*;
 use rebootd::state::Phase;
 use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
 use rebootd_lab::fleet::{Fleet, FleetLock, FleetOptions};
-use rebootd_lab::kube_api::Kind;
-use rebootd_lab::node::{Node, NodeOptions};
+use rebootd_lab::node::Node;
 use serde_json::Value;
 use std::path::Path;
 
 const NEED: &str = "UPDATE_STATUS_UPDATED_NEED_REBOOT";
-
-async fn status_json(node: &Node) -> Value {
-    let (code, out, err) = rebootctl(node, &["status", "--json"]).await;
-    assert_eq!(code, 0, "{err}");
-    serde_json::from_str(&out).unwrap()
-}
 
 /// The group is paused before the node needs a reboot: it waits for the resume (shown in its
 /// state, `status` and `--json`), takes no slot, and reboots once the group is resumed.
@@ -89,13 +82,6 @@ async fn a_waiter_leaves_the_queue_when_the_group_is_paused(node: &Node, other: 
     next_reboot(node, &mut reboots, WAIT).await;
 }
 
-fn etcd_config(etcd: &EtcdServer, api: &str) -> String {
-    format!(
-        "[lock]\nbackend = \"etcd\"\n\n[lock.etcd]\nendpoints = [{:?}]\napi = {api:?}\n",
-        etcd.endpoint()
-    )
-}
-
 async fn etcd_nodes(api: &str, prefix: &str) -> (EtcdServer, Node, Node) {
     let v = *EtcdVersion::available()
         .iter()
@@ -104,17 +90,9 @@ async fn etcd_nodes(api: &str, prefix: &str) -> (EtcdServer, Node, Node) {
     let etcd = EtcdServer::start_with(v, EtcdOptions::v2())
         .await
         .expect("start etcd");
-    let config = etcd_config(&etcd, api);
+    let config = format!("{}api = {api:?}\n", etcd_config(&etcd));
     let a = node(&format!("{prefix}-a"), &config).await;
-    let b = Node::start(
-        Path::new(REBOOTD),
-        NodeOptions {
-            start_daemon: false,
-            ..NodeOptions::new(&format!("{prefix}-b")).config(&config)
-        },
-    )
-    .await
-    .unwrap();
+    let b = stopped_node(&format!("{prefix}-b"), &config).await;
     (etcd, a, b)
 }
 
@@ -174,25 +152,13 @@ async fn leases_a_paused_group_takes_no_slot_until_resumed_and_the_node_says_so(
     fleet.wait_ready(WAIT).await.unwrap();
     let cluster = fleet.kube.as_ref().unwrap().cluster().clone();
     let node = fleet.nodes[0].lock().await;
-    let annotated = |want: bool| {
-        let cluster = cluster.clone();
-        async move {
-            cluster
-                .wait_for(WAIT, |snap| {
-                    let n = snap.get(Kind::Node, "", "node-1")?;
-                    let a = &n["metadata"]["annotations"];
-                    let shown = a["rebootd.io/group-paused"] == "true"
-                        && a["rebootd.io/group-paused-reason"] == "kernel freeze";
-                    let gone = a.get("rebootd.io/group-paused").is_none();
-                    (if want { shown } else { gone }).then_some(())
-                })
-                .await
-                .unwrap_or_else(|_| panic!("node-1's group-paused annotations (want {want})"));
-        }
-    };
     let check = async {
-        annotated(true).await;
-        annotated(false).await;
+        let shown = [
+            ("rebootd.io/group-paused", "true"),
+            ("rebootd.io/group-paused-reason", "kernel freeze"),
+        ];
+        node_annotations(&cluster, "node-1", &shown, &[]).await;
+        node_annotations(&cluster, "node-1", &[], &["rebootd.io/group-paused"]).await;
     };
     tokio::join!(paused_group_holds_the_node_until_resumed(&node), check);
 }
@@ -201,15 +167,7 @@ async fn leases_a_paused_group_takes_no_slot_until_resumed_and_the_node_says_so(
 async fn a_fleetlock_server_cannot_pause_a_group() {
     let config =
         "[lock]\nbackend = \"fleetlock\"\n[lock.fleetlock]\nurl = \"http://127.0.0.1:9\"\n";
-    let node = Node::start(
-        Path::new(REBOOTD),
-        NodeOptions {
-            start_daemon: false,
-            ..NodeOptions::new("gp-fleetlock").config(config)
-        },
-    )
-    .await
-    .unwrap();
+    let node = stopped_node("gp-fleetlock", config).await;
     for args in [&["pause", "--group"][..], &["resume", "--group"][..]] {
         let (code, _, err) = rebootctl(&node, args).await;
         assert_eq!(code, 1, "{args:?}: {err}");

@@ -6,33 +6,14 @@ mod common;
 use common::*;
 use rebootd::need::TriggerSource;
 use rebootd::state::Phase;
-use rebootd_lab::etcd::{EtcdServer, EtcdVersion};
+use rebootd_lab::etcd::EtcdVersion;
 use rebootd_lab::fleet::{Fleet, FleetLock, FleetOptions};
 use rebootd_lab::kube_api::{Kind, PdbBuilder, ReplicaSetBuilder};
-use rebootd_lab::node::{Node, NodeOptions};
+use rebootd_lab::node::Node;
 use serde_json::Value;
 use std::path::Path;
 
 const NEED: &str = "UPDATE_STATUS_UPDATED_NEED_REBOOT";
-
-/// A real etcd (the first version installed) and the configuration of a node using it.
-async fn etcd() -> (EtcdServer, String) {
-    let v = *EtcdVersion::available()
-        .first()
-        .expect("an etcd is installed (see tests/etcd_semaphore.rs)");
-    let etcd = EtcdServer::start(v).await.expect("start etcd");
-    let config = format!(
-        "[lock]\nbackend = \"etcd\"\n\n[lock.etcd]\nendpoints = [{:?}]\n",
-        etcd.endpoint()
-    );
-    (etcd, config)
-}
-
-async fn status_json(node: &Node) -> Value {
-    let (code, out, err) = rebootctl(node, &["status", "--json"]).await;
-    assert_eq!(code, 0, "{err}");
-    serde_json::from_str(&out).unwrap()
-}
 
 /// The ids holding a slot, as `rebootctl status --json` shows them.
 async fn holders(node: &Node) -> Vec<String> {
@@ -75,7 +56,7 @@ async fn waits_for_resume(node: &Node, n: usize) {
 /// in `status`, `--json` and the coordinator file; `resume` lets the reboot through.
 #[tokio::test]
 async fn a_paused_node_takes_no_slot_across_restarts_and_reboots_until_resumed() {
-    let (_etcd, config) = etcd().await;
+    let (_etcd, config) = etcd_lock().await;
     let mut node = node("pause1", &config).await;
     let mut reboots = node.logind.subscribe();
     node.wait_ready(WAIT).await.unwrap();
@@ -134,16 +115,8 @@ async fn a_paused_node_takes_no_slot_across_restarts_and_reboots_until_resumed()
 /// and is applied when the daemon starts, before it takes any slot.
 #[tokio::test]
 async fn a_pause_made_while_rebootd_is_stopped_is_applied_before_anything_else() {
-    let (_etcd, config) = etcd().await;
-    let mut node = Node::start(
-        Path::new(REBOOTD),
-        NodeOptions {
-            start_daemon: false,
-            ..NodeOptions::new("pause2").config(&config)
-        },
-    )
-    .await
-    .unwrap();
+    let (_etcd, config) = etcd_lock().await;
+    let mut node = stopped_node("pause2", &config).await;
     let (code, out, err) = rebootctl(&node, &["pause"]).await;
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("has not applied it"), "{out}");
@@ -170,20 +143,10 @@ async fn a_pause_made_while_rebootd_is_stopped_is_applied_before_anything_else()
 /// from being asked) gives it back; after logind accepted it is refused.
 #[tokio::test]
 async fn cancel_drops_a_reboot_not_yet_at_logind_and_gives_the_slot_back() {
-    let (_etcd, config) = etcd().await;
+    let (_etcd, config) = etcd_lock().await;
     let node = node("cancel1", &config).await;
     // Another machine holds the only slot (taken by hand, as an operator would).
-    let other = Node::start(
-        Path::new(REBOOTD),
-        NodeOptions {
-            start_daemon: false,
-            ..NodeOptions::new("cancel-other").config(&config)
-        },
-    )
-    .await
-    .unwrap();
-    let (code, _, err) = rebootctl(&other, &["lock"]).await;
-    assert_eq!(code, 0, "{err}");
+    let other = slot_taken_by("cancel-other", &config).await;
     node.wait_ready(WAIT).await.unwrap();
 
     // 1. Waiting for the slot.
@@ -301,31 +264,16 @@ async fn cancel_during_a_drain_undoes_only_rebootds_cordon() {
         .unwrap();
 
     // A pause shows on the Node, and goes with the resume.
-    let paused = |want: bool| {
-        let cluster = cluster.clone();
-        async move {
-            cluster
-                .wait_for(WAIT, |snap| {
-                    let n = snap.get(Kind::Node, "", "node-1")?;
-                    let a = &n["metadata"]["annotations"];
-                    let shown = a["rebootd.io/paused"] == "true"
-                        && a["rebootd.io/paused-reason"] == "kernel freeze";
-                    let gone = a.get("rebootd.io/paused").is_none()
-                        && a.get("rebootd.io/paused-reason").is_none();
-                    (if want { shown } else { gone }).then_some(())
-                })
-                .await
-                .unwrap_or_else(|_| panic!("node-1's paused annotations (want {want})"));
-        }
-    };
+    const PAUSED: [&str; 2] = ["rebootd.io/paused", "rebootd.io/paused-reason"];
     {
         let node = fleet.nodes[0].lock().await;
         let (code, _, err) = rebootctl(&node, &["pause", "--reason", "kernel freeze"]).await;
         assert_eq!(code, 0, "{err}");
-        paused(true).await;
+        let shown = [(PAUSED[0], "true"), (PAUSED[1], "kernel freeze")];
+        node_annotations(&cluster, "node-1", &shown, &[]).await;
         let (code, _, err) = rebootctl(&node, &["resume"]).await;
         assert_eq!(code, 0, "{err}");
-        paused(false).await;
+        node_annotations(&cluster, "node-1", &[], &PAUSED).await;
     }
 
     for (i, name, by_us) in [(0, "node-1", true), (1, "node-2", false)] {
@@ -421,19 +369,9 @@ async fn cancel_while_a_node_gate_waits_removes_its_label_and_frees_the_slot() {
 /// exactly once, and after the boot it is idle, with no second cycle for the same request.
 #[tokio::test]
 async fn a_request_made_mid_cycle_is_consumed_by_that_cycle() {
-    let (_etcd, config) = etcd().await;
+    let (_etcd, config) = etcd_lock().await;
     let mut node = node("midcycle1", &config).await;
-    let other = Node::start(
-        Path::new(REBOOTD),
-        NodeOptions {
-            start_daemon: false,
-            ..NodeOptions::new("midcycle-other").config(&config)
-        },
-    )
-    .await
-    .unwrap();
-    let (code, _, err) = rebootctl(&other, &["lock"]).await;
-    assert_eq!(code, 0, "{err}");
+    let other = slot_taken_by("midcycle-other", &config).await;
     node.wait_ready(WAIT).await.unwrap();
     let first_boot = node.boot_id();
 

@@ -5,9 +5,7 @@ mod common;
 
 use common::*;
 use rebootd::state::Phase;
-use rebootd_lab::etcd::{EtcdServer, EtcdVersion};
-use rebootd_lab::node::{Node, NodeOptions};
-use std::path::Path;
+use rebootd_lab::etcd::EtcdServer;
 use std::time::{Duration, Instant};
 
 const NEED: &str = "UPDATE_STATUS_UPDATED_NEED_REBOOT";
@@ -44,24 +42,9 @@ async fn waiters_until(
 
 #[tokio::test]
 async fn the_window_closing_while_waiting_for_a_slot_leaves_the_queue() {
-    let v = *EtcdVersion::available().first().expect("an etcd");
-    let etcd = EtcdServer::start(v).await.expect("start etcd");
-    let lock = format!(
-        "[lock]\nbackend = \"etcd\"\n\n[lock.etcd]\nendpoints = [{:?}]\n",
-        etcd.endpoint()
-    );
+    let (etcd, lock) = etcd_lock().await;
     // Another machine holds the only slot.
-    let other = Node::start(
-        Path::new(REBOOTD),
-        NodeOptions {
-            start_daemon: false,
-            ..NodeOptions::new("win-other").config(&lock)
-        },
-    )
-    .await
-    .unwrap();
-    let (code, _, err) = rebootctl(&other, &["lock"]).await;
-    assert_eq!(code, 0, "{err}");
+    let _other = slot_taken_by("win-other", &lock).await;
     // A window open since a second ago, for 15 s, on the weekday of its start, in UTC.
     // (Whole seconds, as the configuration says it.)
     let start = jiff::Timestamp::from_second(jiff::Timestamp::now().as_second() - 1).unwrap();

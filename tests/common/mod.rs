@@ -4,8 +4,11 @@
 
 pub mod logs;
 
+use rebootd_lab::etcd::{EtcdServer, EtcdVersion};
 use rebootd_lab::fake_logind::RebootCall;
+use rebootd_lab::kube_api::{Cluster, Kind};
 use rebootd_lab::node::{Node, NodeOptions};
+use serde_json::Value;
 use std::path::Path;
 use std::time::Duration;
 use tokio::sync::broadcast;
@@ -20,6 +23,74 @@ pub async fn node(name: &str, config: &str) -> Node {
     Node::start(Path::new(REBOOTD), NodeOptions::new(name).config(config))
         .await
         .expect("start lab node")
+}
+
+/// A lab node (private bus, fake logind and update_engine) whose rebootd is not started:
+/// `rebootctl` still works on it, its requests waiting in the state directory.
+pub async fn stopped_node(name: &str, config: &str) -> Node {
+    Node::start(
+        Path::new(REBOOTD),
+        NodeOptions {
+            start_daemon: false,
+            ..NodeOptions::new(name).config(config)
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// Another machine on the lock store of `config`, its rebootd not started, holding a slot taken
+/// by hand (`rebootctl lock`), as an operator would.
+pub async fn slot_taken_by(name: &str, config: &str) -> Node {
+    let other = stopped_node(name, config).await;
+    let (code, _, err) = rebootctl(&other, &["lock"]).await;
+    assert_eq!(code, 0, "{err}");
+    other
+}
+
+/// The `[lock]` configuration of a node using `etcd` through its default API (v3).
+pub fn etcd_config(etcd: &EtcdServer) -> String {
+    format!(
+        "[lock]\nbackend = \"etcd\"\n\n[lock.etcd]\nendpoints = [{:?}]\n",
+        etcd.endpoint()
+    )
+}
+
+/// A real etcd (the first version installed) and the [`etcd_config`] of a node using it.
+pub async fn etcd_lock() -> (EtcdServer, String) {
+    let v = *EtcdVersion::available()
+        .first()
+        .expect("an etcd is installed (see tests/etcd_semaphore.rs)");
+    let etcd = EtcdServer::start(v).await.expect("start etcd");
+    let config = etcd_config(&etcd);
+    (etcd, config)
+}
+
+/// `rebootctl status --json` of the node, which must succeed.
+pub async fn status_json(node: &Node) -> Value {
+    let (code, out, err) = rebootctl(node, &["status", "--json"]).await;
+    assert_eq!(code, 0, "{err}");
+    serde_json::from_str(&out).unwrap()
+}
+
+/// Wait (at most [`WAIT`]) until the stand-in's Node `node` has every annotation of `shown`,
+/// with its value, and none of `gone`.
+pub async fn node_annotations(
+    cluster: &Cluster,
+    node: &str,
+    shown: &[(&str, &str)],
+    gone: &[&str],
+) {
+    cluster
+        .wait_for(WAIT, |snap| {
+            let n = snap.get(Kind::Node, "", node)?;
+            let a = &n["metadata"]["annotations"];
+            let ok =
+                shown.iter().all(|(k, v)| a[*k] == *v) && gone.iter().all(|k| a.get(k).is_none());
+            ok.then_some(())
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{node}'s annotations: want {shown:?}, none of {gone:?}"));
 }
 
 /// Await the next reboot call logind accepts, or fail with the node's log.
