@@ -8,7 +8,6 @@ use rebootd::lock::document::semaphore_key;
 use rebootd::state::Phase;
 use rebootd_lab::etcd::EtcdVersion;
 use rebootd_lab::fleet::{Fleet, FleetEvent, FleetLock, FleetOptions};
-use std::path::Path;
 use std::time::Duration;
 
 const NEED: &str = "UPDATE_STATUS_UPDATED_NEED_REBOOT";
@@ -23,21 +22,15 @@ fn versions() -> Vec<EtcdVersion> {
 }
 
 async fn fleet(version: EtcdVersion, nodes: usize, max: u64, group: &str) -> Fleet {
-    let fleet = Fleet::start(
-        Path::new(REBOOTD),
-        FleetOptions {
-            nodes,
-            max,
-            lock: FleetLock::Etcd(version),
-            reboot_time: Duration::from_millis(300),
-            group: group.to_string(),
-            ..FleetOptions::default()
-        },
-    )
+    ready_fleet(FleetOptions {
+        nodes,
+        max,
+        lock: FleetLock::Etcd(version),
+        reboot_time: Duration::from_millis(300),
+        group: group.to_string(),
+        ..FleetOptions::default()
+    })
     .await
-    .expect("start fleet");
-    fleet.wait_ready(WAIT).await.unwrap();
-    fleet
 }
 
 fn get(fleet: &Fleet, key: &str) -> String {

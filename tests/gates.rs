@@ -12,7 +12,7 @@ use common::*;
 use rebootd::gate::prometheus::{AlertsGate, Matcher};
 use rebootd::gate::Verdict;
 use rebootd::state::{Phase, State};
-use rebootd_lab::fleet::{Fleet, FleetEvent, FleetLock, FleetOptions};
+use rebootd_lab::fleet::{FleetEvent, FleetLock, FleetOptions};
 use rebootd_lab::kube_api::{Admission, DaemonSetBuilder, Kind, ReplicaSetBuilder};
 use rebootd_lab::node::Node;
 use rebootd_lab::prometheus::{prometheus, Exporter};
@@ -165,18 +165,13 @@ async fn a_gate_closing_after_the_slot_was_taken_gives_the_slot_to_the_next_node
     let config = format!(
         "[gates]\ninterval = \"1s\"\n\n[[gates.before_reboot]]\nname = \"late\"\ncommand = [\"sh\", \"-c\", {script:?}]\n"
     );
-    let fleet = Fleet::start(
-        Path::new(REBOOTD),
-        FleetOptions {
-            nodes: 2,
-            max: 1,
-            config,
-            ..FleetOptions::default()
-        },
-    )
-    .await
-    .expect("start fleet");
-    fleet.wait_ready(WAIT).await.unwrap();
+    let fleet = ready_fleet(FleetOptions {
+        nodes: 2,
+        max: 1,
+        config,
+        ..FleetOptions::default()
+    })
+    .await;
     let hold = fleet.nodes[0].lock().await.state_dir().join("hold");
     std::fs::write(&hold, "").unwrap();
     let mut events = fleet.subscribe();
@@ -267,26 +262,16 @@ const LABEL: &str = "rebootd.io/before-reboot";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_gate_holds_the_slot_until_a_checker_annotates_the_node() {
     let (hook, denied) = enforcing();
-    let fleet = Fleet::start(
-        Path::new(REBOOTD),
-        FleetOptions {
-            nodes: 2,
-            max: 1,
-            lock: FleetLock::Kubernetes,
-            drain: true,
-            reboot_time: Duration::from_millis(300),
-            node_identities: true,
-            kube_admission: Some(hook),
-            config: format!(
-                "[gates]\ninterval = \"1s\"\n\n[[gates.before_reboot]]\nname = \"checks\"\nnode_annotations = [{CHECK:?}]\n"
-            ),
-            ..FleetOptions::default()
-        },
-    )
-    .await
-    .expect("start fleet");
-    fleet.wait_ready(WAIT).await.unwrap();
-    let cluster = fleet.kube.as_ref().unwrap().cluster().clone();
+    let fleet = ready_fleet(FleetOptions {
+        node_identities: true,
+        kube_admission: Some(hook),
+        config: format!(
+            "[gates]\ninterval = \"1s\"\n\n[[gates.before_reboot]]\nname = \"checks\"\nnode_annotations = [{CHECK:?}]\n"
+        ),
+        ..drain_opts(2, 1, FleetLock::Kubernetes)
+    })
+    .await;
+    let cluster = kube_cluster(&fleet);
     let annotate = |node: &str| {
         cluster
             .update(Kind::Node, "", node, |n| {
@@ -407,22 +392,12 @@ fn the_policy_lets_a_node_remove_only_the_listed_gate_annotations() {
 /// node gets it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checks_after_the_boot_and_the_settle_time_hold_the_slot() {
-    let fleet = Fleet::start(
-        Path::new(REBOOTD),
-        FleetOptions {
-            nodes: 2,
-            max: 1,
-            lock: FleetLock::Kubernetes,
-            drain: true,
-            reboot_time: Duration::from_millis(300),
-            config: "[gates]\ninterval = \"1s\"\nsettle = \"2s\"\n\n[[gates.after_boot]]\nname = \"csi\"\npods_ready = \"app=csi\"\n".into(),
-            ..FleetOptions::default()
-        },
-    )
-    .await
-    .expect("start fleet");
-    fleet.wait_ready(WAIT).await.unwrap();
-    let cluster = fleet.kube.as_ref().unwrap().cluster().clone();
+    let fleet = ready_fleet(FleetOptions {
+        config: "[gates]\ninterval = \"1s\"\nsettle = \"2s\"\n\n[[gates.after_boot]]\nname = \"csi\"\npods_ready = \"app=csi\"\n".into(),
+        ..drain_opts(2, 1, FleetLock::Kubernetes)
+    })
+    .await;
+    let cluster = kube_cluster(&fleet);
     cluster
         .add(&DaemonSetBuilder::new("kube-system", "csi"))
         .unwrap();
@@ -555,19 +530,14 @@ async fn a_holder_waiting_for_a_check_after_the_boot_keeps_beating_and_its_slot_
     // A beat every 1.25 s; the check is asked every second (the shortest interval allowed).
     let max_hold = Duration::from_secs(10);
     let config = "[reboot]\ntimeout = \"2s\"\nusers_warning = \"0s\"\n\n[gates]\ninterval = \"1s\"\n\n[[gates.after_boot]]\nname = \"after\"\ncommand = [\"sh\", \"-c\", \"! test -e \\\"$STATE_DIRECTORY/hold\\\"\"]\n";
-    let fleet = Fleet::start(
-        Path::new(REBOOTD),
-        FleetOptions {
-            nodes: 2,
-            max: 1,
-            config: config.into(),
-            lock_config: format!("max_hold = \"{}s\"\n", max_hold.as_secs()),
-            ..FleetOptions::default()
-        },
-    )
-    .await
-    .expect("start fleet");
-    fleet.wait_ready(WAIT).await.unwrap();
+    let fleet = ready_fleet(FleetOptions {
+        nodes: 2,
+        max: 1,
+        config: config.into(),
+        lock_config: format!("max_hold = \"{}s\"\n", max_hold.as_secs()),
+        ..FleetOptions::default()
+    })
+    .await;
     let hold = fleet.nodes[0].lock().await.state_dir().join("hold");
     std::fs::write(&hold, "").unwrap();
     let mut events = fleet.subscribe();
@@ -632,29 +602,19 @@ async fn reboot_labels_taint_and_load_balancer_exclusion_come_and_go_with_the_re
     use rebootd::drain::marks::{ADDED, EXCLUDE_LB, TAINT_KEY};
     let (hook, denied) = enforcing();
     let wait = Duration::from_secs(2);
-    let fleet = Fleet::start(
-        Path::new(REBOOTD),
-        FleetOptions {
-            nodes: 1,
-            max: 1,
-            lock: FleetLock::Kubernetes,
-            drain: true,
-            reboot_time: Duration::from_millis(300),
-            node_identities: true,
-            kube_admission: Some(hook),
-            kubernetes_config: format!(
-                "drain_timeout = \"60s\"\nready_timeout = \"30s\"\nreboot_taint = \"PreferNoSchedule\"\n\
-                 exclude_from_load_balancers = \"{}\"\n\
-                 reboot_labels = {{ \"rebootd.io/rebooting\" = \"true\", \"rebootd.io/maintenance\" = \"true\" }}\n",
-                humantime::format_duration(wait)
-            ),
-            ..FleetOptions::default()
-        },
-    )
-    .await
-    .expect("start fleet");
-    fleet.wait_ready(WAIT).await.unwrap();
-    let cluster = fleet.kube.as_ref().unwrap().cluster().clone();
+    let fleet = ready_fleet(FleetOptions {
+        node_identities: true,
+        kube_admission: Some(hook),
+        kubernetes_config: format!(
+            "drain_timeout = \"60s\"\nready_timeout = \"30s\"\nreboot_taint = \"PreferNoSchedule\"\n\
+             exclude_from_load_balancers = \"{}\"\n\
+             reboot_labels = {{ \"rebootd.io/rebooting\" = \"true\", \"rebootd.io/maintenance\" = \"true\" }}\n",
+            humantime::format_duration(wait)
+        ),
+        ..drain_opts(1, 1, FleetLock::Kubernetes)
+    })
+    .await;
+    let cluster = kube_cluster(&fleet);
     // An operator's label with one of the keys, and a taint of its own.
     cluster
         .update(Kind::Node, "", "node-1", |n| {

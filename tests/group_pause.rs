@@ -8,10 +8,9 @@ mod common;
 use common::*;
 use rebootd::state::Phase;
 use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
-use rebootd_lab::fleet::{Fleet, FleetLock, FleetOptions};
+use rebootd_lab::fleet::{FleetLock, FleetOptions};
 use rebootd_lab::node::Node;
 use serde_json::Value;
-use std::path::Path;
 
 const NEED: &str = "UPDATE_STATUS_UPDATED_NEED_REBOOT";
 
@@ -137,20 +136,15 @@ async fn etcd_v2_a_waiter_leaves_the_queue_when_the_group_is_paused() {
 /// On the Lease store, with the Node annotations shown while the node waits on the pause.
 #[tokio::test]
 async fn leases_a_paused_group_takes_no_slot_until_resumed_and_the_node_says_so() {
-    let fleet = Fleet::start(
-        Path::new(REBOOTD),
-        FleetOptions {
-            nodes: 1,
-            max: 1,
-            lock: FleetLock::Kubernetes,
-            drain: true,
-            ..FleetOptions::default()
-        },
-    )
-    .await
-    .expect("start fleet");
-    fleet.wait_ready(WAIT).await.unwrap();
-    let cluster = fleet.kube.as_ref().unwrap().cluster().clone();
+    let fleet = ready_fleet(FleetOptions {
+        nodes: 1,
+        max: 1,
+        lock: FleetLock::Kubernetes,
+        drain: true,
+        ..FleetOptions::default()
+    })
+    .await;
+    let cluster = kube_cluster(&fleet);
     let node = fleet.nodes[0].lock().await;
     let check = async {
         let shown = [

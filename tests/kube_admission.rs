@@ -660,8 +660,8 @@ fn events_and_pod_deletes_only_about_its_own_node() {
 
 // --- End to end: what rebootd really sends, through the policy -------------------------------
 
-use common::{REBOOTD, WAIT};
-use rebootd_lab::fleet::{Fleet, FleetLock, FleetOptions};
+use common::{drain_opts, kube_cluster, ready_fleet};
+use rebootd_lab::fleet::{FleetLock, FleetOptions};
 use rebootd_lab::kube_api::{Admission, PdbBuilder, ReplicaSetBuilder};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -693,23 +693,13 @@ fn enforcing() -> (Admission, Reviewed) {
 #[tokio::test]
 async fn a_fleet_of_node_identities_rolls_a_reboot_through_the_policy() {
     let (hook, reviewed) = enforcing();
-    let fleet = Fleet::start(
-        Path::new(REBOOTD),
-        FleetOptions {
-            nodes: 3,
-            max: 1,
-            lock: FleetLock::Kubernetes,
-            drain: true,
-            reboot_time: Duration::from_millis(300),
-            node_identities: true,
-            kube_admission: Some(hook),
-            ..FleetOptions::default()
-        },
-    )
-    .await
-    .expect("start fleet");
-    fleet.wait_ready(WAIT).await.unwrap();
-    let cluster = fleet.kube.as_ref().unwrap().cluster().clone();
+    let fleet = ready_fleet(FleetOptions {
+        node_identities: true,
+        kube_admission: Some(hook),
+        ..drain_opts(3, 1, FleetLock::Kubernetes)
+    })
+    .await;
+    let cluster = kube_cluster(&fleet);
     cluster
         .add_replicaset(
             &ReplicaSetBuilder::new("shop", "web")

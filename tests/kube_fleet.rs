@@ -11,34 +11,14 @@ use k8s_openapi::api::core::v1::Node as KubeNode;
 use kube::api::{Api, WatchEvent, WatchParams};
 use rebootd::state::Phase;
 use rebootd_lab::etcd::EtcdVersion;
-use rebootd_lab::fleet::{Fleet, FleetLock, FleetOptions};
+use rebootd_lab::fleet::{Fleet, FleetLock};
 use rebootd_lab::kube_api::{Kind, PdbBuilder, ReplicaSetBuilder};
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 const NEED: &str = "UPDATE_STATUS_UPDATED_NEED_REBOOT";
-
-async fn fleet(opts: FleetOptions) -> Fleet {
-    let fleet = Fleet::start(Path::new(REBOOTD), opts)
-        .await
-        .expect("start fleet");
-    fleet.wait_ready(WAIT).await.unwrap();
-    fleet
-}
-
-fn drain_opts(nodes: usize, max: u64, lock: FleetLock) -> FleetOptions {
-    FleetOptions {
-        nodes,
-        max,
-        lock,
-        drain: true,
-        reboot_time: Duration::from_millis(300),
-        ..FleetOptions::default()
-    }
-}
 
 async fn client(fleet: &Fleet) -> kube::Client {
     rebootd::kube_client::connect(fleet.kubeconfig.as_deref())
@@ -129,8 +109,8 @@ fn event_reasons(fleet: &Fleet, node: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn a_node_with_replicaset_pods_under_a_pdb_drains_reboots_and_comes_back() {
-    let fleet = fleet(drain_opts(3, 1, FleetLock::Etcd(EtcdVersion::V34))).await;
-    let cluster = fleet.kube.as_ref().unwrap().cluster().clone();
+    let fleet = ready_fleet(drain_opts(3, 1, FleetLock::Etcd(EtcdVersion::V34))).await;
+    let cluster = kube_cluster(&fleet);
     cluster
         .add_replicaset(
             &ReplicaSetBuilder::new("shop", "web")
@@ -191,8 +171,8 @@ async fn a_node_with_replicaset_pods_under_a_pdb_drains_reboots_and_comes_back()
 
 #[tokio::test]
 async fn with_max_one_never_two_nodes_are_cordoned_and_an_operators_cordon_stays() {
-    let fleet = fleet(drain_opts(3, 1, FleetLock::Kubernetes)).await;
-    let cluster = fleet.kube.as_ref().unwrap().cluster().clone();
+    let fleet = ready_fleet(drain_opts(3, 1, FleetLock::Kubernetes)).await;
+    let cluster = kube_cluster(&fleet);
     cluster
         .update(Kind::Node, "", "node-3", |n| {
             n["spec"]["unschedulable"] = true.into();
@@ -222,8 +202,8 @@ async fn a_drain_blocked_past_its_timeout_aborts_uncordons_and_frees_the_slot() 
     let mut opts = drain_opts(2, 1, FleetLock::Kubernetes);
     opts.kubernetes_config = "drain_timeout = \"3s\"\non_drain_failure = \"abort\"\n".into();
     opts.config = "[reboot]\nretry_interval = \"1h\"\n".into();
-    let fleet = fleet(opts).await;
-    let cluster = fleet.kube.as_ref().unwrap().cluster().clone();
+    let fleet = ready_fleet(opts).await;
+    let cluster = kube_cluster(&fleet);
     cluster
         .add_replicaset(
             &ReplicaSetBuilder::new("db", "pg")
@@ -270,7 +250,7 @@ async fn a_drain_blocked_past_its_timeout_aborts_uncordons_and_frees_the_slot() 
 async fn a_node_that_does_not_come_back_ready_keeps_the_slot_and_the_next_waits() {
     let mut opts = drain_opts(2, 1, FleetLock::Etcd(EtcdVersion::V34));
     opts.kubernetes_config = "ready_timeout = \"2s\"\n".into();
-    let fleet = fleet(opts).await;
+    let fleet = ready_fleet(opts).await;
     fleet.comes_back_ready[0].store(false, Ordering::SeqCst);
     fleet.nodes[0]
         .lock()
@@ -326,7 +306,7 @@ async fn a_node_that_does_not_come_back_ready_keeps_the_slot_and_the_next_waits(
 async fn the_slot_of_a_holder_whose_node_was_deleted_is_reclaimed() {
     let mut opts = drain_opts(2, 1, FleetLock::Kubernetes);
     opts.drain = false;
-    let fleet = fleet(opts).await;
+    let fleet = ready_fleet(opts).await;
     let mut n1 = fleet.nodes[0].lock().await;
     let _guard = n1.logind.hold_block_inhibitor("stuck", "never lets go");
     n1.update_engine.set_status(NEED, "1").await.unwrap();
@@ -357,7 +337,7 @@ async fn the_slot_of_a_holder_whose_node_was_deleted_is_reclaimed() {
 async fn lease_backend_with_max_two_over_five_nodes_never_exceeds_two() {
     let mut opts = drain_opts(5, 2, FleetLock::Kubernetes);
     opts.drain = false;
-    let fleet = fleet(opts).await;
+    let fleet = ready_fleet(opts).await;
     let holders = watch_lease_holders(client(&fleet).await);
     fleet.trigger_all("3").await.unwrap();
     fleet.wait_rolled(Duration::from_secs(90)).await.unwrap();
@@ -376,8 +356,8 @@ async fn a_running_blocking_pod_keeps_the_node_from_taking_a_slot() {
     use rebootd_lab::kube_api::PodBuilder;
     let mut opts = drain_opts(1, 1, FleetLock::Kubernetes);
     opts.kubernetes_config = "blocking_pods = \"app=db-primary\"\n".into();
-    let fleet = fleet(opts).await;
-    let cluster = fleet.kube.as_ref().unwrap().cluster().clone();
+    let fleet = ready_fleet(opts).await;
+    let cluster = kube_cluster(&fleet);
     cluster
         .add(
             &PodBuilder::new("db", "primary-0")

@@ -5,33 +5,19 @@ mod common;
 
 use common::*;
 use rebootd::state::Phase;
-use rebootd_lab::fleet::{Fleet, FleetLock, FleetOptions};
+use rebootd_lab::fleet::{FleetLock, FleetOptions};
 use rebootd_lab::kube_api::{PdbBuilder, ReplicaSetBuilder};
 use rebootd_lab::webhook::{Answer, WebhookReceiver};
-use std::path::Path;
 use std::time::Duration;
 
 fn opts(nodes: usize, hook: &WebhookReceiver, timeout: &str, extra: &str) -> FleetOptions {
     FleetOptions {
-        nodes,
-        max: 1,
-        lock: FleetLock::Kubernetes,
-        drain: true,
-        reboot_time: Duration::from_millis(300),
         config: format!(
             "[webhook]\nurl = {:?}\ntimeout = {timeout:?}\n{extra}",
             hook.url()
         ),
-        ..FleetOptions::default()
+        ..drain_opts(nodes, 1, FleetLock::Kubernetes)
     }
-}
-
-async fn fleet(opts: FleetOptions) -> Fleet {
-    let fleet = Fleet::start(Path::new(REBOOTD), opts)
-        .await
-        .expect("start fleet");
-    fleet.wait_ready(WAIT).await.unwrap();
-    fleet
 }
 
 /// A node's reboot is told as drain_started, rebooting, back, healthy, in that order, each a JSON
@@ -39,7 +25,7 @@ async fn fleet(opts: FleetOptions) -> Fleet {
 #[tokio::test]
 async fn a_reboot_is_told_drain_rebooting_back_healthy() {
     let hook = WebhookReceiver::start().await.unwrap();
-    let fleet = fleet(opts(2, &hook, "5s", "")).await;
+    let fleet = ready_fleet(opts(2, &hook, "5s", "")).await;
     let node = fleet.nodes[0].lock().await;
     node.update_engine
         .set_status("UPDATE_STATUS_UPDATED_NEED_REBOOT", "2")
@@ -88,7 +74,7 @@ async fn a_failing_receiver_holds_no_reboot_up_and_failures_are_told() {
     hook.answer(Answer::Status(500));
     let mut o = opts(2, &hook, "1s", "[reboot]\nretry_interval = \"1h\"\n");
     o.kubernetes_config = "drain_timeout = \"3s\"\nready_timeout = \"30s\"\n".into();
-    let fleet = fleet(o).await;
+    let fleet = ready_fleet(o).await;
     let node = fleet.nodes[0].lock().await;
     node.update_engine
         .set_status("UPDATE_STATUS_UPDATED_NEED_REBOOT", "2")
@@ -114,7 +100,7 @@ async fn a_failing_receiver_holds_no_reboot_up_and_failures_are_told() {
 
     // node-2: its drain cannot finish (a budget that never allows), and the receiver hangs.
     hook.answer(Answer::Hang(Duration::from_secs(300)));
-    let cluster = fleet.kube.as_ref().unwrap().cluster().clone();
+    let cluster = kube_cluster(&fleet);
     cluster
         .add_replicaset(
             &ReplicaSetBuilder::new("db", "pg")

@@ -7,11 +7,10 @@ use common::*;
 use rebootd::need::TriggerSource;
 use rebootd::state::Phase;
 use rebootd_lab::etcd::EtcdVersion;
-use rebootd_lab::fleet::{Fleet, FleetLock, FleetOptions};
+use rebootd_lab::fleet::{FleetLock, FleetOptions};
 use rebootd_lab::kube_api::{Kind, PdbBuilder, ReplicaSetBuilder};
 use rebootd_lab::node::Node;
 use serde_json::Value;
-use std::path::Path;
 
 const NEED: &str = "UPDATE_STATUS_UPDATED_NEED_REBOOT";
 
@@ -225,21 +224,16 @@ fn cordoned(cluster: &rebootd_lab::kube_api::Cluster, node: &str) -> bool {
 #[tokio::test]
 async fn cancel_during_a_drain_undoes_only_rebootds_cordon() {
     let version = *EtcdVersion::available().first().expect("an etcd");
-    let fleet = Fleet::start(
-        Path::new(REBOOTD),
-        FleetOptions {
-            nodes: 2,
-            max: 1,
-            lock: FleetLock::Etcd(version),
-            drain: true,
-            kubernetes_config: "drain_timeout = \"10m\"\n".into(),
-            ..FleetOptions::default()
-        },
-    )
-    .await
-    .expect("start fleet");
-    fleet.wait_ready(WAIT).await.unwrap();
-    let cluster = fleet.kube.as_ref().unwrap().cluster().clone();
+    let fleet = ready_fleet(FleetOptions {
+        nodes: 2,
+        max: 1,
+        lock: FleetLock::Etcd(version),
+        drain: true,
+        kubernetes_config: "drain_timeout = \"10m\"\n".into(),
+        ..FleetOptions::default()
+    })
+    .await;
+    let cluster = kube_cluster(&fleet);
     // Every pod of `db` is protected: no eviction is ever allowed.
     cluster
         .add_replicaset(
@@ -323,23 +317,18 @@ async fn cancel_during_a_drain_undoes_only_rebootds_cordon() {
 #[tokio::test]
 async fn cancel_while_a_node_gate_waits_removes_its_label_and_frees_the_slot() {
     const LABEL: &str = "rebootd.io/before-reboot";
-    let fleet = Fleet::start(
-        Path::new(REBOOTD),
-        FleetOptions {
-            nodes: 1,
-            max: 1,
-            lock: FleetLock::Kubernetes,
-            drain: true,
-            config: "[gates]\ninterval = \"1s\"\n\n[[gates.before_reboot]]\nname = \"checks\"\n\
-                     node_annotations = [\"rebootd.io/check-backup\"]\n"
-                .into(),
-            ..FleetOptions::default()
-        },
-    )
-    .await
-    .expect("start fleet");
-    fleet.wait_ready(WAIT).await.unwrap();
-    let cluster = fleet.kube.as_ref().unwrap().cluster().clone();
+    let fleet = ready_fleet(FleetOptions {
+        nodes: 1,
+        max: 1,
+        lock: FleetLock::Kubernetes,
+        drain: true,
+        config: "[gates]\ninterval = \"1s\"\n\n[[gates.before_reboot]]\nname = \"checks\"\n\
+                 node_annotations = [\"rebootd.io/check-backup\"]\n"
+            .into(),
+        ..FleetOptions::default()
+    })
+    .await;
+    let cluster = kube_cluster(&fleet);
     let node = fleet.nodes[0].lock().await;
     node.update_engine.set_status(NEED, "8.0").await.unwrap();
     node.wait_state("the Node gate to hold the slot", WAIT, |s| {

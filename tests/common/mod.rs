@@ -6,6 +6,7 @@ pub mod logs;
 
 use rebootd_lab::etcd::{EtcdServer, EtcdVersion};
 use rebootd_lab::fake_logind::RebootCall;
+use rebootd_lab::fleet::{Fleet, FleetLock, FleetOptions};
 use rebootd_lab::kube_api::{Cluster, Kind};
 use rebootd_lab::node::{Node, NodeOptions};
 use serde_json::Value;
@@ -23,6 +24,33 @@ pub async fn node(name: &str, config: &str) -> Node {
     Node::start(Path::new(REBOOTD), NodeOptions::new(name).config(config))
         .await
         .expect("start lab node")
+}
+
+/// A lab fleet of `opts` started with this build's rebootd, every node ready.
+pub async fn ready_fleet(opts: FleetOptions) -> Fleet {
+    let fleet = Fleet::start(Path::new(REBOOTD), opts)
+        .await
+        .expect("start fleet");
+    fleet.wait_ready(WAIT).await.unwrap();
+    fleet
+}
+
+/// A fleet of `nodes` that drain their Kubernetes Nodes, `max` at a time, on the slots of
+/// `lock`, each reboot taking 300 ms.
+pub fn drain_opts(nodes: usize, max: u64, lock: FleetLock) -> FleetOptions {
+    FleetOptions {
+        nodes,
+        max,
+        lock,
+        drain: true,
+        reboot_time: Duration::from_millis(300),
+        ..FleetOptions::default()
+    }
+}
+
+/// The Kubernetes API stand-in's cluster of a fleet that runs one (drain or Lease slots).
+pub fn kube_cluster(fleet: &Fleet) -> Cluster {
+    fleet.kube.as_ref().unwrap().cluster().clone()
 }
 
 /// A lab node (private bus, fake logind and update_engine) whose rebootd is not started:
