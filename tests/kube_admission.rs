@@ -660,9 +660,9 @@ fn events_and_pod_deletes_only_about_its_own_node() {
 
 // --- End to end: what rebootd really sends, through the policy -------------------------------
 
-use common::{drain_opts, kube_cluster, ready_fleet};
+use common::{drain_opts, kube_cluster, ready_fleet, web_under_budget};
 use rebootd_lab::fleet::{FleetLock, FleetOptions};
-use rebootd_lab::kube_api::{Admission, PdbBuilder, ReplicaSetBuilder};
+use rebootd_lab::kube_api::Admission;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -700,22 +700,7 @@ async fn a_fleet_of_node_identities_rolls_a_reboot_through_the_policy() {
     })
     .await;
     let cluster = kube_cluster(&fleet);
-    cluster
-        .add_replicaset(
-            &ReplicaSetBuilder::new("shop", "web")
-                .replicas(3)
-                .labels(&[("app", "web")])
-                .grace_period(1),
-            &["node-1", "node-2", "node-3"],
-        )
-        .unwrap();
-    cluster
-        .add(
-            &PdbBuilder::new("shop", "web")
-                .selector("app", "web")
-                .min_available(2),
-        )
-        .unwrap();
+    web_under_budget(&cluster, ["node-1", "node-2", "node-3"]);
     fleet.trigger_all("2").await.unwrap();
     let rolled = fleet.wait_rolled(Duration::from_secs(120)).await;
     let reviewed = reviewed.lock().unwrap().clone();

@@ -12,7 +12,7 @@ use kube::api::{Api, WatchEvent, WatchParams};
 use rebootd::state::Phase;
 use rebootd_lab::etcd::EtcdVersion;
 use rebootd_lab::fleet::{Fleet, FleetLock};
-use rebootd_lab::kube_api::{Kind, PdbBuilder, ReplicaSetBuilder};
+use rebootd_lab::kube_api::Kind;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -111,22 +111,7 @@ fn event_reasons(fleet: &Fleet, node: &str) -> Vec<String> {
 async fn a_node_with_replicaset_pods_under_a_pdb_drains_reboots_and_comes_back() {
     let fleet = ready_fleet(drain_opts(3, 1, FleetLock::Etcd(EtcdVersion::V34))).await;
     let cluster = kube_cluster(&fleet);
-    cluster
-        .add_replicaset(
-            &ReplicaSetBuilder::new("shop", "web")
-                .replicas(3)
-                .labels(&[("app", "web")])
-                .grace_period(1),
-            &["node-1", "node-1", "node-2"],
-        )
-        .unwrap();
-    cluster
-        .add(
-            &PdbBuilder::new("shop", "web")
-                .selector("app", "web")
-                .min_available(2),
-        )
-        .unwrap();
+    web_under_budget(&cluster, ["node-1", "node-1", "node-2"]);
     let node = fleet.nodes[0].lock().await;
     let mut reboots = node.logind.subscribe();
     node.update_engine.set_status(NEED, "1").await.unwrap();
@@ -204,21 +189,7 @@ async fn a_drain_blocked_past_its_timeout_aborts_uncordons_and_frees_the_slot() 
     opts.config = "[reboot]\nretry_interval = \"1h\"\n".into();
     let fleet = ready_fleet(opts).await;
     let cluster = kube_cluster(&fleet);
-    cluster
-        .add_replicaset(
-            &ReplicaSetBuilder::new("db", "pg")
-                .replicas(2)
-                .labels(&[("app", "pg")]),
-            &["node-1", "node-2"],
-        )
-        .unwrap();
-    cluster
-        .add(
-            &PdbBuilder::new("db", "pg")
-                .selector("app", "pg")
-                .min_available(2),
-        )
-        .unwrap();
+    unevictable_db(&cluster, ["node-1", "node-2"]);
     let node = fleet.nodes[0].lock().await;
     node.update_engine.set_status(NEED, "1").await.unwrap();
     let s = node

@@ -6,7 +6,6 @@ mod common;
 use common::*;
 use rebootd::state::Phase;
 use rebootd_lab::fleet::{FleetLock, FleetOptions};
-use rebootd_lab::kube_api::{PdbBuilder, ReplicaSetBuilder};
 use rebootd_lab::webhook::{Answer, WebhookReceiver};
 use std::time::Duration;
 
@@ -101,21 +100,7 @@ async fn a_failing_receiver_holds_no_reboot_up_and_failures_are_told() {
     // node-2: its drain cannot finish (a budget that never allows), and the receiver hangs.
     hook.answer(Answer::Hang(Duration::from_secs(300)));
     let cluster = kube_cluster(&fleet);
-    cluster
-        .add_replicaset(
-            &ReplicaSetBuilder::new("db", "pg")
-                .replicas(2)
-                .labels(&[("app", "pg")]),
-            &["node-2", "node-2"],
-        )
-        .unwrap();
-    cluster
-        .add(
-            &PdbBuilder::new("db", "pg")
-                .selector("app", "pg")
-                .min_available(2),
-        )
-        .unwrap();
+    unevictable_db(&cluster, ["node-2", "node-2"]);
     let n2 = fleet.nodes[1].lock().await;
     n2.update_engine
         .set_status("UPDATE_STATUS_UPDATED_NEED_REBOOT", "2")

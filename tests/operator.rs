@@ -8,7 +8,7 @@ use rebootd::need::TriggerSource;
 use rebootd::state::Phase;
 use rebootd_lab::etcd::EtcdVersion;
 use rebootd_lab::fleet::{FleetLock, FleetOptions};
-use rebootd_lab::kube_api::{Kind, PdbBuilder, ReplicaSetBuilder};
+use rebootd_lab::kube_api::Kind;
 use rebootd_lab::node::Node;
 use serde_json::Value;
 
@@ -235,21 +235,7 @@ async fn cancel_during_a_drain_undoes_only_rebootds_cordon() {
     .await;
     let cluster = kube_cluster(&fleet);
     // Every pod of `db` is protected: no eviction is ever allowed.
-    cluster
-        .add_replicaset(
-            &ReplicaSetBuilder::new("db", "pg")
-                .replicas(2)
-                .labels(&[("app", "pg")]),
-            &["node-1", "node-2"],
-        )
-        .unwrap();
-    cluster
-        .add(
-            &PdbBuilder::new("db", "pg")
-                .selector("app", "pg")
-                .min_available(2),
-        )
-        .unwrap();
+    unevictable_db(&cluster, ["node-1", "node-2"]);
     // An operator cordoned node-2 for reasons of their own.
     cluster
         .update(Kind::Node, "", "node-2", |n| {

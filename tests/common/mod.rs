@@ -7,7 +7,7 @@ pub mod logs;
 use rebootd_lab::etcd::{EtcdServer, EtcdVersion};
 use rebootd_lab::fake_logind::RebootCall;
 use rebootd_lab::fleet::{Fleet, FleetLock, FleetOptions};
-use rebootd_lab::kube_api::{Cluster, Kind};
+use rebootd_lab::kube_api::{Cluster, Kind, PdbBuilder, ReplicaSetBuilder};
 use rebootd_lab::node::{Node, NodeOptions};
 use serde_json::Value;
 use std::path::Path;
@@ -51,6 +51,47 @@ pub fn drain_opts(nodes: usize, max: u64, lock: FleetLock) -> FleetOptions {
 /// The Kubernetes API stand-in's cluster of a fleet that runs one (drain or Lease slots).
 pub fn kube_cluster(fleet: &Fleet) -> Cluster {
     fleet.kube.as_ref().unwrap().cluster().clone()
+}
+
+/// In the stand-in: the ReplicaSet `db/pg`, one pod (`app=pg`) on each of `on`, under a
+/// PodDisruptionBudget that wants both available, so that no eviction is ever allowed.
+pub fn unevictable_db(cluster: &Cluster, on: [&str; 2]) {
+    cluster
+        .add_replicaset(
+            &ReplicaSetBuilder::new("db", "pg")
+                .replicas(2)
+                .labels(&[("app", "pg")]),
+            &on,
+        )
+        .unwrap();
+    cluster
+        .add(
+            &PdbBuilder::new("db", "pg")
+                .selector("app", "pg")
+                .min_available(2),
+        )
+        .unwrap();
+}
+
+/// In the stand-in: the ReplicaSet `shop/web`, one pod (`app=web`, 1 s grace period) on each
+/// of `on`, under a PodDisruptionBudget that wants two of the three available.
+pub fn web_under_budget(cluster: &Cluster, on: [&str; 3]) {
+    cluster
+        .add_replicaset(
+            &ReplicaSetBuilder::new("shop", "web")
+                .replicas(3)
+                .labels(&[("app", "web")])
+                .grace_period(1),
+            &on,
+        )
+        .unwrap();
+    cluster
+        .add(
+            &PdbBuilder::new("shop", "web")
+                .selector("app", "web")
+                .min_available(2),
+        )
+        .unwrap();
 }
 
 /// A lab node (private bus, fake logind and update_engine) whose rebootd is not started:
