@@ -205,13 +205,7 @@ async fn nodes_waiting_for_a_slot_proceed_after_an_etcd_restart() {
             .await
             .logind
             .hold_block_inhibitor("pinned", "keeps node-1 holding");
-        fleet.nodes[0]
-            .lock()
-            .await
-            .update_engine
-            .set_status(NEED, "1")
-            .await
-            .unwrap();
+        need_reboot(&fleet, 0, "1").await;
         fleet.nodes[0]
             .lock()
             .await

@@ -44,6 +44,18 @@ fn gate_named(s: &State, name: &str) -> bool {
     s.gate.as_ref().is_some_and(|g| g.name == name)
 }
 
+/// The node, once idle, needs a reboot into `version`: its state once the gate named `gate`
+/// holds that reboot.
+async fn held_by_gate(node: &Node, version: &str, gate: &str) -> State {
+    idle(node).await;
+    node.update_engine.set_status(NEED, version).await.unwrap();
+    node.wait_state(&format!("gate {gate:?} to hold the reboot"), WAIT, |s| {
+        gate_named(s, gate)
+    })
+    .await
+    .unwrap()
+}
+
 /// While a critical alert fires, the node waits before taking a slot, asking again every
 /// `interval`, and says so in its log and in `rebootctl status`; when the alert resolves, the
 /// reboot follows.
@@ -68,14 +80,7 @@ async fn a_firing_alert_holds_the_reboot_until_it_resolves() {
     );
     let node = node("g1", &config).await;
     let mut reboots = node.logind.subscribe();
-    idle(&node).await;
-    node.update_engine.set_status(NEED, "1.0").await.unwrap();
-    let s = node
-        .wait_state("the gate to hold the reboot", WAIT, |s| {
-            gate_named(s, "no-critical-alerts")
-        })
-        .await
-        .unwrap();
+    let s = held_by_gate(&node, "1.0", "no-critical-alerts").await;
     assert_eq!(s.phase, Phase::RebootNeeded);
     assert!(!s.slot_held);
     let g = s.gate.clone().unwrap();
@@ -138,14 +143,7 @@ async fn a_command_gate_holds_the_reboot_until_it_exits_zero() {
     let hold = node.state_dir().join("hold");
     std::fs::write(&hold, "").unwrap();
     let mut reboots = node.logind.subscribe();
-    idle(&node).await;
-    node.update_engine.set_status(NEED, "2.0").await.unwrap();
-    let s = node
-        .wait_state("the command gate to hold", WAIT, |s| {
-            gate_named(s, "backup")
-        })
-        .await
-        .unwrap();
+    let s = held_by_gate(&node, "2.0", "backup").await;
     let why = &s.gate.as_ref().unwrap().why;
     assert!(
         why.contains("exit status 3") && why.contains("backup running"),
@@ -176,18 +174,7 @@ async fn a_gate_closing_after_the_slot_was_taken_gives_the_slot_to_the_next_node
     std::fs::write(&hold, "").unwrap();
     let mut events = fleet.subscribe();
 
-    let trigger = |i: usize| {
-        let n = fleet.nodes[i].clone();
-        async move {
-            n.lock()
-                .await
-                .update_engine
-                .set_status(NEED, "3.0")
-                .await
-                .unwrap()
-        }
-    };
-    trigger(0).await;
+    need_reboot(&fleet, 0, "3.0").await;
     // node-1 took the slot, its gate closed, it gave the slot back.
     fleet
         .wait_state(0, "node-1 to back out on its gate", WAIT, |s| {
@@ -207,7 +194,7 @@ async fn a_gate_closing_after_the_slot_was_taken_gives_the_slot_to_the_next_node
         )
         .await;
     }
-    trigger(1).await;
+    need_reboot(&fleet, 1, "3.0").await;
     let first = loop {
         match tokio::time::timeout(WAIT, events.recv()).await {
             Ok(Ok(FleetEvent::RebootRequested { node, .. })) => break node,
@@ -282,18 +269,7 @@ async fn a_node_gate_holds_the_slot_until_a_checker_annotates_the_node() {
     let node_obj = |node: &str| cluster.get(Kind::Node, "", node).unwrap();
     // Left from an earlier cycle: must not count.
     annotate("node-1");
-    let trigger = |i: usize| {
-        let n = fleet.nodes[i].clone();
-        async move {
-            n.lock()
-                .await
-                .update_engine
-                .set_status(NEED, "4.0")
-                .await
-                .unwrap()
-        }
-    };
-    trigger(0).await;
+    need_reboot(&fleet, 0, "4.0").await;
     let s = fleet
         .wait_state(0, "node-1 to wait for its checks", WAIT, |s| {
             gate_named(s, "checks") && s.slot_held
@@ -306,7 +282,7 @@ async fn a_node_gate_holds_the_slot_until_a_checker_annotates_the_node() {
     assert!(n["metadata"]["annotations"][CHECK].is_null(), "stale: {n}");
     assert_ne!(n["spec"]["unschedulable"], true, "not cordoned yet: {n}");
 
-    trigger(1).await;
+    need_reboot(&fleet, 1, "4.0").await;
     let first = s.gate.unwrap().next_check;
     fleet
         .wait_state(0, "node-1 to ask again, still holding", WAIT, |s| {
@@ -428,18 +404,7 @@ async fn checks_after_the_boot_and_the_settle_time_hold_the_slot() {
         .expect("the csi pods run and are Ready");
     // From now on a pod is Ready only when the test says so.
     cluster.set_pod_ready_delay(Duration::from_secs(3600));
-    let trigger = |i: usize| {
-        let n = fleet.nodes[i].clone();
-        async move {
-            n.lock()
-                .await
-                .update_engine
-                .set_status(NEED, "5.0")
-                .await
-                .unwrap()
-        }
-    };
-    trigger(0).await;
+    need_reboot(&fleet, 0, "5.0").await;
     let s = fleet
         .wait_state(0, "node-1 to wait for its pods after the boot", WAIT, |s| {
             s.phase == Phase::WaitingForHealthy && gate_named(s, "csi")
@@ -455,7 +420,7 @@ async fn checks_after_the_boot_and_the_settle_time_hold_the_slot() {
         cluster.node("node-1").unwrap()["spec"]["unschedulable"],
         true
     );
-    trigger(1).await;
+    need_reboot(&fleet, 1, "5.0").await;
     let first = s.gate.unwrap().next_check;
     fleet
         .wait_state(0, "node-1 to ask again", WAIT, |s| {
@@ -554,13 +519,7 @@ async fn a_holder_waiting_for_a_check_after_the_boot_keeps_beating_and_its_slot_
                 .await
                 .unwrap();
         }
-        fleet.nodes[i]
-            .lock()
-            .await
-            .update_engine
-            .set_status(NEED, version)
-            .await
-            .unwrap();
+        need_reboot(&fleet, i, version).await;
     }
     // node-2 waits behind it: for two and a half times max_hold, nobody takes node-1's slot.
     let quiet = max_hold * 5 / 2;
@@ -631,13 +590,7 @@ async fn reboot_labels_taint_and_load_balancer_exclusion_come_and_go_with_the_re
             &["node-1"],
         )
         .unwrap();
-    fleet.nodes[0]
-        .lock()
-        .await
-        .update_engine
-        .set_status(NEED, "6.0")
-        .await
-        .unwrap();
+    need_reboot(&fleet, 0, "6.0").await;
     let marked = cluster
         .wait_for(WAIT, |snap| {
             snap.get(Kind::Node, "", "node-1")

@@ -223,24 +223,12 @@ async fn a_node_that_does_not_come_back_ready_keeps_the_slot_and_the_next_waits(
     opts.kubernetes_config = "ready_timeout = \"2s\"\n".into();
     let fleet = ready_fleet(opts).await;
     fleet.comes_back_ready[0].store(false, Ordering::SeqCst);
-    fleet.nodes[0]
-        .lock()
-        .await
-        .update_engine
-        .set_status(NEED, "1")
-        .await
-        .unwrap();
+    need_reboot(&fleet, 0, "1").await;
     fleet
         .wait_state(0, "hold a slot", WAIT, |s| s.slot_held)
         .await
         .unwrap();
-    fleet.nodes[1]
-        .lock()
-        .await
-        .update_engine
-        .set_status(NEED, "1")
-        .await
-        .unwrap();
+    need_reboot(&fleet, 1, "1").await;
     // node-1 reboots and stays NotReady: it keeps the slot, loudly.
     let s = fleet
         .wait_state(0, "be not Ready after boot", Duration::from_secs(60), |s| {

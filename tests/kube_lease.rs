@@ -187,17 +187,24 @@ fn waiter_lease(env: &Env, node: &str) -> Option<Value> {
     lease(env, &format!("{NAME}-waiter-{node}"))
 }
 
-/// Names of the semaphore's waiter Leases in the store.
-fn waiter_leases(env: &Env) -> Vec<String> {
+/// The Leases in the store whose `rebootd.io/role` label is `role`.
+fn leases_with_role(env: &Env, role: &str) -> Vec<Value> {
     env.api
         .cluster()
         .list(Kind::Lease, Some(NS))
-        .iter()
+        .into_iter()
         .filter(|l| {
             l.pointer("/metadata/labels/rebootd.io~1role")
                 .and_then(Value::as_str)
-                == Some(kube_lease::ROLE_WAITER)
+                == Some(role)
         })
+        .collect()
+}
+
+/// Names of the semaphore's waiter Leases in the store.
+fn waiter_leases(env: &Env) -> Vec<String> {
+    leases_with_role(env, kube_lease::ROLE_WAITER)
+        .iter()
         .filter_map(|l| Some(l.pointer("/metadata/name")?.as_str()?.to_owned()))
         .collect()
 }
@@ -247,15 +254,8 @@ fn ann<'a>(l: &'a Value, k: &str) -> Option<&'a str> {
 
 /// Holders (node names) of the semaphore's slot Leases, by Lease name, in the store.
 fn holders(env: &Env) -> BTreeMap<String, String> {
-    env.api
-        .cluster()
-        .list(Kind::Lease, Some(NS))
+    leases_with_role(env, kube_lease::ROLE_SLOT)
         .iter()
-        .filter(|l| {
-            l.pointer("/metadata/labels/rebootd.io~1role")
-                .and_then(Value::as_str)
-                == Some("slot")
-        })
         .filter_map(|l| {
             let name = l.pointer("/metadata/name")?.as_str()?.to_owned();
             Some((name, holder_of(l)?.to_owned()))
@@ -298,6 +298,25 @@ async fn not_within<F: std::future::Future + Unpin>(what: &str, d: Duration, fut
     if tokio::time::timeout(d, fut).await.is_ok() {
         panic!("{what}: finished, but should still be waiting");
     }
+}
+
+/// Await the log line of `x`'s acquire taking its place in the queue (`waiting for a free
+/// slot`, `id=m-<x>` and every one of `more`), failing if `waiter`, that acquire, ends first.
+async fn queued<W>(logs: &mut Logs, x: &str, more: &[&str], waiter: &mut W) -> String
+where
+    W: std::future::Future + Unpin,
+    W::Output: std::fmt::Debug,
+{
+    let id = format!("id=m-{x}");
+    let mut needles = vec!["waiting for a free slot", id.as_str()];
+    needles.extend_from_slice(more);
+    within(&format!("{x} waits"), async {
+        tokio::select! {
+            l = logs.expect(&needles) => l,
+            r = waiter => panic!("{x} did not wait: {r:?}"),
+        }
+    })
+    .await
 }
 
 /// An outside observer: watches the semaphore's slot Leases over HTTP (every event, in order)
@@ -619,13 +638,7 @@ mod scenarios {
 
         let idb = me("b");
         let mut waiter = Box::pin(b.acquire(&idb));
-        let line = within("b waits", async {
-            tokio::select! {
-                l = env.logs.expect(&["waiting for a free slot", "id=m-b"]) => l,
-                r = &mut waiter => panic!("b did not wait: {r:?}"),
-            }
-        })
-        .await;
+        let line = queued(&mut env.logs, "b", &[], &mut waiter).await;
         assert!(line.contains("node-a"), "{line}");
         let lists_before = requests_by(&env, "node-b", is_lease_list);
         let watches_before = requests_by(&env, "node-b", is_lease_watch);
@@ -739,13 +752,7 @@ mod scenarios {
 
         let idb = me("b");
         let mut waiter = Box::pin(b.acquire(&idb));
-        within("b waits", async {
-            tokio::select! {
-                l = env.logs.expect(&["waiting for a free slot", "id=m-b"]) => l,
-                r = &mut waiter => panic!("b did not wait: {r:?}"),
-            }
-        })
-        .await;
+        queued(&mut env.logs, "b", &[], &mut waiter).await;
         // While node-a exists, b waits.
         not_within(
             "b while node-a exists",
@@ -888,13 +895,7 @@ mod scenarios {
 
         let idc = me("c");
         let mut waiter = Box::pin(c.acquire(&idc));
-        within("c waits", async {
-            tokio::select! {
-                l = env.logs.expect(&["waiting for a free slot", "id=m-c"]) => l,
-                r = &mut waiter => panic!("c did not wait: {r:?}"),
-            }
-        })
-        .await;
+        queued(&mut env.logs, "c", &[], &mut waiter).await;
         // b's slot is above max: released = deleted; still one holder = max, c waits.
         b.unlock("m-b").await.unwrap();
         assert!(
@@ -1165,13 +1166,7 @@ mod scenarios {
         let b = sem_with(&env, "b", None, t).await;
         let idb = me("b");
         let mut waiting_b = Box::pin(b.acquire(&idb));
-        within("b queues", async {
-            tokio::select! {
-                _ = env.logs.expect(&["waiting for a free slot", "id=m-b"]) => {},
-                r = &mut waiting_b => panic!("b did not wait: {r:?}"),
-            }
-        })
-        .await;
+        queued(&mut env.logs, "b", &[], &mut waiting_b).await;
         drop(waiting_b);
         let b_queued = Instant::now();
         assert!(waiter_lease(&env, "node-b").is_some());
@@ -1179,13 +1174,7 @@ mod scenarios {
         let c = sem_with(&env, "c", None, t).await;
         let idc = me("c");
         let mut waiting_c = Box::pin(c.acquire(&idc));
-        within("c queues", async {
-            tokio::select! {
-                _ = env.logs.expect(&["waiting for a free slot", "id=m-c", "waiters_ahead=1"]) => {},
-                r = &mut waiting_c => panic!("c did not wait: {r:?}"),
-            }
-        })
-        .await;
+        queued(&mut env.logs, "c", &["waiters_ahead=1"], &mut waiting_c).await;
         a.unlock("m-a").await.unwrap();
         // b is still live for a while: c leaves the slot to it.
         not_within(
@@ -1214,13 +1203,7 @@ mod scenarios {
         let b = sem(&env, "b").await;
         let idb = me("b");
         let mut waiting_b = Box::pin(b.acquire(&idb));
-        within("b queues", async {
-            tokio::select! {
-                _ = env.logs.expect(&["waiting for a free slot", "id=m-b"]) => {},
-                r = &mut waiting_b => panic!("b did not wait: {r:?}"),
-            }
-        })
-        .await;
+        queued(&mut env.logs, "b", &[], &mut waiting_b).await;
         let since = waiter_lease(&env, "node-b").unwrap()["spec"]["acquireTime"].clone();
         let (tx, mut acquired) = tokio::sync::mpsc::unbounded_channel();
         let c = spawn_acquirer(&env, "c", timeouts(), tx.clone()).await;
@@ -1271,13 +1254,7 @@ mod scenarios {
         };
         let s3 = sem(&env, "3").await;
         let mut waiting_3 = Box::pin(s3.acquire(&digits));
-        within("3 queues", async {
-            tokio::select! {
-                _ = env.logs.expect(&["waiting for a free slot", "id=m-3"]) => {},
-                r = &mut waiting_3 => panic!("3 did not wait: {r:?}"),
-            }
-        })
-        .await;
+        queued(&mut env.logs, "3", &[], &mut waiting_3).await;
         let w3 = admin.waiter_name("3");
         assert_ne!(w3, slot(3));
         assert!(admin

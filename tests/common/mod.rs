@@ -48,6 +48,18 @@ pub fn drain_opts(nodes: usize, max: u64, lock: FleetLock) -> FleetOptions {
     }
 }
 
+/// Make update_engine on the fleet's node `i` (0-based) say that a reboot into `version` is
+/// needed.
+pub async fn need_reboot(fleet: &Fleet, i: usize, version: &str) {
+    fleet.nodes[i]
+        .lock()
+        .await
+        .update_engine
+        .set_status("UPDATE_STATUS_UPDATED_NEED_REBOOT", version)
+        .await
+        .unwrap();
+}
+
 /// The Kubernetes API stand-in's cluster of a fleet that runs one (drain or Lease slots).
 pub fn kube_cluster(fleet: &Fleet) -> Cluster {
     fleet.kube.as_ref().unwrap().cluster().clone()
