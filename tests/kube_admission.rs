@@ -56,6 +56,16 @@ fn update(user: &str, res: (&str, &str, &str), old: &Value, new: &Value) -> Valu
     request(user, "UPDATE", res, "", Some(old), Some(new))
 }
 
+/// An AdmissionRequest by `user` creating `new` (no sub-resource).
+fn create(user: &str, res: (&str, &str, &str), new: &Value) -> Value {
+    request(user, "CREATE", res, "", None, Some(new))
+}
+
+/// An AdmissionRequest by `user` deleting `old` (no sub-resource).
+fn delete(user: &str, res: (&str, &str, &str), old: &Value) -> Value {
+    request(user, "DELETE", res, "", Some(old), None)
+}
+
 #[track_caller]
 fn allowed(p: &Policy, req: &Value) {
     match p.admit(req) {
@@ -193,7 +203,7 @@ fn a_node_cordons_and_annotates_only_its_own_node() {
     // No create or delete of Nodes.
     denied(
         &p,
-        &request(me(), "DELETE", NODES, "", Some(&mine), None),
+        &delete(me(), NODES, &mine),
         "may change only Node worker-1",
     );
 }
@@ -373,28 +383,8 @@ fn a_node_takes_keeps_and_releases_its_own_slot() {
             &with(mine.clone(), "/spec/holderIdentity", Value::Null),
         ),
     );
-    allowed(
-        &p,
-        &request(
-            me(),
-            "CREATE",
-            LEASES,
-            "",
-            None,
-            Some(&held("rebootd-1", "worker-1", 1)),
-        ),
-    );
-    allowed(
-        &p,
-        &request(
-            me(),
-            "DELETE",
-            LEASES,
-            "",
-            Some(&held("rebootd-3", "worker-1", 1)),
-            None,
-        ),
-    );
+    allowed(&p, &create(me(), LEASES, &held("rebootd-1", "worker-1", 1)));
+    allowed(&p, &delete(me(), LEASES, &held("rebootd-3", "worker-1", 1)));
     // A take must count in leaseTransitions.
     denied(
         &p,
@@ -431,21 +421,10 @@ fn a_node_may_not_write_another_nodes_slot_except_to_take_it_over() {
         let r = update(me(), LEASES, &theirs, &new);
         assert!(p.admit(&r).is_err(), "{what} was admitted");
     }
+    denied(&p, &delete(me(), LEASES, &theirs), "held by worker-2");
     denied(
         &p,
-        &request(me(), "DELETE", LEASES, "", Some(&theirs), None),
-        "held by worker-2",
-    );
-    denied(
-        &p,
-        &request(
-            me(),
-            "CREATE",
-            LEASES,
-            "",
-            None,
-            Some(&held("rebootd-1", "worker-2", 1)),
-        ),
+        &create(me(), LEASES, &held("rebootd-1", "worker-2", 1)),
         "may take a slot for worker-1",
     );
     // Giving its own slot away.
@@ -464,15 +443,8 @@ fn a_node_may_not_write_another_nodes_slot_except_to_take_it_over() {
 #[test]
 fn the_slot_count_is_never_a_nodes() {
     let p = Policy::load();
-    allowed(
-        &p,
-        &request(me(), "CREATE", LEASES, "", None, Some(&control("1"))),
-    );
-    denied(
-        &p,
-        &request(me(), "CREATE", LEASES, "", None, Some(&control("5"))),
-        "rebootd.io/max",
-    );
+    allowed(&p, &create(me(), LEASES, &control("1")));
+    denied(&p, &create(me(), LEASES, &control("5")), "rebootd.io/max");
     denied(
         &p,
         &update(me(), LEASES, &control("1"), &control("9")),
@@ -483,11 +455,7 @@ fn the_slot_count_is_never_a_nodes() {
         &update(me(), LEASES, &control("2"), &control("2")),
         "only create the control Lease",
     );
-    denied(
-        &p,
-        &request(me(), "DELETE", LEASES, "", Some(&control("2")), None),
-        "rebootd.io/max",
-    );
+    denied(&p, &delete(me(), LEASES, &control("2")), "rebootd.io/max");
     // Not by the back door: the annotation on a slot or waiter, a control Lease in disguise.
     let sneaky = with(
         held("rebootd-0", "worker-1", 4),
@@ -501,11 +469,7 @@ fn the_slot_count_is_never_a_nodes() {
     );
     let mut disguised = control("9");
     disguised["metadata"]["labels"]["rebootd.io/role"] = json!("waiter");
-    denied(
-        &p,
-        &request(me(), "CREATE", LEASES, "", None, Some(&disguised)),
-        "semaphore Leases",
-    );
+    denied(&p, &create(me(), LEASES, &disguised), "semaphore Leases");
     // Relabelling a slot.
     let relabelled = with(
         held("rebootd-0", "worker-1", 4),
@@ -537,11 +501,7 @@ fn leases_that_are_not_the_semaphores_are_out_of_reach() {
         ),
         "semaphore Leases",
     );
-    denied(
-        &p,
-        &request(me(), "DELETE", LEASES, "", Some(&leader), None),
-        "semaphore Leases",
-    );
+    denied(&p, &delete(me(), LEASES, &leader), "semaphore Leases");
 }
 
 fn waiter(node: &str) -> Value {
@@ -556,7 +516,7 @@ fn waiter(node: &str) -> Value {
 fn a_node_queues_only_as_itself() {
     let p = Policy::load();
     let w = waiter("worker-1");
-    allowed(&p, &request(me(), "CREATE", LEASES, "", None, Some(&w)));
+    allowed(&p, &create(me(), LEASES, &w));
     allowed(
         &p,
         &update(
@@ -570,15 +530,12 @@ fn a_node_queues_only_as_itself() {
             ),
         ),
     );
-    allowed(&p, &request(me(), "DELETE", LEASES, "", Some(&w), None));
+    allowed(&p, &delete(me(), LEASES, &w));
     // Dead waiters are deleted by the next taker.
-    allowed(
-        &p,
-        &request(me(), "DELETE", LEASES, "", Some(&waiter("worker-2")), None),
-    );
+    allowed(&p, &delete(me(), LEASES, &waiter("worker-2")));
     denied(
         &p,
-        &request(me(), "CREATE", LEASES, "", None, Some(&waiter("worker-2"))),
+        &create(me(), LEASES, &waiter("worker-2")),
         "own waiter Lease",
     );
     let theirs = waiter("worker-2");
@@ -599,13 +556,10 @@ fn a_node_queues_only_as_itself() {
     // A waiter with a holder would be a slot in disguise.
     denied(
         &p,
-        &request(
+        &create(
             me(),
-            "CREATE",
             LEASES,
-            "",
-            None,
-            Some(&with(w.clone(), "/spec/holderIdentity", json!("worker-1"))),
+            &with(w.clone(), "/spec/holderIdentity", json!("worker-1")),
         ),
         "no holder",
     );
@@ -620,27 +574,17 @@ fn events_and_pod_deletes_only_about_its_own_node() {
                "involvedObject": {"kind": "Node", "name": n, "uid": n},
                "reason": "DrainStarted", "type": "Normal"})
     };
-    allowed(
-        &p,
-        &request(me(), "CREATE", EVENTS, "", None, Some(&ev("worker-1"))),
-    );
-    denied(
-        &p,
-        &request(me(), "CREATE", EVENTS, "", None, Some(&ev("worker-2"))),
-        "its own Node",
-    );
+    allowed(&p, &create(me(), EVENTS, &ev("worker-1")));
+    denied(&p, &create(me(), EVENTS, &ev("worker-2")), "its own Node");
     let pod = |n: &str| {
         json!({"apiVersion": "v1", "kind": "Pod",
                "metadata": {"name": "web-1", "namespace": "default"},
                "spec": {"nodeName": n}})
     };
-    allowed(
-        &p,
-        &request(me(), "DELETE", PODS, "", Some(&pod("worker-1")), None),
-    );
+    allowed(&p, &delete(me(), PODS, &pod("worker-1")));
     denied(
         &p,
-        &request(me(), "DELETE", PODS, "", Some(&pod("worker-2")), None),
+        &delete(me(), PODS, &pod("worker-2")),
         "only pods on node worker-1",
     );
     // An eviction is not looked at: nothing in it says which node the pod is on.

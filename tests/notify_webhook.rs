@@ -25,12 +25,7 @@ fn opts(nodes: usize, hook: &WebhookReceiver, timeout: &str, extra: &str) -> Fle
 async fn a_reboot_is_told_drain_rebooting_back_healthy() {
     let hook = WebhookReceiver::start().await.unwrap();
     let fleet = ready_fleet(opts(2, &hook, "5s", "")).await;
-    let node = fleet.nodes[0].lock().await;
-    node.update_engine
-        .set_status("UPDATE_STATUS_UPDATED_NEED_REBOOT", "2")
-        .await
-        .unwrap();
-    drop(node);
+    need_reboot(&fleet, 0, "2").await;
     fleet
         .wait_rolled_nodes(&[0], Duration::from_secs(60))
         .await
@@ -74,12 +69,7 @@ async fn a_failing_receiver_holds_no_reboot_up_and_failures_are_told() {
     let mut o = opts(2, &hook, "1s", "[reboot]\nretry_interval = \"1h\"\n");
     o.kubernetes_config = "drain_timeout = \"3s\"\nready_timeout = \"30s\"\n".into();
     let fleet = ready_fleet(o).await;
-    let node = fleet.nodes[0].lock().await;
-    node.update_engine
-        .set_status("UPDATE_STATUS_UPDATED_NEED_REBOOT", "2")
-        .await
-        .unwrap();
-    drop(node);
+    need_reboot(&fleet, 0, "2").await;
     fleet
         .wait_rolled_nodes(&[0], Duration::from_secs(60))
         .await

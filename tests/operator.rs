@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use rebootd::need::TriggerSource;
-use rebootd::state::Phase;
+use rebootd::state::{Phase, State};
 use rebootd_lab::etcd::EtcdVersion;
 use rebootd_lab::fleet::{FleetLock, FleetOptions};
 use rebootd_lab::kube_api::Kind;
@@ -23,6 +23,16 @@ async fn holders(node: &Node) -> Vec<String> {
         .iter()
         .map(|h| h["id"].as_str().unwrap().to_string())
         .collect()
+}
+
+/// `rebootctl cancel`, which must be applied; the node's state once it is idle again.
+async fn cancelled(node: &Node, what: &str) -> State {
+    let (code, out, err) = rebootctl(node, &["cancel"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("cancel applied"), "{out}");
+    node.wait_state(what, WAIT, |s| s.phase == Phase::Idle)
+        .await
+        .unwrap()
 }
 
 /// Wait until the agent has started waiting for `rebootctl resume` `n` times (this boot and
@@ -151,13 +161,7 @@ async fn cancel_drops_a_reboot_not_yet_at_logind_and_gives_the_slot_back() {
     // 1. Waiting for the slot.
     node.update_engine.set_status(NEED, "6.0").await.unwrap();
     log_line(&node, &["waiting for a reboot slot"], WAIT).await;
-    let (code, out, err) = rebootctl(&node, &["cancel"]).await;
-    assert_eq!(code, 0, "{err}");
-    assert!(out.contains("cancel applied"), "{out}");
-    let s = node
-        .wait_state("idle after the cancel", WAIT, |s| s.phase == Phase::Idle)
-        .await
-        .unwrap();
+    let s = cancelled(&node, "idle after the cancel").await;
     assert_eq!(s.reason, None);
     assert_eq!(
         holders(&node).await,
@@ -178,13 +182,7 @@ async fn cancel_drops_a_reboot_not_yet_at_logind_and_gives_the_slot_back() {
     .await
     .unwrap();
     assert_eq!(holders(&node).await, std::slice::from_ref(&node.machine_id));
-    let (code, out, err) = rebootctl(&node, &["cancel"]).await;
-    assert_eq!(code, 0, "{err}");
-    assert!(out.contains("cancel applied"), "{out}");
-    let s = node
-        .wait_state("idle again", WAIT, |s| s.phase == Phase::Idle)
-        .await
-        .unwrap();
+    let s = cancelled(&node, "idle again").await;
     assert!(!s.slot_held);
     assert!(holders(&node).await.is_empty(), "the slot is given back");
     assert!(node.logind.reboot_calls().is_empty());
@@ -278,13 +276,7 @@ async fn cancel_during_a_drain_undoes_only_rebootds_cordon() {
         assert!(cordoned(&cluster, name));
         assert_eq!(holders(&node).await, std::slice::from_ref(&node.machine_id));
 
-        let (code, out, err) = rebootctl(&node, &["cancel"]).await;
-        assert_eq!(code, 0, "{err}");
-        assert!(out.contains("cancel applied"), "{out}");
-        let s = node
-            .wait_state("idle after the cancel", WAIT, |s| s.phase == Phase::Idle)
-            .await
-            .unwrap();
+        let s = cancelled(&node, "idle after the cancel").await;
         assert!(!s.slot_held && !s.cordoned_by_us, "{s:?}");
         assert_eq!(
             cordoned(&cluster, name),
@@ -325,13 +317,7 @@ async fn cancel_while_a_node_gate_waits_removes_its_label_and_frees_the_slot() {
     let n = cluster.node("node-1").unwrap();
     assert_eq!(n["metadata"]["labels"][LABEL], "true", "{n}");
 
-    let (code, out, err) = rebootctl(&node, &["cancel"]).await;
-    assert_eq!(code, 0, "{err}");
-    assert!(out.contains("cancel applied"), "{out}");
-    let s = node
-        .wait_state("idle after the cancel", WAIT, |s| s.phase == Phase::Idle)
-        .await
-        .unwrap();
+    let s = cancelled(&node, "idle after the cancel").await;
     assert!(!s.slot_held);
     let n = cluster.node("node-1").unwrap();
     assert!(n["metadata"]["labels"][LABEL].is_null(), "{n}");
