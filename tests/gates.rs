@@ -12,7 +12,7 @@ use common::*;
 use rebootd::gate::prometheus::{AlertsGate, Matcher};
 use rebootd::gate::Verdict;
 use rebootd::state::{Phase, State};
-use rebootd_lab::fleet::{FleetEvent, FleetLock, FleetOptions};
+use rebootd_lab::fleet::{Fleet, FleetEvent, FleetLock, FleetOptions};
 use rebootd_lab::kube_api::{Admission, DaemonSetBuilder, Kind, ReplicaSetBuilder};
 use rebootd_lab::node::Node;
 use rebootd_lab::prometheus::{prometheus, Exporter};
@@ -54,6 +54,32 @@ async fn held_by_gate(node: &Node, version: &str, gate: &str) -> State {
     })
     .await
     .unwrap()
+}
+
+/// node-2 needs a reboot into `version` while node-1 waits at a gate (`held`, its state then):
+/// await node-1's gate asked again (with `holding`, node-1 still holding the slot) and node-2
+/// waiting for the slot, which it does not hold.
+async fn next_waits_while_the_gate_is_asked_again(
+    fleet: &Fleet,
+    version: &str,
+    held: &State,
+    holding: bool,
+) {
+    need_reboot(fleet, 1, version).await;
+    let first = held.gate.as_ref().unwrap().next_check;
+    fleet
+        .wait_state(0, "node-1 to ask again", WAIT, |s| {
+            s.gate.as_ref().is_some_and(|g| g.next_check > first) && (s.slot_held || !holding)
+        })
+        .await
+        .unwrap();
+    let s2 = fleet
+        .wait_state(1, "node-2 to wait for the slot", WAIT, |s| {
+            s.phase == Phase::AcquiringSlot
+        })
+        .await
+        .unwrap();
+    assert!(!s2.slot_held);
 }
 
 /// While a critical alert fires, the node waits before taking a slot, asking again every
@@ -282,21 +308,7 @@ async fn a_node_gate_holds_the_slot_until_a_checker_annotates_the_node() {
     assert!(n["metadata"]["annotations"][CHECK].is_null(), "stale: {n}");
     assert_ne!(n["spec"]["unschedulable"], true, "not cordoned yet: {n}");
 
-    need_reboot(&fleet, 1, "4.0").await;
-    let first = s.gate.unwrap().next_check;
-    fleet
-        .wait_state(0, "node-1 to ask again, still holding", WAIT, |s| {
-            s.gate.as_ref().is_some_and(|g| g.next_check > first) && s.slot_held
-        })
-        .await
-        .unwrap();
-    let s2 = fleet
-        .wait_state(1, "node-2 to wait for the slot", WAIT, |s| {
-            s.phase == Phase::AcquiringSlot
-        })
-        .await
-        .unwrap();
-    assert!(!s2.slot_held);
+    next_waits_while_the_gate_is_asked_again(&fleet, "4.0", &s, true).await;
     assert!(node_obj("node-2")["metadata"]["labels"][LABEL].is_null());
 
     // The checker says go.
@@ -420,21 +432,7 @@ async fn checks_after_the_boot_and_the_settle_time_hold_the_slot() {
         cluster.node("node-1").unwrap()["spec"]["unschedulable"],
         true
     );
-    need_reboot(&fleet, 1, "5.0").await;
-    let first = s.gate.unwrap().next_check;
-    fleet
-        .wait_state(0, "node-1 to ask again", WAIT, |s| {
-            s.gate.as_ref().is_some_and(|g| g.next_check > first)
-        })
-        .await
-        .unwrap();
-    let s2 = fleet
-        .wait_state(1, "node-2 to wait for the slot", WAIT, |s| {
-            s.phase == Phase::AcquiringSlot
-        })
-        .await
-        .unwrap();
-    assert!(!s2.slot_held);
+    next_waits_while_the_gate_is_asked_again(&fleet, "5.0", &s, false).await;
 
     // The pod is Ready: uncordon, then the settle time with the slot held.
     cluster.set_pod_ready_delay(Duration::from_millis(200));

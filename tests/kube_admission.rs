@@ -172,34 +172,18 @@ fn a_node_cordons_and_annotates_only_its_own_node() {
         ),
         "may change only Node worker-1",
     );
-    denied(
-        &p,
-        &update(
-            me(),
-            NODES,
-            &mine,
-            &with(
-                mine.clone(),
-                "/metadata/annotations/node.alpha.kubernetes.io~1ttl",
-                json!("9"),
-            ),
-        ),
-        "rebootd.io/ annotations",
-    );
-    denied(
-        &p,
-        &update(
-            me(),
-            NODES,
-            &mine,
-            &with(
-                mine.clone(),
-                "/metadata/annotations/node.alpha.kubernetes.io~1ttl",
-                Value::Null,
-            ),
-        ),
-        "rebootd.io/ annotations",
-    );
+    for ttl in [json!("9"), Value::Null] {
+        let changed = with(
+            mine.clone(),
+            "/metadata/annotations/node.alpha.kubernetes.io~1ttl",
+            ttl,
+        );
+        denied(
+            &p,
+            &update(me(), NODES, &mine, &changed),
+            "rebootd.io/ annotations",
+        );
+    }
     // No create or delete of Nodes.
     denied(
         &p,
@@ -213,16 +197,16 @@ fn cordon_yes_other_spec_and_taints_no() {
     let p = Policy::load();
     let mine = node("worker-1");
     let spec = |k: &str, v: Value| with(mine.clone(), &format!("/spec/{k}"), v);
-    denied(
-        &p,
-        &update(me(), NODES, &mine, &spec("podCIDR", json!("10.9.0.0/24"))),
-        "spec.unschedulable",
-    );
-    denied(
-        &p,
-        &update(me(), NODES, &mine, &spec("providerID", Value::Null)),
-        "spec.unschedulable",
-    );
+    for (k, v) in [
+        ("podCIDR", json!("10.9.0.0/24")),
+        ("providerID", Value::Null),
+    ] {
+        denied(
+            &p,
+            &update(me(), NODES, &mine, &spec(k, v)),
+            "spec.unschedulable",
+        );
+    }
     // rebootd's own taint, NoSchedule or PreferNoSchedule, added and removed.
     for effect in ["NoSchedule", "PreferNoSchedule"] {
         let tainted = spec(
@@ -234,31 +218,21 @@ fn cordon_yes_other_spec_and_taints_no() {
         allowed(&p, &update(me(), NODES, &tainted, &mine));
     }
     // Never NoExecute (it evicts past PodDisruptionBudgets), never another taint.
-    let no_execute = spec(
-        "taints",
-        json!([{"key": "dedicated", "value": "db", "effect": "NoSchedule"},
-               {"key": "rebootd.io/rebooting", "effect": "NoExecute"}]),
-    );
-    denied(
-        &p,
-        &update(me(), NODES, &mine, &no_execute),
-        "NoSchedule or PreferNoSchedule",
-    );
-    let foreign = spec(
-        "taints",
-        json!([{"key": "dedicated", "value": "db", "effect": "NoSchedule"},
-               {"key": "example.com/evict", "effect": "NoExecute"}]),
-    );
-    denied(
-        &p,
-        &update(me(), NODES, &mine, &foreign),
-        "only the taint rebootd.io/rebooting",
-    );
-    denied(
-        &p,
-        &update(me(), NODES, &mine, &spec("taints", json!([]))),
-        "only the taint",
-    );
+    let no_execute = json!([{"key": "dedicated", "value": "db", "effect": "NoSchedule"},
+                            {"key": "rebootd.io/rebooting", "effect": "NoExecute"}]);
+    let foreign = json!([{"key": "dedicated", "value": "db", "effect": "NoSchedule"},
+                         {"key": "example.com/evict", "effect": "NoExecute"}]);
+    for (taints, says) in [
+        (no_execute, "NoSchedule or PreferNoSchedule"),
+        (foreign, "only the taint rebootd.io/rebooting"),
+        (json!([]), "only the taint"),
+    ] {
+        denied(
+            &p,
+            &update(me(), NODES, &mine, &spec("taints", taints)),
+            says,
+        );
+    }
     // Finalizers stay.
     denied(
         &p,
@@ -291,36 +265,17 @@ fn labels_only_the_managed_ones() {
         allowed(&p, &update(me(), NODES, &mine, &l));
         allowed(&p, &update(me(), NODES, &l, &mine));
     }
-    denied(
-        &p,
-        &update(
-            me(),
-            NODES,
-            &mine,
-            &label("node-role.kubernetes.io/control-plane", json!("")),
-        ),
-        "labels rebootd manages",
-    );
-    denied(
-        &p,
-        &update(
-            me(),
-            NODES,
-            &mine,
-            &label("kubernetes.io/hostname", json!("evil")),
-        ),
-        "labels rebootd manages",
-    );
-    denied(
-        &p,
-        &update(
-            me(),
-            NODES,
-            &mine,
-            &label("node-role.kubernetes.io/worker", Value::Null),
-        ),
-        "labels rebootd manages",
-    );
+    for (key, value) in [
+        ("node-role.kubernetes.io/control-plane", json!("")),
+        ("kubernetes.io/hostname", json!("evil")),
+        ("node-role.kubernetes.io/worker", Value::Null),
+    ] {
+        denied(
+            &p,
+            &update(me(), NODES, &mine, &label(key, value)),
+            "labels rebootd manages",
+        );
+    }
 }
 
 // --- Leases ---------------------------------------------------------------------------------

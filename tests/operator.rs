@@ -7,10 +7,12 @@ use common::*;
 use rebootd::need::TriggerSource;
 use rebootd::state::{Phase, State};
 use rebootd_lab::etcd::EtcdVersion;
+use rebootd_lab::fake_logind::RebootCall;
 use rebootd_lab::fleet::{FleetLock, FleetOptions};
 use rebootd_lab::kube_api::Kind;
 use rebootd_lab::node::Node;
 use serde_json::Value;
+use tokio::sync::broadcast;
 
 const NEED: &str = "UPDATE_STATUS_UPDATED_NEED_REBOOT";
 
@@ -33,6 +35,16 @@ async fn cancelled(node: &Node, what: &str) -> State {
     node.wait_state(what, WAIT, |s| s.phase == Phase::Idle)
         .await
         .unwrap()
+}
+
+/// Await the next reboot call logind accepts and the node's state recording it.
+async fn reboot_accepted(node: &Node, reboots: &mut broadcast::Receiver<RebootCall>) {
+    next_reboot(node, reboots, WAIT).await;
+    node.wait_state("the accepted reboot on record", WAIT, |s| {
+        s.reboot.as_ref().is_some_and(|r| r.called)
+    })
+    .await
+    .unwrap();
 }
 
 /// Wait until the agent has started waiting for `rebootctl resume` `n` times (this boot and
@@ -193,12 +205,7 @@ async fn cancel_drops_a_reboot_not_yet_at_logind_and_gives_the_slot_back() {
     let mut reboots = node.logind.subscribe();
     let (code, _, err) = rebootctl(&node, &["reboot"]).await;
     assert_eq!(code, 0, "{err}");
-    next_reboot(&node, &mut reboots, WAIT).await;
-    node.wait_state("the accepted reboot on record", WAIT, |s| {
-        s.reboot.as_ref().is_some_and(|r| r.called)
-    })
-    .await
-    .unwrap();
+    reboot_accepted(&node, &mut reboots).await;
     let (code, _, err) = rebootctl(&node, &["cancel"]).await;
     assert_eq!(code, 1, "too late is a failure: {err}");
     assert!(err.contains("logind was already asked"), "{err}");
@@ -373,12 +380,7 @@ async fn a_request_made_mid_cycle_is_consumed_by_that_cycle() {
     let mut reboots = node.logind.subscribe();
     let (code, _, err) = rebootctl(&other, &["unlock"]).await;
     assert_eq!(code, 0, "{err}");
-    next_reboot(&node, &mut reboots, WAIT).await;
-    node.wait_state("the accepted reboot on record", WAIT, |s| {
-        s.reboot.as_ref().is_some_and(|r| r.called)
-    })
-    .await
-    .unwrap();
+    reboot_accepted(&node, &mut reboots).await;
     node.reboot().await.unwrap();
     node.wait_ready(WAIT).await.unwrap();
     let s = node
