@@ -18,6 +18,9 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::Layer;
 
+mod common;
+use common::logs::event_line;
+
 const WAIT: Duration = Duration::from_secs(20);
 
 // ---------------------------------------------------------------------------------------------
@@ -66,21 +69,13 @@ impl<S: tracing::Subscriber> Layer<S> for Capture {
         event: &tracing::Event<'_>,
         _ctx: tracing_subscriber::layer::Context<'_, S>,
     ) {
-        if !event.metadata().target().starts_with("rebootd") {
+        let Some(line) = event_line(event) else {
             return;
-        }
-        struct V(String);
-        impl tracing::field::Visit for V {
-            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
-                self.0.push_str(&format!("{}={:?} ", f.name(), v));
-            }
-        }
-        let mut v = V(format!("{} ", event.metadata().level()));
-        event.record(&mut v);
+        };
         SINKS
             .lock()
             .unwrap()
-            .retain(|tx| tx.send(v.0.clone()).is_ok());
+            .retain(|tx| tx.send(line.clone()).is_ok());
     }
 }
 

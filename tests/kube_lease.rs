@@ -19,8 +19,6 @@ use rebootd::lock::{Admin, Identity, LockError, Semaphore};
 use rebootd_lab::kube_api::{FaultRule, Kind, KubeApi, KubeApiHandle, NodeBuilder, Options};
 use serde_json::{json, Value};
 use tokio::time::Instant;
-use tracing_subscriber::layer::SubscriberExt;
-use tracing_subscriber::Layer;
 
 /// Whether `id` (a machine id or a node name) holds a slot, as `rebootctl status` shows it.
 async fn holds(s: &impl Admin, id: &str) -> bool {
@@ -53,14 +51,8 @@ where
     F: FnOnce(Env) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    let (capture, logs) = logs::capture();
-    let subscriber = tracing_subscriber::registry().with(capture).with(
-        tracing_subscriber::fmt::layer()
-            .with_test_writer()
-            .with_filter(tracing_subscriber::filter::LevelFilter::INFO),
-    );
     // The runtime is current-thread, so every task of the test sees this subscriber.
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (_guard, logs) = logs::capture_on_this_thread();
     let api = KubeApi::start(Options::default())
         .await
         .expect("start the API stand-in");

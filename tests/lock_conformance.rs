@@ -16,8 +16,6 @@ use rebootd::config;
 use rebootd::lock::{Admin, Fence, Identity, Semaphore};
 use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
 use rebootd_lab::kube_api::{KubeApi, KubeApiHandle, Options};
-use tracing_subscriber::layer::SubscriberExt;
-use tracing_subscriber::Layer;
 
 mod common;
 use common::logs::{self, Logs};
@@ -135,14 +133,8 @@ where
     F: FnOnce(World) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    let (capture, logs) = logs::capture();
-    let subscriber = tracing_subscriber::registry().with(capture).with(
-        tracing_subscriber::fmt::layer()
-            .with_test_writer()
-            .with_filter(tracing_subscriber::filter::LevelFilter::INFO),
-    );
     // The runtime is current-thread, so every task of the test sees this subscriber.
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (_guard, logs) = logs::capture_on_this_thread();
     let (etcd, api) = match kind {
         Kind::V3(v) | Kind::V2(v) => {
             if !EtcdVersion::available().contains(&v) {

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::Layer;
 
 /// How long [`Logs::expect`] waits for a line.
@@ -17,19 +18,39 @@ impl<S: tracing::Subscriber> Layer<S> for Capture {
         event: &tracing::Event<'_>,
         _ctx: tracing_subscriber::layer::Context<'_, S>,
     ) {
-        if !event.metadata().target().starts_with("rebootd") {
-            return;
+        if let Some(line) = event_line(event) {
+            let _ = self.0.send(line);
         }
-        struct V(String);
-        impl tracing::field::Visit for V {
-            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
-                self.0.push_str(&format!("{}={:?} ", f.name(), v));
-            }
-        }
-        let mut v = V(format!("{} ", event.metadata().level()));
-        event.record(&mut v);
-        let _ = self.0.send(v.0);
     }
+}
+
+/// A rebootd event as one `LEVEL field=value ...` line; `None` for other crates' events.
+pub fn event_line(event: &tracing::Event<'_>) -> Option<String> {
+    if !event.metadata().target().starts_with("rebootd") {
+        return None;
+    }
+    struct V(String);
+    impl tracing::field::Visit for V {
+        fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+            self.0.push_str(&format!("{}={:?} ", f.name(), v));
+        }
+    }
+    let mut v = V(format!("{} ", event.metadata().level()));
+    event.record(&mut v);
+    Some(v.0)
+}
+
+/// Capture rebootd's events on this thread until the guard is dropped (with a current-thread
+/// runtime: every task of the test), also written to the test's output at INFO and above; and
+/// the [`Logs`] that receives them.
+pub fn capture_on_this_thread() -> (tracing::subscriber::DefaultGuard, Logs) {
+    let (capture, logs) = capture();
+    let subscriber = tracing_subscriber::registry().with(capture).with(
+        tracing_subscriber::fmt::layer()
+            .with_test_writer()
+            .with_filter(tracing_subscriber::filter::LevelFilter::INFO),
+    );
+    (tracing::subscriber::set_default(subscriber), logs)
 }
 
 /// The lines a [`Capture`] sent.
