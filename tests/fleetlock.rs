@@ -19,9 +19,8 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::Layer;
 
 mod common;
+use common::in_process::within;
 use common::logs::event_line;
-
-const WAIT: Duration = Duration::from_secs(20);
 
 // ---------------------------------------------------------------------------------------------
 // harness
@@ -48,12 +47,6 @@ fn me(id: &str) -> Identity {
         boot_id: "boot-1".into(),
         token: format!("t-{id}"),
     }
-}
-
-async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(WAIT, f)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: not done within {WAIT:?}"))
 }
 
 /// Log events of rebootd, as `LEVEL message=... field=value ...` lines, sent to every

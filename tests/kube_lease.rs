@@ -31,11 +31,11 @@ async fn holds(s: &impl Admin, id: &str) -> bool {
 }
 
 mod common;
+use common::in_process::{me, not_within, within};
 use common::logs::{self, Logs};
 
 const NS: &str = "rebootd";
 const NAME: &str = "reboot";
-const WAIT: Duration = Duration::from_secs(20);
 
 // ---------------------------------------------------------------------------------------------
 // harness
@@ -107,15 +107,6 @@ fn timeouts() -> Timeouts {
         backoff_min: Duration::from_millis(50),
         backoff_max: Duration::from_millis(500),
         waiter_ttl: Duration::from_secs(30),
-    }
-}
-
-fn me(x: &str) -> Identity {
-    Identity {
-        id: format!("m-{x}"),
-        node: format!("node-{x}"),
-        boot_id: format!("boot-{x}"),
-        token: format!("t-{x}"),
     }
 }
 
@@ -277,19 +268,6 @@ fn is_lease_watch(r: &rebootd_lab::kube_api::RequestRecord) -> bool {
 
 fn is_write(r: &rebootd_lab::kube_api::RequestRecord) -> bool {
     matches!(r.method.as_str(), "POST" | "PUT" | "PATCH" | "DELETE")
-}
-
-async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(WAIT, fut)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: not done within {WAIT:?}"))
-}
-
-/// Assert `fut` does NOT finish within `d` (a negative check, not synchronisation).
-async fn not_within<F: std::future::Future + Unpin>(what: &str, d: Duration, fut: &mut F) {
-    if tokio::time::timeout(d, fut).await.is_ok() {
-        panic!("{what}: finished, but should still be waiting");
-    }
 }
 
 /// Await the log line of `x`'s acquire taking its place in the queue (`waiting for a free

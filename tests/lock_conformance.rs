@@ -18,9 +18,8 @@ use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
 use rebootd_lab::kube_api::{KubeApi, KubeApiHandle, Options};
 
 mod common;
+use common::in_process::{me, not_within, within};
 use common::logs::{self, Logs};
-
-const WAIT: Duration = Duration::from_secs(20);
 
 fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
@@ -212,28 +211,6 @@ every_store!(
     a_restarted_holder_keeps_its_slot_and_a_stranger_with_its_id_is_not_admitted,
     max_hold_reclaims_only_holders_that_stopped_beating,
 );
-
-fn me(x: &str) -> Identity {
-    Identity {
-        id: format!("m-{x}"),
-        node: format!("node-{x}"),
-        boot_id: format!("boot-{x}"),
-        token: format!("t-{x}"),
-    }
-}
-
-async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(WAIT, fut)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: not done within {WAIT:?}"))
-}
-
-/// Assert `fut` does NOT finish within `d` (a negative check, not synchronisation).
-async fn not_within<F: std::future::Future + Unpin>(what: &str, d: Duration, fut: &mut F) {
-    if tokio::time::timeout(d, fut).await.is_ok() {
-        panic!("{what}: finished, but should still be waiting");
-    }
-}
 
 /// The holders' ids, as `rebootctl status` shows them.
 async fn holders(s: &Arc<dyn Store>) -> Vec<String> {

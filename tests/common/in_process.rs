@@ -1,0 +1,33 @@
+//! For the tests that run rebootd's lock stores in-process (no daemon): a machine's identity and
+//! awaits bounded in time.
+
+use rebootd::lock::Identity;
+use std::future::Future;
+use std::time::Duration;
+
+/// Upper bound for anything an in-process lock test awaits.
+pub const STORE_WAIT: Duration = Duration::from_secs(20);
+
+/// Machine `x`: id `m-x`, node `node-x`, boot `boot-x`, token `t-x`.
+pub fn me(x: &str) -> Identity {
+    Identity {
+        id: format!("m-{x}"),
+        node: format!("node-{x}"),
+        boot_id: format!("boot-{x}"),
+        token: format!("t-{x}"),
+    }
+}
+
+/// Await `fut`, failing with `what` if it is not done within [`STORE_WAIT`].
+pub async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
+    tokio::time::timeout(STORE_WAIT, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not done within {STORE_WAIT:?}"))
+}
+
+/// Assert `fut` does NOT finish within `d` (a negative check, not synchronisation).
+pub async fn not_within<F: Future + Unpin>(what: &str, d: Duration, fut: &mut F) {
+    if tokio::time::timeout(d, fut).await.is_ok() {
+        panic!("{what}: finished, but should still be waiting");
+    }
+}
