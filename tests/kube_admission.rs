@@ -411,31 +411,27 @@ fn the_slot_count_is_never_a_nodes() {
         "only create the control Lease",
     );
     denied(&p, &delete(me(), LEASES, &control("2")), "rebootd.io/max");
-    // Not by the back door: the annotation on a slot or waiter, a control Lease in disguise.
-    let sneaky = with(
-        held("rebootd-0", "worker-1", 4),
-        "/metadata/annotations/rebootd.io~1max",
-        json!("9"),
-    );
-    denied(
-        &p,
-        &update(me(), LEASES, &held("rebootd-0", "worker-1", 4), &sneaky),
-        "rebootd.io/max",
-    );
+    // Not by the back door: the annotation on a slot, a slot relabelled, a control Lease in
+    // disguise.
+    let slot = held("rebootd-0", "worker-1", 4);
+    for (pointer, value, says) in [
+        (
+            "/metadata/annotations/rebootd.io~1max",
+            "9",
+            "rebootd.io/max",
+        ),
+        (
+            "/metadata/labels/rebootd.io~1role",
+            "waiter",
+            "semaphore Leases",
+        ),
+    ] {
+        let changed = with(slot.clone(), pointer, json!(value));
+        denied(&p, &update(me(), LEASES, &slot, &changed), says);
+    }
     let mut disguised = control("9");
     disguised["metadata"]["labels"]["rebootd.io/role"] = json!("waiter");
     denied(&p, &create(me(), LEASES, &disguised), "semaphore Leases");
-    // Relabelling a slot.
-    let relabelled = with(
-        held("rebootd-0", "worker-1", 4),
-        "/metadata/labels/rebootd.io~1role",
-        json!("waiter"),
-    );
-    denied(
-        &p,
-        &update(me(), LEASES, &held("rebootd-0", "worker-1", 4), &relabelled),
-        "semaphore Leases",
-    );
 }
 
 #[test]
