@@ -248,6 +248,28 @@ fn binary_version(etcd: &Path) -> Option<String> {
         .map(|v| v.trim().to_owned())
 }
 
+/// Whether every thread of process `pid` is stopped (state `T` in `/proc/PID/task/*/stat`).
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    let mut any = false;
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue; // a thread that just ended
+        };
+        // `pid (comm) S ...`: the state follows the last ')'.
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.trim_start().chars().next());
+        if !matches!(state, Some('T' | 't')) {
+            return false;
+        }
+        any = true;
+    }
+    any
+}
+
 fn free_port() -> Result<u16, EtcdLabError> {
     let l = TcpListener::bind("127.0.0.1:0").map_err(io("bind a free loopback port"))?;
     Ok(l.local_addr().map_err(io("read a bound port"))?.port())
@@ -604,10 +626,22 @@ impl EtcdServer {
         self.launch().await
     }
 
-    /// Freeze etcd (SIGSTOP): connections stay open but nothing answers.
+    /// Freeze etcd (SIGSTOP): connections stay open but nothing answers. Returns once every
+    /// thread of etcd is stopped: the signal takes effect only when one of them next runs, and
+    /// on a loaded machine etcd's running threads answered a request after `kill` had returned.
     pub fn pause(&mut self) -> Result<(), EtcdLabError> {
         self.signal(Signal::SIGSTOP)?;
         self.paused = true;
+        let pid = self.pid().unwrap_or_default();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !all_threads_stopped(pid) {
+            if Instant::now() > deadline {
+                return Err(EtcdLabError::State(format!(
+                    "etcd (pid {pid}) is not stopped 5 s after SIGSTOP"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
         Ok(())
     }
 
