@@ -12,8 +12,6 @@ use rebootd::lock::document::{self, HolderRecord, SemaphoreDoc};
 use rebootd::lock::etcd::{EtcdSemaphore, Timeouts};
 use rebootd::lock::{Admin, Identity, LockError, Semaphore};
 use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
-use tracing_subscriber::layer::SubscriberExt;
-use tracing_subscriber::Layer;
 
 /// Whether `id` (a machine id or a node name) holds a slot, as `rebootctl status` shows it.
 async fn holds(s: &impl Admin, id: &str) -> bool {
@@ -26,10 +24,10 @@ async fn holds(s: &impl Admin, id: &str) -> bool {
 }
 
 mod common;
+use common::in_process::{within, STORE_WAIT as WAIT};
 use common::logs::{self, Logs};
 
 const DEFAULT_KEY: &str = "coreos.com/updateengine/rebootlock/semaphore";
-const WAIT: Duration = Duration::from_secs(20);
 
 // ---------------------------------------------------------------------------------------------
 // harness
@@ -75,14 +73,8 @@ where
         eprintln!("skipping: {v} is not installed");
         return;
     }
-    let (capture, logs) = logs::capture();
-    let subscriber = tracing_subscriber::registry().with(capture).with(
-        tracing_subscriber::fmt::layer()
-            .with_test_writer()
-            .with_filter(tracing_subscriber::filter::LevelFilter::INFO),
-    );
     // The runtime is current-thread, so every task of the test sees this subscriber.
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (_guard, logs) = logs::capture_on_this_thread();
     let etcd = EtcdServer::start_with(v, options)
         .await
         .expect("start etcd");
@@ -153,15 +145,7 @@ mod tls {
 }
 
 fn settings(etcd: &EtcdServer) -> config::Etcd {
-    config::Etcd {
-        api: config::EtcdApi::V3,
-        endpoints: vec![etcd.endpoint()],
-        ca_file: None,
-        cert_file: None,
-        key_file: None,
-        username: None,
-        password_file: None,
-    }
+    etcd.lock_settings(config::EtcdApi::V3)
 }
 
 fn timeouts() -> Timeouts {
@@ -366,12 +350,6 @@ fn minus(
         .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
         .filter(|(_, v)| *v != 0.0)
         .collect()
-}
-
-async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(WAIT, fut)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: not done within {WAIT:?}"))
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -28,15 +28,7 @@ struct Env {
 
 impl Env {
     fn settings(&self) -> config::Etcd {
-        config::Etcd {
-            api: config::EtcdApi::V2,
-            endpoints: vec![self.etcd.endpoint()],
-            ca_file: None,
-            cert_file: None,
-            key_file: None,
-            username: None,
-            password_file: None,
-        }
+        self.etcd.lock_settings(config::EtcdApi::V2)
     }
 
     async fn store(&self, group: &str) -> EtcdV2Semaphore {

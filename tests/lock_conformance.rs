@@ -47,15 +47,7 @@ struct World {
 
 impl World {
     fn etcd_settings(&self, api: config::EtcdApi) -> config::Etcd {
-        config::Etcd {
-            api,
-            endpoints: vec![self.etcd.as_ref().expect("etcd").endpoint()],
-            ca_file: None,
-            cert_file: None,
-            key_file: None,
-            username: None,
-            password_file: None,
-        }
+        self.etcd.as_ref().expect("etcd").lock_settings(api)
     }
 
     /// A new client of the store (its own connection), as `who` (the API stand-in's user).

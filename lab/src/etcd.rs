@@ -384,6 +384,20 @@ impl EtcdServer {
     }
 
     /// The process id while running.
+    /// rebootd's `[lock.etcd]` settings for this server through `api`: its endpoint, no TLS, no
+    /// password.
+    pub fn lock_settings(&self, api: rebootd::config::EtcdApi) -> rebootd::config::Etcd {
+        rebootd::config::Etcd {
+            api,
+            endpoints: vec![self.endpoint()],
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            username: None,
+            password_file: None,
+        }
+    }
+
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().and_then(Child::id)
     }

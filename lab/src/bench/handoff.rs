@@ -74,9 +74,9 @@ pub async fn run(a: Args) -> Result<(), String> {
                 etcd.binaries().version,
                 etcd.endpoint()
             );
-            let settings = etcd_settings(rebootd::config::EtcdApi::V2, &etcd);
+            let settings = &etcd.lock_settings(rebootd::config::EtcdApi::V2);
             let (chain, v2_admin) = connections(a.clients, || async {
-                EtcdV2Semaphore::connect(&settings, GROUP, None)
+                EtcdV2Semaphore::connect(settings, GROUP, None)
                     .await
                     .map_err(|e| e.to_string())
             })
@@ -234,19 +234,6 @@ pub async fn run(a: Args) -> Result<(), String> {
 /// The etcd group every client of the bench contends in.
 const GROUP: &str = "bench-handoff";
 
-/// Settings for rebootd's etcd store of `api` on `etcd`, without TLS or a password.
-fn etcd_settings(api: rebootd::config::EtcdApi, etcd: &EtcdServer) -> rebootd::config::Etcd {
-    rebootd::config::Etcd {
-        api,
-        endpoints: vec![etcd.endpoint()],
-        ca_file: None,
-        cert_file: None,
-        key_file: None,
-        username: None,
-        password_file: None,
-    }
-}
-
 /// The chain's `clients` stores and, made last, one more for the admin calls: each its own
 /// connection, made by `connect`.
 async fn connections<S, F, Fut>(
@@ -270,7 +257,7 @@ async fn etcd_v3_connections(
     etcd: &EtcdServer,
     clients: usize,
 ) -> Result<(Vec<Arc<dyn Semaphore>>, EtcdSemaphore), String> {
-    let settings = etcd_settings(rebootd::config::EtcdApi::V3, etcd);
+    let settings = etcd.lock_settings(rebootd::config::EtcdApi::V3);
     connections(clients, || async {
         EtcdSemaphore::connect(&settings, GROUP, None)
             .await
