@@ -1380,8 +1380,16 @@ async fn an_http1_server_is_said_not_to_speak_etcds_protocol() {
                     "{m}"
                 );
                 assert!(m.contains("usually port 2379"), "{m}");
+                // The server answers and closes. On loopback, the close (a reset, since the
+                // client's HTTP/2 frames are left unread) usually reaches the client before it
+                // parses the answer: rebootd then asks `GET /version` and quotes the status
+                // line. Under load the client may parse the answer first: its status line read
+                // as an HTTP/2 frame header is a frame "with invalid size", said as such.
                 if !keep_open {
-                    assert!(m.contains("HTTP/1.1 200 OK"), "{m}");
+                    assert!(
+                        m.contains("HTTP/1.1 200 OK") || m.contains("frame with invalid size"),
+                        "{m}"
+                    );
                 }
                 assert!(rebootd::lock::retry::is_transient(&e), "still retried: {m}");
             }
