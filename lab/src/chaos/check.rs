@@ -84,6 +84,9 @@ pub struct Observed {
     pub max_hold: Option<Duration>,
     /// When nodes were cut off from the store.
     pub cut_offs: Vec<CutOff>,
+    /// At a time-out: what each node's rebootd process was doing (see
+    /// `trial::process_report`), to tell a hung rebootd from one that was not running.
+    pub processes: BTreeMap<String, String>,
 }
 
 /// Idle again after a reboot, slot released, not cordoned.
@@ -234,7 +237,10 @@ pub fn violations(o: &Observed) -> Vec<String> {
             .iter()
             .filter_map(|n| match o.ends.get(n) {
                 Some(Ok(Some(s))) if done(s) => None,
-                Some(Ok(Some(s))) => Some(describe(n, s)),
+                Some(Ok(Some(s))) => Some(match o.processes.get(n) {
+                    Some(p) => format!("{} [{p}]", describe(n, s)),
+                    None => describe(n, s),
+                }),
                 Some(Err(e)) => Some(format!("{n}: state file: {e}")),
                 _ => Some(format!("{n}: no state file")),
             })
@@ -419,6 +425,7 @@ mod tests {
             harness: Vec::new(),
             max_hold: None,
             cut_offs: Vec::new(),
+            processes: BTreeMap::new(),
         }
     }
 
@@ -539,6 +546,12 @@ mod tests {
         let v = violations(&o);
         assert_eq!(v.len(), 2, "{v:#?}");
         assert!(v[0].starts_with("rollout not complete after 150s: c: rebooting (slot true"));
+        o.processes
+            .insert("c".into(), "rebootd pid 7 running".into());
+        let v = violations(&o);
+        assert!(
+            v[0].contains("c: rebooting (slot true") && v[0].contains("[rebootd pid 7 running]")
+        );
         assert!(v[1].contains("c rebooted 0 times"));
     }
 

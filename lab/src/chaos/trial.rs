@@ -15,7 +15,7 @@ use crate::kube_api::{Cluster, Kind, KubeApi, KubeApiHandle, NodeBuilder, Option
 use crate::node::{Node, NodeOptions};
 use rebootd::lock::document::SemaphoreDoc;
 use rebootd::state::{Phase, State, StateStore};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -494,6 +494,7 @@ async fn run_trial(
     });
     let deadline = Instant::now() + opts.trial_timeout;
     let mut timed_out = None;
+    let mut processes = BTreeMap::new();
     loop {
         if stop.is_set() {
             // The tear-down ends the chaos and the injection with the rest.
@@ -514,6 +515,9 @@ async fn run_trial(
         }
         if Instant::now() > deadline {
             timed_out = Some(opts.trial_timeout);
+            for n in &rig.nodes {
+                processes.insert(n.name.clone(), process_report(n));
+            }
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -627,6 +631,7 @@ async fn run_trial(
         harness: lock(&shared.problems).clone(),
         max_hold: opts.max_hold,
         cut_offs: lock(&shared.cut_offs).clone(),
+        processes,
     })
 }
 
@@ -635,4 +640,36 @@ pub(super) fn post_boot_id(cluster: &Cluster, node: &str, boot_id: &str) {
     let _ = cluster.update(Kind::Node, "", node, |n| {
         n["status"]["nodeInfo"]["bootID"] = boot_id.into();
     });
+}
+
+/// What node `n`'s rebootd process is doing, for a trial that timed out: whether the lab holds
+/// the node (a kill, restart or reboot of it in progress), or the process's state and each of
+/// its threads' state and kernel wait channel.
+fn process_report(n: &ChaosNode) -> String {
+    let Ok(mut node) = n.node.try_lock() else {
+        return "the lab holds this node: a kill, restart or reboot of it is in progress".into();
+    };
+    if let Some(code) = node.daemon_exit() {
+        return format!("rebootd exited with {code:?}");
+    }
+    let Some(pid) = node.daemon_pid() else {
+        return "no rebootd process".into();
+    };
+    let threads: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|tasks| {
+            tasks
+                .flatten()
+                .map(|t| {
+                    let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+                    let state = stat
+                        .rsplit_once(')')
+                        .and_then(|(_, r)| r.trim_start().chars().next())
+                        .unwrap_or('?');
+                    let wchan = std::fs::read_to_string(t.path().join("wchan")).unwrap_or_default();
+                    format!("{state}:{}", if wchan.is_empty() { "-" } else { &wchan })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    format!("rebootd pid {pid} running, threads {}", threads.join(" "))
 }
