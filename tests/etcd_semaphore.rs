@@ -122,6 +122,7 @@ per_version!(
     a_restarted_waiter_keeps_its_place,
     a_locksmith_acquirer_works_beside_the_queue,
     the_queue_entry_is_gone_after_acquire,
+    a_phase_report_is_one_request_whatever_other_holders_do,
 );
 
 mod tls {
@@ -869,6 +870,60 @@ async fn paused_etcd_is_unreachable_then_recovers(mut env: Env) {
     env.etcd.resume().unwrap();
     let s = sem(&env.etcd, "default", None).await;
     s.acquire(&me("a")).await.unwrap();
+}
+
+/// A holder's phase report is guarded by its own record's revision: other holders taking and
+/// giving back slots between two reports cost it nothing, and each report is one transaction.
+/// When its slot was given back by an operator (`rebootctl unlock`, which deletes its record in
+/// the same transaction), the report finds out in that same transaction and writes nothing.
+async fn a_phase_report_is_one_request_whatever_other_holders_do(env: Env) {
+    let etcd = &env.etcd;
+    let admin = sem(etcd, "default", None).await;
+    admin.set_max(3, false).await.unwrap();
+    let a = sem(etcd, "default", None).await;
+    a.acquire(&me("a")).await.unwrap();
+    let others = sem(etcd, "default", None).await;
+    let record_key = document::holder_record_key("default", "a");
+    for (k, phase) in ["draining", "rebooting", "waiting_for_healthy"]
+        .into_iter()
+        .enumerate()
+    {
+        // Another holder changes the document between two reports of a.
+        let other = me(&format!("o{k}"));
+        others.acquire(&other).await.unwrap();
+        if k > 0 {
+            others.release(&me(&format!("o{}", k - 1))).await.unwrap();
+        }
+        let before = etcd_requests(etcd).await;
+        a.report_phase(&me("a"), phase).await.unwrap();
+        let used = minus(&etcd_requests(etcd).await, &before);
+        assert_eq!(
+            used.get("Txn").copied().unwrap_or(0.0),
+            1.0,
+            "{phase}: {used:?}"
+        );
+        assert_eq!(used.len(), 2, "only the Txn and its message: {used:?}");
+        let record = HolderRecord::parse(ctl_get(etcd, &record_key).unwrap().as_bytes()).unwrap();
+        assert_eq!(record.phase.as_deref(), Some(phase));
+    }
+    // Reporting the phase it already reported costs nothing.
+    let before = etcd_requests(etcd).await;
+    a.report_phase(&me("a"), "waiting_for_healthy")
+        .await
+        .unwrap();
+    assert!(minus(&etcd_requests(etcd).await, &before).is_empty());
+
+    // Given back by an operator: the report reads in its one transaction, and writes nothing.
+    admin.unlock("a").await.unwrap();
+    assert_eq!(ctl_get(etcd, &record_key), None);
+    a.report_phase(&me("a"), "uncordoning").await.unwrap();
+    assert_eq!(
+        ctl_get(etcd, &record_key),
+        None,
+        "no record for a non-holder"
+    );
+    let doc = ctl_get(etcd, DEFAULT_KEY).unwrap();
+    assert!(!doc.contains("\"a\""), "{doc}");
 }
 
 /// Four waiters that queue up in a known order (each starts once the one before is in the

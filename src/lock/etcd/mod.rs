@@ -34,6 +34,7 @@
 mod connect;
 mod import;
 mod pause;
+mod report;
 pub mod snapshot;
 mod waiting;
 
@@ -91,6 +92,8 @@ pub struct EtcdSemaphore {
     target: String,
     max_hold: Option<Duration>,
     timeouts: Timeouts,
+    /// My record as this process last wrote it (see [`report`]).
+    written: report::Written,
 }
 
 impl std::fmt::Debug for EtcdSemaphore {
@@ -152,6 +155,7 @@ impl EtcdSemaphore {
             target,
             max_hold,
             timeouts,
+            written: report::Written::default(),
         };
         // The client connects lazily: make sure someone answers, and say what else did.
         if let Err(e) = this.probe().await {
@@ -241,6 +245,13 @@ impl EtcdSemaphore {
     /// document that does not parse is [`LockError::Corrupt`].
     #[tracing::instrument(level = "debug", skip(self), fields(key = %self.keys.doc))]
     async fn read(&self, with_queue: bool) -> Result<Snapshot, LockError> {
+        let gets = self.read_ops(with_queue);
+        let resp = self.txn(Txn::new().and_then(gets)).await?;
+        self.snapshot_of(&resp, if with_queue { 3 } else { 2 })
+    }
+
+    /// The reads of [`Self::read`]: the document, the records, and the queue when `with_queue`.
+    fn read_ops(&self, with_queue: bool) -> Vec<TxnOp> {
         let prefix = |p: &str| TxnOp::get(p.to_owned(), Some(GetOptions::new().with_prefix()));
         let mut gets = vec![
             TxnOp::get(self.keys.doc.clone(), None),
@@ -249,8 +260,12 @@ impl EtcdSemaphore {
         if with_queue {
             gets.push(prefix(&self.keys.queue));
         }
-        let expected = gets.len();
-        let resp = self.txn(Txn::new().and_then(gets)).await?;
+        gets
+    }
+
+    /// The snapshot in the answer to a transaction whose branch taken was [`Self::read_ops`]
+    /// (`expected` reads).
+    fn snapshot_of(&self, resp: &TxnResponse, expected: usize) -> Result<Snapshot, LockError> {
         let revision = resp.header().map(|h| h.revision()).unwrap_or_default();
         let mut snap = Snapshot::empty(revision);
         let mut answered = 0;
@@ -280,17 +295,39 @@ impl EtcdSemaphore {
         extra: Vec<Compare>,
         ops: Vec<TxnOp>,
     ) -> Result<bool, LockError> {
+        Ok(self.commit_at(snap, extra, ops).await?.is_some())
+    }
+
+    /// [`Self::commit`], giving the revision it wrote at when it ran.
+    async fn commit_at(
+        &self,
+        snap: &Snapshot,
+        extra: Vec<Compare>,
+        ops: Vec<TxnOp>,
+    ) -> Result<Option<i64>, LockError> {
         let mut compares = vec![Compare::mod_revision(
             self.keys.doc.clone(),
             CompareOp::Equal,
             snap.doc_revision,
         )];
         compares.extend(extra);
-        let resp = self.txn(Txn::new().when(compares).and_then(ops)).await?;
-        if !resp.succeeded() {
+        let written = self.commit_when(compares, ops).await?;
+        if written.is_none() {
             tracing::debug!(key = %self.keys.doc, revision = snap.doc_revision, "lost a race");
         }
-        Ok(resp.succeeded())
+        Ok(written)
+    }
+
+    /// Run `ops` if `compares` hold; the revision it wrote at when it ran.
+    async fn commit_when(
+        &self,
+        compares: Vec<Compare>,
+        ops: Vec<TxnOp>,
+    ) -> Result<Option<i64>, LockError> {
+        let resp = self.txn(Txn::new().when(compares).and_then(ops)).await?;
+        Ok(resp
+            .succeeded()
+            .then(|| resp.header().map(|h| h.revision()).unwrap_or_default()))
     }
 
     fn put_doc(&self, doc: &SemaphoreDoc) -> TxnOp {
@@ -308,24 +345,7 @@ impl EtcdSemaphore {
     /// The record `me` writes on its slot: `phase` when given (`since` moves when it or the boot
     /// changes), else the one in `snap`.
     fn my_record(&self, snap: &Snapshot, me: &Identity, phase: Option<&str>) -> HolderRecord {
-        let now = jiff::Timestamp::now();
-        let previous = snap.record(&self.keys, &me.id);
-        let phase = match phase {
-            Some(p) => Some(p.to_owned()),
-            None => previous.and_then(|p| p.phase.clone()),
-        };
-        let since = match previous {
-            Some(p) if p.phase == phase && p.boot_id == me.boot_id => p.since,
-            _ => now,
-        };
-        HolderRecord {
-            node: me.node.clone(),
-            boot_id: me.boot_id.clone(),
-            phase,
-            since,
-            acquired: previous.map_or(now, |p| p.acquired),
-            token: Some(me.token.clone()),
-        }
+        report::record_after(snap.record(&self.keys, &me.id), me, phase)
     }
 
     /// A compare that the record of `id` is as in `snap` (absent: still absent).
@@ -425,6 +445,7 @@ impl Semaphore for EtcdSemaphore {
     /// Writes my record again (a new revision of its key), if I hold my slot.
     #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
     async fn heartbeat(&self, me: &Identity) -> Result<Fence, LockError> {
+        self.written.forget();
         let key = self.record_key(&me.id);
         let mut fence = Fence::Held;
         self.update("heartbeat", |snap| {
@@ -442,6 +463,7 @@ impl Semaphore for EtcdSemaphore {
     /// Releases my slot, unless the record says another host (another token) holds it.
     #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
     async fn release(&self, me: &Identity) -> Result<(), LockError> {
+        self.written.forget();
         let snap = self.read(false).await?;
         if let Fence::Lost { why } = snap.fence(&self.keys, &me.id, &me.token) {
             if snap.doc.holds(&me.id) {
@@ -454,28 +476,11 @@ impl Semaphore for EtcdSemaphore {
     }
 
     /// Records the phase of a holder; `since` moves only when the phase or boot id changes. Not
-    /// holding a slot is a no-op (there is nothing to annotate).
+    /// holding a slot is a no-op (there is nothing to annotate). One request when my record is
+    /// as I last wrote it ([`report`]).
     #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
     async fn report_phase(&self, me: &Identity, phase: &str) -> Result<(), LockError> {
-        let key = self.record_key(&me.id);
-        self.update("report phase", |snap| {
-            if !snap.doc.holds(&me.id) {
-                tracing::debug!(id = %me.id, phase, "not holding a slot; phase not recorded");
-                return Ok(None);
-            }
-            if let Some(p) = snap.record(&self.keys, &me.id) {
-                if p.phase.as_deref() == Some(phase)
-                    && p.boot_id == me.boot_id
-                    && p.node == me.node
-                    && p.token.as_deref() == Some(me.token.as_str())
-                {
-                    return Ok(None);
-                }
-            }
-            let record = self.my_record(snap, me, Some(phase));
-            Ok(Some(vec![TxnOp::put(key.clone(), record.to_json(), None)]))
-        })
-        .await
+        self.report(me, phase).await
     }
 
     async fn group_pause(&self) -> Result<Option<GroupPause>, LockError> {

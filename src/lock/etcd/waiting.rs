@@ -279,19 +279,18 @@ impl Waiting for V3Waiting<'_> {
             return Ok(false);
         }
         let store = self.store;
+        let record = self.fresh_record();
         let mut ops = vec![
             store.put_doc(&doc),
-            TxnOp::put(
-                store.record_key(&self.me.id),
-                self.fresh_record().to_json(),
-                None,
-            ),
+            TxnOp::put(store.record_key(&self.me.id), record.to_json(), None),
         ];
         ops.extend(store.stale_record_deletes(snap, &doc));
         ops.push(TxnOp::delete(self.queue_key.clone(), None));
-        if !store.commit(snap, Vec::new(), ops).await? {
+        let Some(at) = store.commit_at(snap, Vec::new(), ops).await? else {
             return Ok(false);
-        }
+        };
+        // The first phase report after the take is then one request.
+        store.written.set(at, record);
         self.left = true;
         Ok(true)
     }

@@ -1,0 +1,149 @@
+//! Phase reports on etcd v3: a holder writes its phase into its own record, guarded by that
+//! record's **own** mod revision, not by the document's.
+//!
+//! Only its holder writes a record, and every change that takes an id out of the document
+//! (`unlock`, a reclaim, a take that clears orphans) deletes that id's record in the same
+//! transaction. So "my record is at the revision I last saw" implies "I still hold my slot", and
+//! a report no longer loses races to other holders taking and giving back slots. The store keeps
+//! the revision and content of the record this process last wrote ([`Written`]): a report is
+//! then one transaction, whose else branch reads the semaphore when the record moved (a
+//! heartbeat of mine, a release, an operator), for one more attempt on that read.
+//!
+//! Without a record (a slot adopted from locksmith or moved by `rebootctl migrate`) nothing
+//! deletes it with the slot, so the write is guarded by the document's revision, as before.
+
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+
+use super::snapshot::Snapshot;
+use super::{EtcdSemaphore, BACKEND};
+use crate::lock::document::HolderRecord;
+use crate::lock::retry::{cas_loop, Cas};
+use crate::lock::{Identity, LockError};
+
+/// The record this process last wrote, with the mod revision it got.
+#[derive(Debug, Default)]
+pub(super) struct Written(std::sync::Mutex<Option<(i64, HolderRecord)>>);
+
+impl Written {
+    fn get(&self) -> Option<(i64, HolderRecord)> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub(super) fn set(&self, revision: i64, record: HolderRecord) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((revision, record));
+    }
+
+    pub(super) fn forget(&self) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
+
+/// The record `me` writes after `previous`: `phase` when given (`since` moves when it or the
+/// boot changes), else the previous phase.
+pub(super) fn record_after(
+    previous: Option<&HolderRecord>,
+    me: &Identity,
+    phase: Option<&str>,
+) -> HolderRecord {
+    let now = jiff::Timestamp::now();
+    let phase = match phase {
+        Some(p) => Some(p.to_owned()),
+        None => previous.and_then(|p| p.phase.clone()),
+    };
+    let since = match previous {
+        Some(p) if p.phase == phase && p.boot_id == me.boot_id => p.since,
+        _ => now,
+    };
+    HolderRecord {
+        node: me.node.clone(),
+        boot_id: me.boot_id.clone(),
+        phase,
+        since,
+        acquired: previous.map_or(now, |p| p.acquired),
+        token: Some(me.token.clone()),
+    }
+}
+
+/// Whether `record` already says `phase` for this very host.
+fn says(record: &HolderRecord, me: &Identity, phase: &str) -> bool {
+    record.phase.as_deref() == Some(phase)
+        && record.boot_id == me.boot_id
+        && record.node == me.node
+        && record.token.as_deref() == Some(me.token.as_str())
+}
+
+impl EtcdSemaphore {
+    pub(super) async fn report(&self, me: &Identity, phase: &str) -> Result<(), LockError> {
+        let key = self.record_key(&me.id);
+        let mut first = None;
+        if let Some((revision, last)) = self.written.get().filter(|(_, r)| r.node == me.node) {
+            if says(&last, me, phase) {
+                return Ok(());
+            }
+            let record = record_after(Some(&last), me, Some(phase));
+            let txn = Txn::new()
+                .when(vec![Compare::mod_revision(
+                    key.clone(),
+                    CompareOp::Equal,
+                    revision,
+                )])
+                .and_then(vec![TxnOp::put(key.clone(), record.to_json(), None)])
+                .or_else(self.read_ops(false));
+            let resp = self.txn(txn).await?;
+            if resp.succeeded() {
+                let at = resp.header().map(|h| h.revision()).unwrap_or_default();
+                self.written.set(at, record);
+                return Ok(());
+            }
+            self.written.forget();
+            first = Some(self.snapshot_of(&resp, 2)?);
+        }
+        cas_loop!(
+            BACKEND,
+            "report phase",
+            &key,
+            self.try_report(first.take(), me, phase).await
+        )
+    }
+
+    /// One attempt on a read (`snap`, or a fresh one).
+    async fn try_report(
+        &self,
+        snap: Option<Snapshot>,
+        me: &Identity,
+        phase: &str,
+    ) -> Result<Cas<()>, LockError> {
+        let snap = match snap {
+            Some(s) => s,
+            None => self.read(false).await?,
+        };
+        if !snap.doc.holds(&me.id) {
+            tracing::debug!(id = %me.id, phase, "not holding a slot; phase not recorded");
+            return Ok(Cas::Done(()));
+        }
+        let key = self.record_key(&me.id);
+        let entry = snap.records.get(&key);
+        let previous = entry.and_then(|e| e.record.as_ref());
+        if let (Some(e), Some(p)) = (entry, previous) {
+            if says(p, me, phase) {
+                self.written.set(e.mod_revision, p.clone());
+                return Ok(Cas::Done(()));
+            }
+        }
+        let record = record_after(previous, me, Some(phase));
+        let put = vec![TxnOp::put(key.clone(), record.to_json(), None)];
+        let written = if entry.is_some() {
+            let guard = self.record_unchanged(&snap, &me.id);
+            self.commit_when(vec![guard], put).await?
+        } else {
+            self.commit_at(&snap, Vec::new(), put).await?
+        };
+        Ok(match written {
+            Some(at) => {
+                self.written.set(at, record);
+                Cas::Done(())
+            }
+            None => Cas::Conflict,
+        })
+    }
+}
