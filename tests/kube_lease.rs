@@ -90,6 +90,7 @@ scenarios!(
     a_dead_waiter_stops_blocking_after_its_ttl,
     a_restarted_waiter_keeps_its_place,
     status_and_set_max_ignore_waiter_leases,
+    a_phase_report_is_one_request_whatever_other_holders_do,
 );
 
 fn settings() -> config::KubeLease {
@@ -776,6 +777,59 @@ mod scenarios {
         assert_eq!(holders(&env)[&slot(0)], "node-ghost");
         ghost.unlock("m-ghost").await.unwrap();
         within("b after the release", &mut waiter).await.unwrap();
+    }
+
+    /// A holder keeps its slot Lease as it last wrote it: each phase report is one PUT on it, no
+    /// list, whatever other holders do; a slot given back by an operator refuses the kept
+    /// object (409), and the report then reads, finds it holds nothing, and writes nothing.
+    pub async fn a_phase_report_is_one_request_whatever_other_holders_do(env: Env) {
+        for x in ["a", "o0", "o1", "o2"] {
+            add_node(&env, x);
+        }
+        let admin = sem(&env, "admin").await;
+        admin.set_max(3, false).await.unwrap();
+        let a = sem(&env, "a").await;
+        within("acquire a", a.acquire(&me("a"))).await.unwrap();
+        let a_slot = holders(&env)
+            .into_iter()
+            .find(|(_, h)| h == "node-a")
+            .map(|(slot, _)| slot)
+            .unwrap();
+        for (k, phase) in ["draining", "rebooting", "waiting_for_healthy"]
+            .into_iter()
+            .enumerate()
+        {
+            let other = sem(&env, &format!("o{k}")).await;
+            within("acquire other", other.acquire(&me(&format!("o{k}"))))
+                .await
+                .unwrap();
+            if k > 0 {
+                let before = sem(&env, &format!("o{}", k - 1)).await;
+                before.release(&me(&format!("o{}", k - 1))).await.unwrap();
+            }
+            env.api.cluster().requests().clear();
+            a.report_phase(&me("a"), phase).await.unwrap();
+            let by_a = requests_by(&env, "node-a", |_| true);
+            let puts = requests_by(&env, "node-a", |r| r.method == "PUT");
+            assert_eq!((by_a, puts), (1, 1), "{phase}");
+            let l = lease(&env, &a_slot).unwrap();
+            assert_eq!(ann(&l, kube_lease::ANNOTATION_PHASE), Some(phase));
+        }
+        env.api.cluster().requests().clear();
+        a.report_phase(&me("a"), "waiting_for_healthy")
+            .await
+            .unwrap();
+        assert_eq!(
+            requests_by(&env, "node-a", |_| true),
+            0,
+            "the same phase again"
+        );
+
+        admin.unlock("m-a").await.unwrap();
+        a.report_phase(&me("a"), "uncordoning").await.unwrap();
+        assert!(!holders(&env).values().any(|h| h == "node-a"));
+        let l = lease(&env, &a_slot).unwrap();
+        assert_ne!(ann(&l, kube_lease::ANNOTATION_PHASE), Some("uncordoning"));
     }
 
     pub async fn holder_past_max_hold_is_reclaimed(mut env: Env) {

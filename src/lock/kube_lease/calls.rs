@@ -136,16 +136,25 @@ impl KubeLeaseSemaphore {
     /// Replace `lease` (guarded by the resourceVersion it carries). `false` = lost a race
     /// (409 Conflict, or 404: deleted meanwhile).
     pub(super) async fn replace(&self, what: &str, lease: &Lease) -> Result<bool, LockError> {
+        Ok(self.replace_obj(what, lease).await?.is_some())
+    }
+
+    /// [`Self::replace`], returning the Lease written (with its new `resourceVersion`).
+    pub(super) async fn replace_obj(
+        &self,
+        what: &str,
+        lease: &Lease,
+    ) -> Result<Option<Lease>, LockError> {
         let name = lease.metadata.name.as_deref().unwrap_or("");
         let pp = PostParams::default();
         match self.call(what, self.leases.replace(name, &pp, lease)).await {
-            Ok(_) => Ok(true),
+            Ok(written) => Ok(Some(written)),
             Err(CallError {
                 code: Some(409 | 404),
                 ..
             }) => {
                 tracing::debug!(lease = name, what, "lost a race; reading again");
-                Ok(false)
+                Ok(None)
             }
             Err(e) => Err(e.error),
         }

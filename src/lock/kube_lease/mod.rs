@@ -119,6 +119,7 @@ mod calls;
 mod objects;
 mod pause;
 mod queue;
+mod report;
 mod snapshot;
 mod waiting;
 
@@ -223,6 +224,8 @@ pub struct KubeLeaseSemaphore {
     invalid: Option<String>,
     max_hold: Option<Duration>,
     timeouts: Timeouts,
+    /// My slot Lease as this process last wrote it (see [`report`]).
+    written: report::Written,
 }
 
 impl std::fmt::Debug for KubeLeaseSemaphore {
@@ -259,6 +262,7 @@ impl KubeLeaseSemaphore {
             name,
             max_hold,
             timeouts: Timeouts::default(),
+            written: report::Written::default(),
         }
     }
 
@@ -367,6 +371,7 @@ impl Semaphore for KubeLeaseSemaphore {
     #[tracing::instrument(skip(self, me), fields(namespace = %self.namespace, semaphore = %self.name, id = %me.id))]
     async fn heartbeat(&self, me: &Identity) -> Result<Fence, LockError> {
         self.check()?;
+        self.written.forget();
         let fence = std::sync::Mutex::new(Fence::Held);
         self.update("heartbeat", |snap| {
             let fence = &fence;
@@ -391,6 +396,7 @@ impl Semaphore for KubeLeaseSemaphore {
     #[tracing::instrument(skip(self, me), fields(namespace = %self.namespace, semaphore = %self.name, id = %me.id))]
     async fn release(&self, me: &Identity) -> Result<(), LockError> {
         self.check()?;
+        self.written.forget();
         let snap = self.read().await?;
         if let Some((slot, h)) = snap.mine(me) {
             if h.token.as_deref().is_some_and(|t| t != me.token) {
@@ -407,25 +413,7 @@ impl Semaphore for KubeLeaseSemaphore {
     #[tracing::instrument(skip(self, me), fields(namespace = %self.namespace, semaphore = %self.name, id = %me.id))]
     async fn report_phase(&self, me: &Identity, phase: &str) -> Result<(), LockError> {
         self.check()?;
-        self.update("report phase", |snap| async move {
-            let Some((slot, h)) = snap.mine(me) else {
-                tracing::debug!(id = %me.id, phase, "not holding a slot; phase not recorded");
-                return Ok(true);
-            };
-            let now = jiff::Timestamp::now();
-            let mut lease = slot.lease.clone();
-            let annotations = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
-            if h.phase.as_deref() != Some(phase) || h.boot_id.as_deref() != Some(&me.boot_id) {
-                annotations.insert(ANNOTATION_SINCE.to_owned(), now.to_string());
-            }
-            annotations.insert(ANNOTATION_PHASE.to_owned(), phase.to_owned());
-            annotations.insert(ANNOTATION_BOOT_ID.to_owned(), me.boot_id.clone());
-            annotations.insert(ANNOTATION_MACHINE_ID.to_owned(), me.id.clone());
-            annotations.insert(ANNOTATION_HOLDER_TOKEN.to_owned(), me.token.clone());
-            lease.spec.get_or_insert_with(LeaseSpec::default).renew_time = Some(MicroTime(now));
-            self.replace("recording the phase", &lease).await
-        })
-        .await
+        self.report(me, phase).await
     }
 
     async fn group_pause(&self) -> Result<Option<GroupPause>, LockError> {

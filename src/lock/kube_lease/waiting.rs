@@ -329,12 +329,12 @@ impl Waiting for LeaseWaiting<'_> {
             return Ok(false);
         }
         let pick = rank.min(count - 1);
-        let (won, lease_name) = match free.get(pick) {
+        let (written, lease_name) = match free.get(pick) {
             Some(slot) => {
                 let lease =
                     KubeLeaseSemaphore::taken(&slot.lease, self.me, now, node_uid.as_deref());
                 let name = slot.name().to_owned();
-                (store.replace("taking a slot", &lease).await?, name)
+                (store.replace_obj("taking a slot", &lease).await?, name)
             }
             None => {
                 let index = missing[pick - free.len()];
@@ -345,13 +345,16 @@ impl Waiting for LeaseWaiting<'_> {
                     node_uid.as_deref(),
                 );
                 (
-                    store.create("creating a slot", &lease).await?,
+                    store.create_obj("creating a slot", &lease).await?,
                     store.slot_name(index),
                 )
             }
         };
-        if won {
+        let won = written.is_some();
+        if let Some(lease) = written {
             tracing::debug!(namespace = %store.namespace, lease = %lease_name, "took a slot Lease");
+            // The first phase report after the take is then one request.
+            store.written.set(lease);
         }
         Ok(self.lost(won))
     }

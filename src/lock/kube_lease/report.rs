@@ -1,0 +1,94 @@
+//! Phase reports on Leases: a holder writes its phase into the annotations of its slot Lease,
+//! guarded by that Lease's `resourceVersion` (every write of a slot Lease is).
+//!
+//! The store keeps the slot Lease as this process last wrote it ([`Written`]): a report is
+//! then one `PUT` on that object, with no list first. Any other change of the slot (a release,
+//! a reclaim, an operator's unlock, a heartbeat of mine) moves its `resourceVersion`, so a kept
+//! object that is out of date is refused with 409 and the report lists the Leases and tries
+//! again, as it always did.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+use super::objects::SlotHolder;
+use super::{
+    KubeLeaseSemaphore, ANNOTATION_BOOT_ID, ANNOTATION_HOLDER_TOKEN, ANNOTATION_MACHINE_ID,
+    ANNOTATION_PHASE, ANNOTATION_SINCE,
+};
+use crate::lock::{Identity, LockError};
+
+/// The slot Lease this process last wrote.
+#[derive(Debug, Default)]
+pub(super) struct Written(std::sync::Mutex<Option<Lease>>);
+
+impl Written {
+    fn get(&self) -> Option<Lease> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub(super) fn set(&self, lease: Lease) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(lease);
+    }
+
+    pub(super) fn forget(&self) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
+
+/// `slot` (held by `h`, which is `me`) with `phase` recorded: `since` moves when the phase or
+/// the boot changes; the renew time is now.
+fn with_phase(slot: &Lease, h: &SlotHolder, me: &Identity, phase: &str) -> Lease {
+    let now = jiff::Timestamp::now();
+    let mut lease = slot.clone();
+    let annotations = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    if h.phase.as_deref() != Some(phase) || h.boot_id.as_deref() != Some(&me.boot_id) {
+        annotations.insert(ANNOTATION_SINCE.to_owned(), now.to_string());
+    }
+    annotations.insert(ANNOTATION_PHASE.to_owned(), phase.to_owned());
+    annotations.insert(ANNOTATION_BOOT_ID.to_owned(), me.boot_id.clone());
+    annotations.insert(ANNOTATION_MACHINE_ID.to_owned(), me.id.clone());
+    annotations.insert(ANNOTATION_HOLDER_TOKEN.to_owned(), me.token.clone());
+    lease.spec.get_or_insert_with(LeaseSpec::default).renew_time = Some(MicroTime(now));
+    lease
+}
+
+impl KubeLeaseSemaphore {
+    pub(super) async fn report(&self, me: &Identity, phase: &str) -> Result<(), LockError> {
+        if let Some(slot) = self.written.get() {
+            let mine = SlotHolder::from_lease(&slot).filter(|h| {
+                h.machine_id.as_deref() == Some(me.id.as_str())
+                    && h.token.as_deref() == Some(me.token.as_str())
+            });
+            if let Some(h) = mine {
+                if h.phase.as_deref() == Some(phase) && h.boot_id.as_deref() == Some(&me.boot_id) {
+                    return Ok(());
+                }
+                let lease = with_phase(&slot, &h, me, phase);
+                if let Some(new) = self.replace_obj("recording the phase", &lease).await? {
+                    self.written.set(new);
+                    return Ok(());
+                }
+            }
+            self.written.forget();
+        }
+        self.update("report phase", |snap| async move {
+            let Some((slot, h)) = snap.mine(me) else {
+                tracing::debug!(id = %me.id, phase, "not holding a slot; phase not recorded");
+                return Ok(true);
+            };
+            let lease = with_phase(&slot.lease, h, me, phase);
+            Ok(
+                match self.replace_obj("recording the phase", &lease).await? {
+                    Some(new) => {
+                        self.written.set(new);
+                        true
+                    }
+                    None => false,
+                },
+            )
+        })
+        .await
+    }
+}
