@@ -9,6 +9,8 @@
 //! race is detected and retried on a fresh state, and a document that does not parse is never
 //! written over: parsing happens before any write is built. Transactions are bounded: the
 //! document, one record, one queue entry and the orphan records read (one per holder at most).
+//! A holder's phase report writes only its own record, guarded by that record's revision
+//! ([`report`]): every transaction that takes an id out of the document deletes its record.
 //!
 //! # Waiting: a FIFO queue beside locksmith's document
 //!
