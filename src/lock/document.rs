@@ -340,6 +340,33 @@ pub struct HolderRecord {
 }
 
 impl HolderRecord {
+    /// The record `me` writes after `previous` (its own, if any): `phase` when given
+    /// (`Some(None)` clears it), else the previous phase; `since` moves when the phase or the
+    /// boot changes; `acquired` is kept.
+    pub fn after(
+        previous: Option<&HolderRecord>,
+        me: &super::Identity,
+        phase: Option<Option<&str>>,
+    ) -> HolderRecord {
+        let now = jiff::Timestamp::now();
+        let phase = match phase {
+            Some(p) => p.map(str::to_owned),
+            None => previous.and_then(|p| p.phase.clone()),
+        };
+        let since = match previous {
+            Some(p) if p.phase == phase && p.boot_id == me.boot_id => p.since,
+            _ => now,
+        };
+        HolderRecord {
+            node: me.node.clone(),
+            boot_id: me.boot_id.clone(),
+            phase,
+            since,
+            acquired: previous.map_or(now, |p| p.acquired),
+            token: Some(me.token.clone()),
+        }
+    }
+
     pub fn parse(bytes: &[u8]) -> Result<Self, String> {
         serde_json::from_slice(bytes).map_err(|e| e.to_string())
     }

@@ -347,7 +347,7 @@ impl EtcdSemaphore {
     /// The record `me` writes on its slot: `phase` when given (`since` moves when it or the boot
     /// changes), else the one in `snap`.
     fn my_record(&self, snap: &Snapshot, me: &Identity, phase: Option<&str>) -> HolderRecord {
-        report::record_after(snap.record(&self.keys, &me.id), me, phase)
+        HolderRecord::after(snap.record(&self.keys, &me.id), me, phase.map(Some))
     }
 
     /// A compare that the record of `id` is as in `snap` (absent: still absent).

@@ -38,32 +38,6 @@ impl Written {
     }
 }
 
-/// The record `me` writes after `previous`: `phase` when given (`since` moves when it or the
-/// boot changes), else the previous phase.
-pub(super) fn record_after(
-    previous: Option<&HolderRecord>,
-    me: &Identity,
-    phase: Option<&str>,
-) -> HolderRecord {
-    let now = jiff::Timestamp::now();
-    let phase = match phase {
-        Some(p) => Some(p.to_owned()),
-        None => previous.and_then(|p| p.phase.clone()),
-    };
-    let since = match previous {
-        Some(p) if p.phase == phase && p.boot_id == me.boot_id => p.since,
-        _ => now,
-    };
-    HolderRecord {
-        node: me.node.clone(),
-        boot_id: me.boot_id.clone(),
-        phase,
-        since,
-        acquired: previous.map_or(now, |p| p.acquired),
-        token: Some(me.token.clone()),
-    }
-}
-
 /// Whether `record` already says `phase` for this very host.
 fn says(record: &HolderRecord, me: &Identity, phase: &str) -> bool {
     record.phase.as_deref() == Some(phase)
@@ -80,7 +54,7 @@ impl EtcdSemaphore {
             if says(&last, me, phase) {
                 return Ok(());
             }
-            let record = record_after(Some(&last), me, Some(phase));
+            let record = HolderRecord::after(Some(&last), me, Some(Some(phase)));
             let txn = Txn::new()
                 .when(vec![Compare::mod_revision(
                     key.clone(),
@@ -130,7 +104,7 @@ impl EtcdSemaphore {
                 return Ok(Cas::Done(()));
             }
         }
-        let record = record_after(previous, me, Some(phase));
+        let record = HolderRecord::after(previous, me, Some(Some(phase)));
         let put = vec![TxnOp::put(key.clone(), record.to_json(), None)];
         let written = if entry.is_some() {
             let guard = self.record_unchanged(&snap, &me.id);

@@ -275,24 +275,7 @@ impl EtcdV2Semaphore {
     ) -> Result<bool, LockError> {
         let key = self.keys.record(&me.id);
         let previous = snap.record(&self.keys, &me.id);
-        let old = previous.and_then(|e| e.value.as_ref());
-        let now = jiff::Timestamp::now();
-        let phase = match phase {
-            Some(p) => p.map(str::to_owned),
-            None => old.and_then(|r| r.phase.clone()),
-        };
-        let since = match old {
-            Some(o) if o.phase == phase && o.boot_id == me.boot_id => o.since,
-            _ => now,
-        };
-        let record = HolderRecord {
-            node: me.node.clone(),
-            boot_id: me.boot_id.clone(),
-            phase,
-            since,
-            acquired: old.map_or(now, |o| o.acquired),
-            token: Some(me.token.clone()),
-        };
+        let record = HolderRecord::after(previous.and_then(|e| e.value.as_ref()), me, phase);
         let opts = match previous {
             Some(e) => Put {
                 prev_index: Some(e.modified),
