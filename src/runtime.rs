@@ -978,8 +978,21 @@ impl Runtime {
 
     /// Prove right before `what` that this node still holds its slot: `None` when it does, else
     /// the event that backs out ([`Event::SlotLost`]) or retries (the store could not tell).
+    ///
+    /// Where `lock.max_hold` reclaims silent holders, the proof is a write of the holder's
+    /// record (a heartbeat), not a read. A read proves the slot held now; a waiter that judged
+    /// this node stopped (say, after it was cut off from the store) may still take it over a
+    /// moment later, while the reboot asked for is on its way. A write lands either before that
+    /// takeover, which then fails (every store's reclaim compares the record it judged silent),
+    /// or after it, and then says the slot is lost. And it gives every waiter a fresh
+    /// `max_hold` to count before it may judge this node stopped again.
     async fn fence(&self, what: &str) -> Option<Event> {
-        match self.semaphore.fence(&self.me).await {
+        let proof = if self.semaphore.heartbeat_every().is_some() {
+            self.semaphore.heartbeat(&self.me).await
+        } else {
+            self.semaphore.fence(&self.me).await
+        };
+        match proof {
             Ok(Fence::Held) => None,
             Ok(Fence::Lost { why }) => {
                 error!(before = what, %why, "this node no longer holds its slot; backing out");

@@ -667,6 +667,7 @@ async fn stale_holders_are_reclaimed_only_with_max_hold(mut env: Env) {
         since: two_hours_ago,
         acquired: two_hours_ago,
         token: Some("t-dead".into()),
+        reclaimed_by: None,
     };
     let dead_key = document::holder_record_key("default", "dead");
     ctl_put(etcd, &dead_key, &record.to_json());

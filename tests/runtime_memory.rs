@@ -24,6 +24,14 @@ struct Mem {
     holders: Vec<String>,
     waiters: usize,
     pause: Option<GroupPause>,
+    /// Holders silent for `max_hold` are reclaimed: the runtime beats (the beat is a write).
+    max_hold: bool,
+    /// A waiter judged the holder stopped, and its takeover (a compare-and-swap on the record it
+    /// judged silent) is on its way: a write of the holder's record lands before it and makes it
+    /// fail; otherwise it lands when the host goes down.
+    takeover: Option<String>,
+    /// Reboots asked for while a takeover of the caller's slot was on its way.
+    reboots_under_takeover: usize,
 }
 
 #[derive(Clone)]
@@ -76,10 +84,16 @@ impl Semaphore for MemLock {
     }
 
     fn heartbeat_every(&self) -> Option<Duration> {
-        None
+        // Long: no beat comes due by time in a test; only the runtime's proofs write.
+        self.0.borrow().max_hold.then_some(Duration::from_secs(600))
     }
 
     async fn heartbeat(&self, me: &Identity) -> Result<Fence, LockError> {
+        self.0.send_modify(|m| {
+            if m.holders.contains(&me.id) {
+                m.takeover = None;
+            }
+        });
         self.fence(me).await
     }
 
@@ -109,12 +123,18 @@ impl Semaphore for MemLock {
     }
 }
 
-/// Counts the reboots asked for.
-struct MemRebooter(Arc<watch::Sender<usize>>);
+/// Counts the reboots asked for; a takeover on its way lands as the host goes down.
+struct MemRebooter(Arc<watch::Sender<usize>>, MemLock);
 
 #[async_trait]
 impl rebootd::reboot::Rebooter for MemRebooter {
     async fn reboot(&self) -> Result<(), RebootError> {
+        self.1 .0.send_modify(|m| {
+            if let Some(waiter) = m.takeover.take() {
+                m.reboots_under_takeover += 1;
+                m.holders = vec![waiter];
+            }
+        });
         self.0.send_modify(|n| *n += 1);
         Ok(())
     }
@@ -240,8 +260,10 @@ impl Host {
         std::fs::create_dir_all(store.dir()).unwrap();
         let me = identity(&config, &store).unwrap();
         let drainer = self.node.clone().map(|d| Box::new(d) as Box<dyn Drainer>);
-        let rt = Runtime::new(config, store, Box::new(self.lock.clone()), drainer, me)
-            .with_rebooter(Box::new(MemRebooter(self.reboots.clone())));
+        let rt =
+            Runtime::new(config, store, Box::new(self.lock.clone()), drainer, me).with_rebooter(
+                Box::new(MemRebooter(self.reboots.clone(), self.lock.clone())),
+            );
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             rt.run(async {
@@ -335,6 +357,32 @@ impl Host {
 async fn stop(running: Running) {
     drop(running.1);
     running.0.await.unwrap();
+}
+
+/// With `max_hold`, a waiter may judge a holder stopped (it was cut off from the store for
+/// longer) and take its slot over a moment after the holder last read it. So the holder's proof
+/// before the reboot is a write of its record, which lands before that takeover and makes it
+/// fail (RELIABILITY.md, finding 7). A read proves the slot held only until the takeover lands:
+/// the reboot was asked for with the takeover on its way, and the node went down without a slot.
+#[tokio::test]
+async fn with_max_hold_the_proof_before_the_reboot_is_a_write_that_lands_before_a_takeover() {
+    let host = Host::new(Mem {
+        max: 1,
+        max_hold: true,
+        takeover: Some("node-2".into()),
+        ..Mem::default()
+    });
+    let running = host.start();
+    host.request();
+    host.reboots(1).await;
+    let mem = host.lock.0.borrow().clone();
+    assert_eq!(
+        mem.reboots_under_takeover, 0,
+        "the reboot was asked for while node-2's takeover of the slot was on its way"
+    );
+    assert_eq!(mem.holders.len(), 1, "{mem:?}");
+    assert_ne!(mem.holders[0], "node-2", "{mem:?}");
+    stop(running).await;
 }
 
 /// A `rebootctl reboot` made while the node waits for a slot is consumed by that cycle: the

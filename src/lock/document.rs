@@ -337,6 +337,13 @@ pub struct HolderRecord {
     /// tokens): tells it from another host with the same machine id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
+    /// Set (to who claims it) by a waiter that judged this holder stopped and is taking its slot
+    /// back (the etcd v2 store, see `etcd_v2::waiting`): the claim is a compare-and-swap on the
+    /// record it judged silent, so a holder that wrote since makes it fail, and a holder that
+    /// finds it here has lost its slot. The slot itself is given back by the next write of
+    /// the document.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reclaimed_by: Option<String>,
 }
 
 impl HolderRecord {
@@ -364,6 +371,7 @@ impl HolderRecord {
             since,
             acquired: previous.map_or(now, |p| p.acquired),
             token: Some(me.token.clone()),
+            reclaimed_by: None,
         }
     }
 
@@ -625,6 +633,7 @@ mod tests {
             since: jiff::Timestamp::from_second(1_700_000_000).unwrap(),
             acquired: jiff::Timestamp::from_second(1_699_999_000).unwrap(),
             token: Some("0123abcd".into()),
+            reclaimed_by: None,
         };
         assert_eq!(HolderRecord::parse(r.to_json().as_bytes()).unwrap(), r);
         assert!(HolderRecord::parse(b"{}").is_err());

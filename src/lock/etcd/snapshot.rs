@@ -330,6 +330,7 @@ mod tests {
             since: jiff::Timestamp::UNIX_EPOCH,
             acquired: jiff::Timestamp::UNIX_EPOCH,
             token: token.map(Into::into),
+            reclaimed_by: None,
         }
         .to_json()
     }

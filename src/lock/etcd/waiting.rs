@@ -149,15 +149,7 @@ impl V3Waiting<'_> {
 
     /// A fresh record of mine, for a slot just taken.
     fn fresh_record(&self) -> HolderRecord {
-        let now = jiff::Timestamp::now();
-        HolderRecord {
-            node: self.me.node.clone(),
-            boot_id: self.me.boot_id.clone(),
-            phase: None,
-            since: now,
-            acquired: now,
-            token: Some(self.me.token.clone()),
-        }
+        HolderRecord::after(None, self.me, Some(None))
     }
 
     /// When my lease needs its next keep-alive: a third of its time to live from now.

@@ -193,6 +193,14 @@ fn movable_records(
             .and_then(|e| e.value.clone())
             .filter(|r| r.token.is_some())
         {
+            Some(r) if r.reclaimed_by.is_some() => {
+                return Err(LockError::Refused(format!(
+                    "not moved: the slot of holder {id} in {} is being reclaimed by {} (it judged \
+                     {id} stopped); migrate again once the waiter has taken it",
+                    v2.key(),
+                    r.reclaimed_by.as_deref().unwrap_or_default()
+                )))
+            }
             Some(r) => records.push((id.clone(), r)),
             None => foreign.push(id.clone()),
         }

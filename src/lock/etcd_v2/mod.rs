@@ -314,11 +314,20 @@ impl EtcdV2Semaphore {
                 why: format!("{} is not among the holders in {}", me.id, self.keys.doc),
             };
         }
-        let token = snap
+        let record = snap
             .record(&self.keys, &me.id)
-            .and_then(|e| e.value.as_ref())
-            .and_then(|r| r.token.as_deref());
-        match token {
+            .and_then(|e| e.value.as_ref());
+        if let Some(by) = record.and_then(|r| r.reclaimed_by.as_deref()) {
+            return Fence::Lost {
+                why: format!(
+                    "{by} claimed the slot of {} (it judged this holder stopped: no write of its \
+                     record {} for max_hold)",
+                    me.id,
+                    self.keys.record(&me.id)
+                ),
+            };
+        }
+        match record.and_then(|r| r.token.as_deref()) {
             Some(t) if t != me.token => Fence::Lost {
                 why: format!(
                     "the slot of {} is held by another host with the same machine id (holder \
@@ -327,6 +336,61 @@ impl EtcdV2Semaphore {
                 ),
             },
             _ => Fence::Held,
+        }
+    }
+
+    /// Whether a waiter claimed the slot of `id` (see [`Self::claim`]).
+    pub(super) fn claimed(&self, snap: &Snapshot, id: &str) -> bool {
+        snap.record(&self.keys, id)
+            .and_then(|e| e.value.as_ref())
+            .is_some_and(|r| r.reclaimed_by.is_some())
+    }
+
+    /// The first step of taking back the slot of a holder judged stopped: mark its record as
+    /// claimed by `by`, compared with the record as `snap` read it (absent: still absent).
+    /// `Ok(false)`: the holder wrote meanwhile, so it is alive. v2 has no transaction over two
+    /// keys; this step is what makes a holder's write (a heartbeat, the proof before its reboot)
+    /// and a reclaim exclude each other: whichever lands first makes the other fail, where a
+    /// reclaim comparing only the document's index would pass a holder that had just written.
+    pub(super) async fn claim(
+        &self,
+        snap: &Snapshot,
+        holder: &str,
+        by: &str,
+    ) -> Result<bool, LockError> {
+        let key = self.keys.record(holder);
+        let previous = snap.record(&self.keys, holder);
+        let old = previous.and_then(|e| e.value.as_ref());
+        if old.is_some_and(|r| r.reclaimed_by.is_some()) {
+            return Ok(true);
+        }
+        let now = jiff::Timestamp::now();
+        let mut record = old.cloned().unwrap_or(HolderRecord {
+            node: holder.to_owned(),
+            boot_id: String::new(),
+            phase: None,
+            since: now,
+            acquired: now,
+            token: None,
+            reclaimed_by: None,
+        });
+        record.reclaimed_by = Some(by.to_owned());
+        let opts = match previous {
+            Some(e) => Put {
+                prev_index: Some(e.modified),
+                ..Put::default()
+            },
+            None => Put {
+                prev_exist: Some(false),
+                ..Put::default()
+            },
+        };
+        match self.client.put(&key, &record.to_json(), opts).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.is_compare_failed() || e.is_node_exists() || e.is_key_not_found() => {
+                Ok(false)
+            }
+            Err(e) => Err(lock_error(e)),
         }
     }
 
@@ -444,7 +508,7 @@ impl Semaphore for EtcdV2Semaphore {
         let snap = self.read(true).await?;
         let doc = self.document(&snap)?;
         if let Fence::Lost { why } = self.fence_of(&snap, &doc, me) {
-            if doc.holds(&me.id) {
+            if doc.holds(&me.id) && !self.claimed(&snap, &me.id) {
                 tracing::error!(key = %self.keys.doc, id = %me.id, %why, "not releasing a slot another host holds under this machine id");
                 return Ok(());
             }

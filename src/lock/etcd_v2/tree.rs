@@ -317,7 +317,11 @@ impl Snapshot {
                         Some(e) => Beat::Revision(e.modified.to_string()),
                         None => Beat::Silent,
                     },
-                    gone: None,
+                    // Claimed by a waiter that judged it stopped, which died (or lost a race)
+                    // before it wrote the document: any waiter may finish the reclaim.
+                    gone: record
+                        .and_then(|r| r.reclaimed_by.as_ref())
+                        .map(|by| format!("its slot was claimed by {by}")),
                 }
             })
             .collect();
@@ -382,6 +386,7 @@ mod tests {
             since: jiff::Timestamp::UNIX_EPOCH,
             acquired: jiff::Timestamp::UNIX_EPOCH,
             token: Some(token.into()),
+            reclaimed_by: None,
         }
         .to_json()
     }

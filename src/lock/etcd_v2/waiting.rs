@@ -215,6 +215,18 @@ impl Waiting for V2Waiting<'_> {
         if doc.lock(&self.me.id).is_err() {
             return Ok(false);
         }
+        // My record, claimed when my slot was taken back, left by a reclaim that died before
+        // it deleted it: gone first, or the slot about to be mine would show as claimed.
+        if let Some(e) = snap.record(&self.store.keys, &self.me.id) {
+            if self.store.claimed(&snap, &self.me.id) {
+                let key = self.store.keys.record(&self.me.id);
+                match self.store.client.delete(&key, Some(e.modified)).await {
+                    Ok(_) => {}
+                    Err(e) if e.is_compare_failed() || e.is_key_not_found() => return Ok(false),
+                    Err(e) => return Err(lock_error(e)),
+                }
+            }
+        }
         if !self.store.write_doc(&snap, &doc).await? {
             return Ok(false);
         }
@@ -232,6 +244,14 @@ impl Waiting for V2Waiting<'_> {
         let mut doc = self.store.document(&snap)?;
         doc.unlock(holder);
         if take_over && doc.lock(&self.me.id).is_err() {
+            return Ok(false);
+        }
+        // The holder's record first (its write and this claim exclude each other), then the
+        // document. A claim that lands and a document write that loses a race are finished
+        // by the next decision: the claimed holder shows as gone.
+        let by = format!("{} ({})", self.me.node, self.me.id);
+        if !self.store.claim(&snap, holder, &by).await? {
+            tracing::info!(%holder, "the holder wrote its record since it was judged stopped; not reclaimed");
             return Ok(false);
         }
         if !self.store.write_doc(&snap, &doc).await? {
@@ -361,3 +381,7 @@ async fn sleep_until(at: Option<Instant>) {
         None => std::future::pending().await,
     }
 }
+
+#[cfg(test)]
+#[path = "claim_tests.rs"]
+mod claim_tests;
