@@ -12,7 +12,7 @@ use kube::api::{Api, WatchEvent, WatchParams};
 use rebootd::state::Phase;
 use rebootd_lab::etcd::EtcdVersion;
 use rebootd_lab::fleet::{Fleet, FleetLock};
-use rebootd_lab::kube_api::Kind;
+use rebootd_lab::kube_api::{FaultRule, Kind};
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -105,6 +105,49 @@ fn event_reasons(fleet: &Fleet, node: &str) -> Vec<String> {
         .filter(|e| e["involvedObject"]["name"] == node)
         .filter_map(|e| e["reason"].as_str().map(String::from))
         .collect()
+}
+
+/// RELIABILITY.md finding 8: the Node annotation PATCH made on the step to `releasing` gets no
+/// answer (the stand-in holds it for 120 s). rebootd gives it up after its request limit (10 s),
+/// says so, and goes on: it releases its slot and ends its cycle long before the hang would end.
+#[tokio::test]
+async fn a_node_patch_without_an_answer_is_given_up_and_the_cycle_ends() {
+    let fleet = ready_fleet(drain_opts(1, 1, FleetLock::Etcd(EtcdVersion::V34))).await;
+    let cluster = kube_cluster(&fleet);
+    cluster.faults().inject(
+        FaultRule::hang("/api/v1/nodes/node-1", Duration::from_secs(120), 1)
+            .method("PATCH")
+            .body_contains("\"releasing\""),
+    );
+    need_reboot(&fleet, 0, "1").await;
+    // Well under the 120 s hang; the cycle takes the 10 s limit plus a few seconds.
+    let rolled = fleet.wait_rolled(Duration::from_secs(60)).await;
+    if let Err(e) = rolled {
+        let node = tokio::time::timeout(WAIT, fleet.nodes[0].lock()).await;
+        let log = node.map(|n| n.log()).unwrap_or_default();
+        panic!("{e}\n--- rebootd log ---\n{log}");
+    }
+    assert_eq!(
+        cluster.faults().pending(),
+        0,
+        "the releasing PATCH was held"
+    );
+    let node = fleet.nodes[0].lock().await;
+    log_line(
+        &node,
+        &["no answer from the Kubernetes API server within 10s: PATCH /api/v1/nodes/node-1"],
+        WAIT,
+    )
+    .await;
+    // The annotations of the later steps got through.
+    node_annotations(&cluster, "node-1", &[("rebootd.io/phase", "idle")], &[]).await;
+    let st = status_json(&node).await;
+    assert_eq!(
+        st["semaphore"]["holders"].as_array().map(Vec::len),
+        Some(0),
+        "{st}"
+    );
+    assert!(!unschedulable(&fleet, "node-1"));
 }
 
 #[tokio::test]

@@ -192,8 +192,13 @@ impl DrainError {
     }
 }
 
-/// A short description of a client error: `429 TooManyRequests: message` for API answers.
+/// A short description of a client error: `429 TooManyRequests: message` for API answers,
+/// `no answer from the Kubernetes API server within 10s: PATCH /api/v1/nodes/n` for a request
+/// that got none in time.
 fn describe(err: &kube::Error) -> String {
+    if let Some(e) = crate::kube_client::no_answer(err) {
+        return e.to_string();
+    }
     match err {
         kube::Error::Api(s) => {
             let mut out = format!("{} {}", s.code, s.reason);
@@ -372,7 +377,8 @@ fn blocking_budget(err: &kube::Error) -> Option<(Option<String>, String)> {
 fn is_retryable(err: &kube::Error) -> bool {
     match status_code(err) {
         Some(code) => code == 429 || code >= 500,
-        // Transport errors (connection refused or reset, timeouts): the server may come back.
+        // Transport errors (connection refused or reset, no answer within
+        // `kube_client::REQUEST_LIMIT`): the server may come back.
         None => !matches!(
             err,
             kube::Error::SerdeError(_) | kube::Error::BuildRequest(_)
@@ -1195,5 +1201,27 @@ impl Drainer for KubeDrainer {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kube_client::deadline::NoAnswer;
+
+    #[test]
+    fn no_answer_in_time_is_retried_and_described_plainly() {
+        let err = kube::Error::Service(Box::new(NoAnswer {
+            limit: Duration::from_secs(10),
+            method: hyper::Method::PATCH,
+            path: "/api/v1/nodes/node-1".into(),
+        }));
+        assert!(is_retryable(&err));
+        let e = DrainError::api("annotate node node-1", err);
+        assert_eq!(e.status(), None);
+        assert_eq!(
+            e.to_string(),
+            "annotate node node-1: no answer from the Kubernetes API server within 10s: PATCH /api/v1/nodes/node-1"
+        );
     }
 }

@@ -1,6 +1,6 @@
 //! Fault injection for chaos tests: the next N requests whose path contains a string (and,
-//! optionally, with a given method) fail with a status or hang for a while; plus the request
-//! log tests read to count what the server answered.
+//! optionally, with a given method and a body containing a string) fail with a status or hang
+//! for a while; plus the request log tests read to count what the server answered.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -23,6 +23,8 @@ pub struct FaultRule {
     pub method: Option<String>,
     /// Requests whose path contains this string.
     pub path_contains: String,
+    /// Only requests whose body contains this string (e.g. one phase of a PATCH); `None` = any.
+    pub body_contains: Option<String>,
     /// How many matching requests it applies to.
     pub times: usize,
     pub action: FaultAction,
@@ -34,6 +36,7 @@ impl FaultRule {
         FaultRule {
             method: None,
             path_contains: path_contains.to_string(),
+            body_contains: None,
             times,
             action: FaultAction::Status(code),
         }
@@ -44,6 +47,7 @@ impl FaultRule {
         FaultRule {
             method: None,
             path_contains: path_contains.to_string(),
+            body_contains: None,
             times,
             action: FaultAction::Hang(d),
         }
@@ -52,6 +56,12 @@ impl FaultRule {
     /// Restrict to one method.
     pub fn method(mut self, method: &str) -> Self {
         self.method = Some(method.to_ascii_uppercase());
+        self
+    }
+
+    /// Restrict to requests whose body contains `text`.
+    pub fn body_contains(mut self, text: &str) -> Self {
+        self.body_contains = Some(text.to_string());
         self
     }
 }
@@ -83,12 +93,15 @@ impl Faults {
     }
 
     /// The action for this request, using up one count of the first matching rule.
-    pub(crate) fn take(&self, method: &str, path: &str) -> Option<FaultAction> {
+    pub(crate) fn take(&self, method: &str, path: &str, body: &[u8]) -> Option<FaultAction> {
         let mut rules = lock(&self.rules);
         let i = rules.iter().position(|r| {
             r.times > 0
                 && r.method.as_deref().is_none_or(|m| m == method)
                 && path.contains(&r.path_contains)
+                && r.body_contains
+                    .as_deref()
+                    .is_none_or(|t| body.windows(t.len().max(1)).any(|w| w == t.as_bytes()))
         })?;
         rules[i].times -= 1;
         let action = rules[i].action.clone();
@@ -156,13 +169,31 @@ mod tests {
         let f = Faults::default();
         f.inject(FaultRule::status("/leases/", 500, 2).method("put"));
         assert_eq!(
-            f.take("GET", "/apis/coordination.k8s.io/v1/namespaces/a/leases/x"),
+            f.take(
+                "GET",
+                "/apis/coordination.k8s.io/v1/namespaces/a/leases/x",
+                b""
+            ),
             None
         );
         let p = "/apis/coordination.k8s.io/v1/namespaces/a/leases/x";
-        assert_eq!(f.take("PUT", p), Some(FaultAction::Status(500)));
+        assert_eq!(f.take("PUT", p, b""), Some(FaultAction::Status(500)));
         assert_eq!(f.pending(), 1);
-        assert_eq!(f.take("PUT", p), Some(FaultAction::Status(500)));
-        assert_eq!(f.take("PUT", p), None);
+        assert_eq!(f.take("PUT", p, b""), Some(FaultAction::Status(500)));
+        assert_eq!(f.take("PUT", p, b""), None);
+    }
+
+    #[test]
+    fn a_rule_can_ask_for_a_body() {
+        let f = Faults::default();
+        let d = Duration::from_secs(1);
+        f.inject(FaultRule::hang("/nodes/n", d, 1).body_contains("\"releasing\""));
+        let p = "/api/v1/nodes/n";
+        let uncordoning = br#"{"metadata":{"annotations":{"rebootd.io/phase":"uncordoning"}}}"#;
+        let releasing = br#"{"metadata":{"annotations":{"rebootd.io/phase":"releasing"}}}"#;
+        assert_eq!(f.take("PATCH", p, uncordoning), None);
+        assert_eq!(f.take("PATCH", p, b""), None);
+        assert_eq!(f.take("PATCH", p, releasing), Some(FaultAction::Hang(d)));
+        assert_eq!(f.pending(), 0);
     }
 }

@@ -241,7 +241,7 @@ impl App {
                     body,
                     user: user.clone(),
                 };
-                match self.faults.take(method.as_str(), &path) {
+                match self.faults.take(method.as_str(), &path, &r.body) {
                     Some(FaultAction::Status(code)) => Err(ApiError::injected(code)),
                     Some(FaultAction::Hang(d)) => {
                         tokio::time::sleep(d).await;

@@ -7,8 +7,21 @@
 //! `Client::try_from(Config)` (connector with the config's TLS and timeouts, base URI, auth,
 //! extra headers, tracing) but with `Config::default_retry` off, which leaves the retry layer out.
 //! Every request is sent once; its outcome is the caller's to handle.
+//!
+//! On top of that stack, [`deadline::DeadlineLayer`] gives every request but watches
+//! [`REQUEST_LIMIT`] to be answered (kube-client has no read time-out by default, and one would
+//! cut watches): a request the server never answers fails with [`deadline::NoAnswer`], a
+//! transport error, instead of holding its caller for ever.
+
+pub mod deadline;
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// How long a Kubernetes API request that is not a watch may take, from sending it to the end
+/// of its answer. As the etcd stores' request limit, and well under the unit's
+/// `WatchdogSec=60s`, since one step of the run loop can make a few calls in a row.
+pub const REQUEST_LIMIT: Duration = Duration::from_secs(10);
 
 /// Why a client could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -65,13 +78,24 @@ pub async fn connect(kubeconfig: Option<&Path>) -> Result<kube::Client, KubeClie
     client_from_config(config)
 }
 
-/// Builds a client from an already loaded configuration, without kube-rs's retry layer.
+/// Builds a client from an already loaded configuration, without kube-rs's retry layer and
+/// with [`REQUEST_LIMIT`] on every request but watches.
 pub fn client_from_config(mut config: kube::Config) -> Result<kube::Client, KubeClientError> {
     config.default_retry = false;
     let url = config.cluster_url.to_string();
     let builder = kube::client::ClientBuilder::try_from(config)
         .map_err(|source| KubeClientError::Build { url, source })?;
-    Ok(builder.build())
+    Ok(builder
+        .with_layer(&deadline::DeadlineLayer::new(REQUEST_LIMIT))
+        .build())
+}
+
+/// The [`deadline::NoAnswer`] in `err`, if the request got no answer within its limit.
+pub fn no_answer(err: &kube::Error) -> Option<&deadline::NoAnswer> {
+    match err {
+        kube::Error::Service(e) => e.downcast_ref(),
+        _ => None,
+    }
 }
 
 /// Whether `err` is an API answer with HTTP status `code` (e.g. 404, 409, 429).
