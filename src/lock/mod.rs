@@ -27,6 +27,8 @@ pub mod kube_lease;
 pub mod none;
 pub mod open;
 pub mod pause;
+#[cfg(test)]
+mod race_tests;
 pub mod retry;
 pub mod view;
 

@@ -38,7 +38,7 @@ mod import;
 mod pause;
 mod report;
 pub mod snapshot;
-mod waiting;
+pub(in crate::lock) mod waiting;
 
 use std::time::Duration;
 

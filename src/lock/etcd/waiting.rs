@@ -40,7 +40,13 @@ pub(super) async fn acquire(store: &EtcdSemaphore, me: &Identity) -> Result<(), 
         backoff_min: store.timeouts.backoff_min,
         backoff_max: store.timeouts.backoff_max,
     };
-    let mut w = V3Waiting {
+    acquire::acquire(&mut waiting(store, me), me, &settings).await
+}
+
+/// A waiter of `me` on `store` that has read nothing yet (the steps of `acquire`; tests drive
+/// them one by one).
+pub(in crate::lock) fn waiting<'a>(store: &'a EtcdSemaphore, me: &'a Identity) -> V3Waiting<'a> {
+    V3Waiting {
         store,
         me,
         queue_key: store.keys.waiter(&me.id),
@@ -55,8 +61,7 @@ pub(super) async fn acquire(store: &EtcdSemaphore, me: &Identity) -> Result<(), 
         keep_alive: None,
         keep_alive_at: None,
         left: false,
-    };
-    acquire::acquire(&mut w, me, &settings).await
+    }
 }
 
 /// The lease of my queue entry; revoked (from a spawned task, best effort) when dropped, so an
@@ -105,7 +110,7 @@ struct KeepAlive {
     stream: LeaseKeepAliveStream,
 }
 
-struct V3Waiting<'a> {
+pub(in crate::lock) struct V3Waiting<'a> {
     store: &'a EtcdSemaphore,
     me: &'a Identity,
     /// My queue entry's key.

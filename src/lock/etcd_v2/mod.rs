@@ -17,7 +17,7 @@ pub mod follow;
 pub mod migrate;
 mod pause;
 pub mod tree;
-mod waiting;
+pub(in crate::lock) mod waiting;
 
 use std::sync::Arc;
 use std::time::Duration;

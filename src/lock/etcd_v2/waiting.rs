@@ -36,7 +36,13 @@ pub(super) async fn acquire(store: &EtcdV2Semaphore, me: &Identity) -> Result<()
         backoff_min: store.timeouts.backoff_min,
         backoff_max: store.timeouts.backoff_max,
     };
-    let mut w = V2Waiting {
+    acquire::acquire(&mut waiting(store, me), me, &settings).await
+}
+
+/// A waiter of `me` on `store` that has read nothing yet (the steps of `acquire`; tests drive
+/// them one by one).
+pub(in crate::lock) fn waiting<'a>(store: &'a EtcdV2Semaphore, me: &'a Identity) -> V2Waiting<'a> {
+    V2Waiting {
         store,
         me,
         snap: None,
@@ -49,8 +55,7 @@ pub(super) async fn acquire(store: &EtcdV2Semaphore, me: &Identity) -> Result<()
         stream: None,
         next_index: None,
         behind: false,
-    };
-    acquire::acquire(&mut w, me, &settings).await
+    }
 }
 
 /// My queue entry's key; deleted (from a spawned task, best effort) when dropped, so an
@@ -78,7 +83,7 @@ impl Drop for EntryGuard {
     }
 }
 
-struct V2Waiting<'a> {
+pub(in crate::lock) struct V2Waiting<'a> {
     store: &'a EtcdV2Semaphore,
     me: &'a Identity,
     snap: Option<Snapshot>,

@@ -121,7 +121,7 @@ mod pause;
 mod queue;
 mod report;
 mod snapshot;
-mod waiting;
+pub(in crate::lock) mod waiting;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -49,7 +49,16 @@ pub(super) async fn acquire(store: &KubeLeaseSemaphore, me: &Identity) -> Result
         backoff_min: store.timeouts.backoff_min,
         backoff_max: store.timeouts.backoff_max,
     };
-    let mut w = LeaseWaiting {
+    acquire::acquire(&mut waiting(store, me), me, &settings).await
+}
+
+/// A waiter of `me` on `store` that has read nothing yet (the steps of `acquire`; tests drive
+/// them one by one).
+pub(in crate::lock) fn waiting<'a>(
+    store: &'a KubeLeaseSemaphore,
+    me: &'a Identity,
+) -> LeaseWaiting<'a> {
+    LeaseWaiting {
         store,
         me,
         my_waiter: store.waiter_name(&me.node),
@@ -61,8 +70,7 @@ pub(super) async fn acquire(store: &KubeLeaseSemaphore, me: &Identity) -> Result
         own_node_uid: None,
         node_access_warned: false,
         reread: false,
-    };
-    acquire::acquire(&mut w, me, &settings).await
+    }
 }
 
 /// The watchers of the holders' Nodes (head of the queue only).
@@ -77,7 +85,7 @@ struct NodeWatches {
     streams: SelectAll<NodeEvents>,
 }
 
-struct LeaseWaiting<'a> {
+pub(in crate::lock) struct LeaseWaiting<'a> {
     store: &'a KubeLeaseSemaphore,
     me: &'a Identity,
     my_waiter: String,
