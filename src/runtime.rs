@@ -458,30 +458,37 @@ impl Runtime {
             // The action works on the state as it was decided on; a trigger noted meanwhile
             // changes the state under it (the need), never what the action does.
             let decided = state.clone();
-            let perform = self.perform(&action, &decided).instrument(span);
-            tokio::pin!(perform);
-            let heartbeat = self.heartbeat(state.slot_held, &last_beat);
-            tokio::pin!(heartbeat);
-            let event = loop {
-                tokio::select! {
-                    event = watchdog.run(duty(&action), &mut perform) => break Some(event),
-                    never = &mut heartbeat => match never {},
-                    // A wait gives way to an operator request (the loop applies it, then
-                    // decides again); a call finishes first.
-                    _ = inbox.arrived(), if interruptible(&action) => break None,
-                    // A trigger is seen in every phase: idle, it starts a cycle; otherwise it is
-                    // noted and this cycle's reboot covers it (the action goes on undisturbed).
-                    Some(need) = needs.recv() => {
-                        let before = state.phase;
-                        match self.note(state.clone(), need, &mut last_noted).await {
-                            Ok(next) => state = next,
-                            Err(e) => break 'run Err(e),
+            // The action and the heartbeat beside it live in this block only: both are dropped
+            // before the event is applied. A beat cut short there is harmless; a beat kept but
+            // no longer polled is not: it may hold what the next store call needs (the etcd
+            // stores connect on first use, under a lock), and the step that makes that call
+            // would wait on it for ever (RELIABILITY.md, finding 8).
+            let event = {
+                let perform = self.perform(&action, &decided).instrument(span);
+                tokio::pin!(perform);
+                let heartbeat = self.heartbeat(state.slot_held, &last_beat);
+                tokio::pin!(heartbeat);
+                loop {
+                    tokio::select! {
+                        event = watchdog.run(duty(&action), &mut perform) => break Some(event),
+                        never = &mut heartbeat => match never {},
+                        // A wait gives way to an operator request (the loop applies it, then
+                        // decides again); a call finishes first.
+                        _ = inbox.arrived(), if interruptible(&action) => break None,
+                        // A trigger is seen in every phase: idle, it starts a cycle; otherwise it is
+                        // noted and this cycle's reboot covers it (the action goes on undisturbed).
+                        Some(need) = needs.recv() => {
+                            let before = state.phase;
+                            match self.note(state.clone(), need, &mut last_noted).await {
+                                Ok(next) => state = next,
+                                Err(e) => break 'run Err(e),
+                            }
+                            if state.phase != before {
+                                break None;
+                            }
                         }
-                        if state.phase != before {
-                            break None;
-                        }
+                        _ = &mut shutdown => break 'run Ok(()),
                     }
-                    _ = &mut shutdown => break 'run Ok(()),
                 }
             };
             let Some(event) = event else { continue };

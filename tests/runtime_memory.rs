@@ -32,10 +32,17 @@ struct Mem {
     takeover: Option<String>,
     /// Reboots asked for while a takeover of the caller's slot was on its way.
     reboots_under_takeover: usize,
+    /// A store that connects on first use, under a lock (as the etcd stores do), and whose
+    /// connection meets a cut: beat number `.0` (counting from 1; beats every 100 ms) holds the
+    /// lock for `.1` while it connects, unless dropped; a phase report needs the lock.
+    beat_holds_lock: Option<(usize, Duration)>,
+    beats: usize,
+    /// The phases reported, in order.
+    reported: Vec<String>,
 }
 
 #[derive(Clone)]
-struct MemLock(Arc<watch::Sender<Mem>>);
+struct MemLock(Arc<watch::Sender<Mem>>, Arc<tokio::sync::Mutex<()>>);
 
 /// Leaves the queue when the acquire ends or is dropped.
 struct Leave<'a>(&'a watch::Sender<Mem>);
@@ -84,11 +91,24 @@ impl Semaphore for MemLock {
     }
 
     fn heartbeat_every(&self) -> Option<Duration> {
+        let m = self.0.borrow();
+        if m.beat_holds_lock.is_some() {
+            return Some(Duration::from_millis(100));
+        }
         // Long: no beat comes due by time in a test; only the runtime's proofs write.
-        self.0.borrow().max_hold.then_some(Duration::from_secs(600))
+        m.max_hold.then_some(Duration::from_secs(600))
     }
 
     async fn heartbeat(&self, me: &Identity) -> Result<Fence, LockError> {
+        let mut holds = None;
+        self.0.send_modify(|m| {
+            m.beats += 1;
+            holds = m.beat_holds_lock.filter(|(n, _)| *n == m.beats);
+        });
+        if let Some((_, d)) = holds {
+            let _connecting = self.1.lock().await;
+            tokio::time::sleep(d).await;
+        }
         self.0.send_modify(|m| {
             if m.holders.contains(&me.id) {
                 m.takeover = None;
@@ -102,7 +122,9 @@ impl Semaphore for MemLock {
         Ok(())
     }
 
-    async fn report_phase(&self, _me: &Identity, _phase: &str) -> Result<(), LockError> {
+    async fn report_phase(&self, _me: &Identity, phase: &str) -> Result<(), LockError> {
+        let _connected = self.1.lock().await;
+        self.0.send_modify(|m| m.reported.push(phase.to_owned()));
         Ok(())
     }
 
@@ -146,6 +168,8 @@ struct Node {
     unschedulable: bool,
     /// A drain never finishes (a pod its budget keeps) when true.
     drain_hangs: bool,
+    /// A drain takes this long.
+    drain_takes: Duration,
     drains: usize,
     uncordons: usize,
 }
@@ -166,12 +190,14 @@ impl Drainer for MemDrainer {
     }
 
     async fn drain(&self) -> Result<(), DrainError> {
-        let mut hangs = false;
+        let (mut hangs, mut takes) = (false, Duration::ZERO);
         self.0.send_modify(|n| {
             n.unschedulable = true;
             n.drains += 1;
             hangs = n.drain_hangs;
+            takes = n.drain_takes;
         });
+        tokio::time::sleep(takes).await;
         if hangs {
             std::future::pending::<()>().await;
         }
@@ -243,7 +269,7 @@ impl Host {
         std::fs::write(path("rebootd.toml"), config).unwrap();
         Host {
             dir,
-            lock: MemLock(Arc::new(watch::channel(mem).0)),
+            lock: MemLock(Arc::new(watch::channel(mem).0), Arc::default()),
             reboots: Arc::new(watch::channel(0).0),
             node: node.map(|n| MemDrainer(Arc::new(watch::channel(n).0))),
         }
@@ -382,6 +408,42 @@ async fn with_max_hold_the_proof_before_the_reboot_is_a_write_that_lands_before_
     );
     assert_eq!(mem.holders.len(), 1, "{mem:?}");
     assert_ne!(mem.holders[0], "node-2", "{mem:?}");
+    stop(running).await;
+}
+
+/// A beat still under way when the action beside it ends is dropped, not kept unpolled while
+/// the step is applied. Kept, it held what the phase report of that step needed (a store that
+/// connects on first use, under a lock, as the etcd stores do), and the node waited for ever in
+/// the next phase with its slot (RELIABILITY.md, finding 8: three chaos trials on etcd).
+#[tokio::test]
+async fn a_beat_under_way_when_the_action_ends_does_not_hold_up_the_step() {
+    let host = Host::with_node(
+        Mem {
+            max: 1,
+            // The first beat is the proof before the cordon; the second comes during the drain.
+            beat_holds_lock: Some((2, Duration::from_secs(3600))),
+            ..Mem::default()
+        },
+        Some(Node {
+            // A beat comes due (100 ms) and is under way when the drain ends.
+            drain_takes: Duration::from_millis(250),
+            ..Node::default()
+        }),
+    );
+    let running = host.start();
+    host.request();
+    host.node("drained", |n| n.drains == 1).await;
+    // The step that follows the drain reports its phase; the beat under way holds the lock an
+    // hour, so only dropping it lets the report through.
+    host.mem("the phase after the drain reported", |m| {
+        m.reported
+            .iter()
+            .skip_while(|p| *p != "draining")
+            .nth(1)
+            .is_some()
+    })
+    .await;
+    host.reboots(1).await;
     stop(running).await;
 }
 
