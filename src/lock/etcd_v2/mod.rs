@@ -276,6 +276,17 @@ impl EtcdV2Semaphore {
         let key = self.keys.record(&me.id);
         let previous = snap.record(&self.keys, &me.id);
         let record = HolderRecord::after(previous.and_then(|e| e.value.as_ref()), me, phase);
+        self.put_record(&key, previous, &record).await
+    }
+
+    /// Write `record` at `key` over `previous` as read: compared with its index, or created
+    /// when there was none. `Ok(false)`: someone else wrote or deleted it first.
+    async fn put_record(
+        &self,
+        key: &str,
+        previous: Option<&tree::Entry<HolderRecord>>,
+        record: &HolderRecord,
+    ) -> Result<bool, LockError> {
         let opts = match previous {
             Some(e) => Put {
                 prev_index: Some(e.modified),
@@ -286,7 +297,7 @@ impl EtcdV2Semaphore {
                 ..Put::default()
             },
         };
-        match self.client.put(&key, &record.to_json(), opts).await {
+        match self.client.put(key, &record.to_json(), opts).await {
             Ok(_) => Ok(true),
             Err(e) if e.is_compare_failed() || e.is_node_exists() || e.is_key_not_found() => {
                 Ok(false)
@@ -375,23 +386,7 @@ impl EtcdV2Semaphore {
             reclaimed_by: None,
         });
         record.reclaimed_by = Some(by.to_owned());
-        let opts = match previous {
-            Some(e) => Put {
-                prev_index: Some(e.modified),
-                ..Put::default()
-            },
-            None => Put {
-                prev_exist: Some(false),
-                ..Put::default()
-            },
-        };
-        match self.client.put(&key, &record.to_json(), opts).await {
-            Ok(_) => Ok(true),
-            Err(e) if e.is_compare_failed() || e.is_node_exists() || e.is_key_not_found() => {
-                Ok(false)
-            }
-            Err(e) => Err(lock_error(e)),
-        }
+        self.put_record(&key, previous, &record).await
     }
 
     /// One attempt of a compare-and-swap update of the document (`f` returns the new
