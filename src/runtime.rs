@@ -6,7 +6,7 @@ use crate::config::{Config, DrainFailure};
 use crate::control;
 use crate::drain::{Drainer, KubeDrainer};
 use crate::gate::Stage;
-use crate::lock::{self, Fence, LockError, Semaphore};
+use crate::lock::{self, Fence, LockError, Reported, Semaphore};
 use crate::metrics::Metrics;
 use crate::notify::{self, Duty, Watchdog};
 use crate::reboot::{Logind, RebootError, Rebooter};
@@ -24,6 +24,12 @@ const WINDOW_RECHECK: Duration = Duration::from_secs(300);
 
 /// How long start-up waits for the triggers to listen before it reports ready anyway.
 const TRIGGERS_READY: Duration = Duration::from_secs(10);
+
+/// How old a phase report's proof of the slot may be to serve as the fence before the cordon or
+/// the logind call (see [`Runtime::fence`]). A fence is a proof of the moment it was made; the
+/// steps between the report and the action (the checks before the reboot, recording the
+/// cordon) are quick unless a gate is slow, and then the fence is sent as before.
+const REPORT_PROOF_FRESH: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
@@ -191,6 +197,10 @@ pub struct Runtime {
     after_boot: crate::gate::Gates,
     watchdog: Watchdog,
     coordinator: Option<crate::coordinator::CoordinatorFile>,
+    /// The last phase report proved the slot held ([`lock::Reported::Held`]), in this phase, at
+    /// this time: a fence in that phase soon after, with only quick steps between, is that
+    /// report ([`REPORT_PROOF_FRESH`]).
+    reported_held: std::sync::Mutex<Option<(Phase, std::time::Instant)>>,
 }
 
 /// The one-line status systemd shows: the phase and what it waits for.
@@ -277,6 +287,7 @@ impl Runtime {
             after_boot: crate::gate::Gates::default(),
             watchdog: Watchdog::from_env(),
             coordinator: None,
+            reported_held: std::sync::Mutex::default(),
         }
     }
 
@@ -508,6 +519,12 @@ impl Runtime {
     /// Step, log, persist, publish.
     async fn apply(&self, state: State, event: Event) -> Result<State, RuntimeError> {
         debug!(?event, "event");
+        // A report's proof outlives only the quick steps between it and the action it serves
+        // (the checks before the reboot passed, the cordon recorded); any other event (a gate
+        // closed, an inhibitor, an operator's request, an error) ends it.
+        if !matches!(event, Event::ReadyToReboot | Event::Cordoned { .. }) {
+            *self.reported_held.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        }
         let step = agent::step(&state, event, Timestamp::now(), &self.policy);
         if let Some(refused) = step.refused {
             warn!(event = refused.event, phase = %refused.phase, "{refused}; the state is left as it is");
@@ -561,13 +578,19 @@ impl Runtime {
                 }
             }
             if next.slot_held && next.phase != state.phase {
-                if let Err(e) = self
+                let proof = match self
                     .semaphore
                     .report_phase(&self.me, next.phase.as_str())
                     .await
                 {
-                    warn!(error = %e, "cannot record the phase in the lock backend");
-                }
+                    Ok(Reported::Held) => Some((next.phase, std::time::Instant::now())),
+                    Ok(Reported::Unproven) => None,
+                    Err(e) => {
+                        warn!(error = %e, "cannot record the phase in the lock backend");
+                        None
+                    }
+                };
+                *self.reported_held.lock().unwrap_or_else(|p| p.into_inner()) = proof;
             }
         }
         // The reboot announced to logged-in users was called off (pause, cancel, backing out).
@@ -816,7 +839,7 @@ impl Runtime {
             }
             Action::CallReboot => match self.warn_users(state).await {
                 Some(warned) => warned,
-                None => self.call_reboot().await,
+                None => self.call_reboot(state.phase).await,
             },
             Action::WarnUsers { until } => {
                 sleep_until(*until).await;
@@ -847,7 +870,7 @@ impl Runtime {
             Action::Drain => match &self.drainer {
                 Some(d) => {
                     // The cordon comes first in a drain: prove the slot is still ours.
-                    if let Some(lost) = self.fence("cordoning").await {
+                    if let Some(lost) = self.fence("cordoning", state.phase).await {
                         return lost;
                     }
                     self.event(
@@ -993,7 +1016,30 @@ impl Runtime {
     /// takeover, which then fails (every store's reclaim compares the record it judged silent),
     /// or after it, and then says the slot is lost. And it gives every waiter a fresh
     /// `max_hold` to count before it may judge this node stopped again.
-    async fn fence(&self, what: &str) -> Option<Event> {
+    ///
+    /// The report of the phase `phase` may be that proof already: a write guarded as the
+    /// heartbeat is ([`lock::Reported::Held`]), made less than [`REPORT_PROOF_FRESH`] ago (and
+    /// less than a beat ago). Then nothing is sent again: before the logind call the proof is the
+    /// report of `rebooting`, a step earlier, unless the checks before the reboot took longer.
+    async fn fence(&self, what: &str, phase: Phase) -> Option<Event> {
+        let reported = self
+            .reported_held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some((in_phase, at)) = reported {
+            let fresh = self
+                .semaphore
+                .heartbeat_every()
+                .map_or(REPORT_PROOF_FRESH, |every| every.min(REPORT_PROOF_FRESH));
+            if in_phase == phase && at.elapsed() < fresh {
+                debug!(
+                    before = what,
+                    "the report of phase {phase} proves the slot held"
+                );
+                return None;
+            }
+        }
         let proof = if self.semaphore.heartbeat_every().is_some() {
             self.semaphore.heartbeat(&self.me).await
         } else {
@@ -1066,8 +1112,8 @@ impl Runtime {
         *last.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
     }
 
-    async fn call_reboot(&self) -> Event {
-        if let Some(lost) = self.fence("the reboot").await {
+    async fn call_reboot(&self, phase: Phase) -> Event {
+        if let Some(lost) = self.fence("the reboot", phase).await {
             return lost;
         }
         // logind lets root through root's own block inhibitors: look at every one first.

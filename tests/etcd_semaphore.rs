@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use rebootd::config;
 use rebootd::lock::document::{self, HolderRecord, SemaphoreDoc};
 use rebootd::lock::etcd::{EtcdSemaphore, Timeouts};
-use rebootd::lock::{Admin, Identity, LockError, Semaphore};
+use rebootd::lock::{Admin, Identity, LockError, Reported, Semaphore};
 use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
 
 /// Whether `id` (a machine id or a node name) holds a slot, as `rebootctl status` shows it.
@@ -489,7 +489,10 @@ async fn corrupt_documents_are_refused_and_left_untouched(env: Env) {
         check("acquire", acquired);
         check("release", s.unlock("a").await);
         check("set_max", s.set_max(3, true).await);
-        check("report_phase", s.report_phase(&me("a"), "Rebooting").await);
+        check(
+            "report_phase",
+            s.report_phase(&me("a"), "Rebooting").await.map(drop),
+        );
         check("fence", s.fence(&me("a")).await.map(|_| ()));
         check("status", s.status().await.map(|_| ()));
 
@@ -877,6 +880,8 @@ async fn paused_etcd_is_unreachable_then_recovers(mut env: Env) {
 /// giving back slots between two reports cost it nothing, and each report is one transaction.
 /// When its slot was given back by an operator (`rebootctl unlock`, which deletes its record in
 /// the same transaction), the report finds out in that same transaction and writes nothing.
+/// A report that wrote proves the slot held (the runtime sends no fence after it); one that
+/// wrote nothing proves nothing.
 async fn a_phase_report_is_one_request_whatever_other_holders_do(env: Env) {
     let etcd = &env.etcd;
     let admin = sem(etcd, "default", None).await;
@@ -896,7 +901,8 @@ async fn a_phase_report_is_one_request_whatever_other_holders_do(env: Env) {
             others.release(&me(&format!("o{}", k - 1))).await.unwrap();
         }
         let before = etcd_requests(etcd).await;
-        a.report_phase(&me("a"), phase).await.unwrap();
+        let proof = a.report_phase(&me("a"), phase).await.unwrap();
+        assert_eq!(proof, Reported::Held, "{phase}");
         let used = minus(&etcd_requests(etcd).await, &before);
         assert_eq!(
             used.get("Txn").copied().unwrap_or(0.0),
@@ -909,15 +915,18 @@ async fn a_phase_report_is_one_request_whatever_other_holders_do(env: Env) {
     }
     // Reporting the phase it already reported costs nothing.
     let before = etcd_requests(etcd).await;
-    a.report_phase(&me("a"), "waiting_for_healthy")
+    let proof = a
+        .report_phase(&me("a"), "waiting_for_healthy")
         .await
         .unwrap();
     assert!(minus(&etcd_requests(etcd).await, &before).is_empty());
+    assert_eq!(proof, Reported::Unproven, "nothing written");
 
     // Given back by an operator: the report reads in its one transaction, and writes nothing.
     admin.unlock("a").await.unwrap();
     assert_eq!(ctl_get(etcd, &record_key), None);
-    a.report_phase(&me("a"), "uncordoning").await.unwrap();
+    let proof = a.report_phase(&me("a"), "uncordoning").await.unwrap();
+    assert_eq!(proof, Reported::Unproven, "not held");
     assert_eq!(
         ctl_get(etcd, &record_key),
         None,

@@ -11,7 +11,7 @@ use rebootd::config;
 use rebootd::lock::document::semaphore_key;
 use rebootd::lock::etcd_v2::follow::FollowV3;
 use rebootd::lock::etcd_v2::{tree, EtcdV2Semaphore, Timeouts};
-use rebootd::lock::{Admin, Fence, Identity, LockError, Semaphore};
+use rebootd::lock::{Admin, Fence, Identity, LockError, Reported, Semaphore};
 use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
 use rebootd_lab::locksmith::{LocksmithEtcd, Locksmithctl};
 use rebootd_lab::v2_watcher::{self, V2DocWatcher};
@@ -271,6 +271,9 @@ async fn unlock_and_set_max_agree_in_both_directions(env: Env) {
     store.set_max(2, false).await.unwrap();
     let node = me("rebootd-b");
     store.acquire(&node).await.unwrap();
+    // A report that wrote proves the slot held (the runtime sends no fence right after it).
+    let proof = store.report_phase(&node, "draining").await.unwrap();
+    assert_eq!(proof, Reported::Held);
     let c = ctl.status().await.unwrap();
     assert_eq!((c.available, c.max), (1, 2));
     assert_eq!(c.holders, ["rebootd-b"]);
@@ -283,6 +286,10 @@ async fn unlock_and_set_max_agree_in_both_directions(env: Env) {
         store.fence(&node).await.unwrap(),
         Fence::Lost { .. }
     ));
+    // locksmith's unlock left rebootd's record as it was: the report reads the document (a
+    // quorum read, as the fence's), writes nothing and proves nothing.
+    let proof = store.report_phase(&node, "rebooting").await.unwrap();
+    assert_eq!(proof, Reported::Unproven);
     store.set_max(1, false).await.unwrap();
     assert!(store.status().await.unwrap().holders.is_empty());
     let (_, tree) = env

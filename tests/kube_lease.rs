@@ -15,7 +15,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, ListParams, WatchEvent, WatchParams};
 use rebootd::config;
 use rebootd::lock::kube_lease::{self, KubeLeaseSemaphore, Timeouts};
-use rebootd::lock::{Admin, Identity, LockError, Semaphore};
+use rebootd::lock::{Admin, Identity, LockError, Reported, Semaphore};
 use rebootd_lab::kube_api::{FaultRule, Kind, KubeApi, KubeApiHandle, NodeBuilder, Options};
 use serde_json::{json, Value};
 use tokio::time::Instant;
@@ -808,7 +808,12 @@ mod scenarios {
                 before.release(&me(&format!("o{}", k - 1))).await.unwrap();
             }
             env.api.cluster().requests().clear();
-            a.report_phase(&me("a"), phase).await.unwrap();
+            let proof = a.report_phase(&me("a"), phase).await.unwrap();
+            assert_eq!(
+                proof,
+                Reported::Held,
+                "{phase}: a report that wrote proves the slot"
+            );
             let by_a = requests_by(&env, "node-a", |_| true);
             let puts = requests_by(&env, "node-a", |r| r.method == "PUT");
             assert_eq!((by_a, puts), (1, 1), "{phase}");
@@ -816,9 +821,11 @@ mod scenarios {
             assert_eq!(ann(&l, kube_lease::ANNOTATION_PHASE), Some(phase));
         }
         env.api.cluster().requests().clear();
-        a.report_phase(&me("a"), "waiting_for_healthy")
+        let proof = a
+            .report_phase(&me("a"), "waiting_for_healthy")
             .await
             .unwrap();
+        assert_eq!(proof, Reported::Unproven, "nothing written");
         assert_eq!(
             requests_by(&env, "node-a", |_| true),
             0,
@@ -826,7 +833,8 @@ mod scenarios {
         );
 
         admin.unlock("m-a").await.unwrap();
-        a.report_phase(&me("a"), "uncordoning").await.unwrap();
+        let proof = a.report_phase(&me("a"), "uncordoning").await.unwrap();
+        assert_eq!(proof, Reported::Unproven, "not held");
         assert!(!holders(&env).values().any(|h| h == "node-a"));
         let l = lease(&env, &a_slot).unwrap();
         assert_ne!(ann(&l, kube_lease::ANNOTATION_PHASE), Some("uncordoning"));

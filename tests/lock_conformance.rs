@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rebootd::config;
-use rebootd::lock::{Admin, Fence, Identity, Semaphore};
+use rebootd::lock::{Admin, Fence, Identity, Reported, Semaphore};
 use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
 use rebootd_lab::kube_api::{KubeApi, KubeApiHandle, Options};
 
@@ -370,6 +370,18 @@ async fn a_restarted_holder_keeps_its_slot_and_a_stranger_with_its_id_is_not_adm
         matches!(s.fence(&stranger).await.expect("fence"), Fence::Lost { .. }),
         "another token does not hold the slot"
     );
+    // Its phase report proves nothing and does not make the slot its own (it wrote its token
+    // into the holder's record on etcd v3 and Leases before).
+    let report = s
+        .report_phase(&stranger, "rebooting")
+        .await
+        .expect("report");
+    assert_eq!(report, Reported::Unproven);
+    assert_eq!(after.fence(&me("a")).await.expect("fence"), Fence::Held);
+    assert!(matches!(
+        s.fence(&stranger).await.expect("fence"),
+        Fence::Lost { .. }
+    ));
     let s2 = s.clone();
     let id = stranger.clone();
     let mut waiting = tokio::spawn(async move { s2.acquire(&id).await });

@@ -9,7 +9,7 @@ use jiff::Timestamp;
 use rebootd::config::Config;
 use rebootd::control::{self, Request};
 use rebootd::drain::{DrainError, Drainer};
-use rebootd::lock::{Fence, GroupPause, Identity, LockError, Semaphore};
+use rebootd::lock::{Fence, GroupPause, Identity, LockError, Reported, Semaphore};
 use rebootd::reboot::RebootError;
 use rebootd::runtime::{identity, Runtime};
 use rebootd::state::{Phase, State, StateStore};
@@ -39,6 +39,11 @@ struct Mem {
     beats: usize,
     /// The phases reported, in order.
     reported: Vec<String>,
+    /// A phase report is a write guarded as a heartbeat is (the etcd and Lease stores): while
+    /// the slot is held it lands before a takeover on its way and proves the slot held.
+    reports_prove: bool,
+    /// The runtime's calls of `fence` (reads; with `max_hold` its proofs are beats).
+    fences: usize,
 }
 
 #[derive(Clone)]
@@ -50,6 +55,17 @@ struct Leave<'a>(&'a watch::Sender<Mem>);
 impl Drop for Leave<'_> {
     fn drop(&mut self) {
         self.0.send_modify(|m| m.waiters -= 1);
+    }
+}
+
+impl MemLock {
+    fn held(&self, me: &Identity) -> Result<Fence, LockError> {
+        Ok(match self.0.borrow().holders.contains(&me.id) {
+            true => Fence::Held,
+            false => Fence::Lost {
+                why: "released".into(),
+            },
+        })
     }
 }
 
@@ -82,12 +98,8 @@ impl Semaphore for MemLock {
     }
 
     async fn fence(&self, me: &Identity) -> Result<Fence, LockError> {
-        Ok(match self.0.borrow().holders.contains(&me.id) {
-            true => Fence::Held,
-            false => Fence::Lost {
-                why: "released".into(),
-            },
-        })
+        self.0.send_modify(|m| m.fences += 1);
+        self.held(me)
     }
 
     fn heartbeat_every(&self) -> Option<Duration> {
@@ -114,7 +126,7 @@ impl Semaphore for MemLock {
                 m.takeover = None;
             }
         });
-        self.fence(me).await
+        self.held(me)
     }
 
     async fn release(&self, me: &Identity) -> Result<(), LockError> {
@@ -122,10 +134,17 @@ impl Semaphore for MemLock {
         Ok(())
     }
 
-    async fn report_phase(&self, _me: &Identity, phase: &str) -> Result<(), LockError> {
+    async fn report_phase(&self, me: &Identity, phase: &str) -> Result<Reported, LockError> {
         let _connected = self.1.lock().await;
-        self.0.send_modify(|m| m.reported.push(phase.to_owned()));
-        Ok(())
+        let mut proof = Reported::Unproven;
+        self.0.send_modify(|m| {
+            m.reported.push(phase.to_owned());
+            if m.reports_prove && m.holders.contains(&me.id) {
+                m.takeover = None;
+                proof = Reported::Held;
+            }
+        });
+        Ok(proof)
     }
 
     async fn group_pause(&self) -> Result<Option<GroupPause>, LockError> {
@@ -166,7 +185,7 @@ impl rebootd::reboot::Rebooter for MemRebooter {
 #[derive(Debug, Clone, Default)]
 struct Node {
     unschedulable: bool,
-    /// A drain never finishes (a pod its budget keeps) when true.
+    /// A drain does not finish (a pod its budget keeps) while true.
     drain_hangs: bool,
     /// A drain takes this long.
     drain_takes: Duration,
@@ -199,7 +218,7 @@ impl Drainer for MemDrainer {
         });
         tokio::time::sleep(takes).await;
         if hangs {
-            std::future::pending::<()>().await;
+            let _ = self.0.subscribe().wait_for(|n| !n.drain_hangs).await;
         }
         Ok(())
     }
@@ -408,6 +427,103 @@ async fn with_max_hold_the_proof_before_the_reboot_is_a_write_that_lands_before_
     );
     assert_eq!(mem.holders.len(), 1, "{mem:?}");
     assert_ne!(mem.holders[0], "node-2", "{mem:?}");
+    stop(running).await;
+}
+
+/// A phase report that is a guarded write (the etcd and Lease stores) proves the slot held as
+/// a fence does: a step or two later (the checks before the reboot, recording the cordon, both
+/// quick here) the report of `draining` is the proof before the cordon and the report of
+/// `rebooting` the proof before the logind call, and no fence is sent. A store whose reports
+/// prove nothing (or a runtime that ignores the proof) gets both fences.
+#[tokio::test]
+async fn the_reports_of_draining_and_rebooting_are_the_proofs_before_the_cordon_and_the_reboot() {
+    for (reports_prove, fences) in [(true, 0), (false, 2)] {
+        let host = Host::with_node(
+            Mem {
+                max: 1,
+                reports_prove,
+                ..Mem::default()
+            },
+            Some(Node::default()),
+        );
+        let running = host.start();
+        host.request();
+        host.reboots(1).await;
+        let mem = host.lock.0.borrow().clone();
+        assert!(mem.reported.iter().any(|p| p == "rebooting"), "{mem:?}");
+        assert_eq!(
+            mem.fences, fences,
+            "reports prove: {reports_prove}: {mem:?}"
+        );
+        stop(running).await;
+    }
+}
+
+/// With `max_hold` the proof before the logind call must be a write that lands before a
+/// takeover on its way (finding 7). The report of `rebooting` is such a write: no heartbeat is
+/// sent after it, and the takeover still fails.
+#[tokio::test]
+async fn with_max_hold_the_report_of_rebooting_is_the_write_before_the_reboot() {
+    let host = Host::new(Mem {
+        max: 1,
+        max_hold: true,
+        reports_prove: true,
+        takeover: Some("node-2".into()),
+        ..Mem::default()
+    });
+    let running = host.start();
+    host.request();
+    host.reboots(1).await;
+    let mem = host.lock.0.borrow().clone();
+    assert_eq!(mem.reboots_under_takeover, 0, "{mem:?}");
+    assert_eq!(
+        (mem.beats, mem.fences),
+        (0, 0),
+        "a proof sent again: {mem:?}"
+    );
+    stop(running).await;
+}
+
+/// A report proves only what it wrote: when the slot went during the drain, the report of
+/// `rebooting` writes nothing and proves nothing, the fence before the logind call is sent and
+/// finds the slot lost, and the node backs out without a reboot.
+#[tokio::test]
+async fn a_slot_lost_during_the_drain_is_found_by_the_fence_after_the_report() {
+    let host = Host::with_node(
+        Mem {
+            max: 1,
+            reports_prove: true,
+            ..Mem::default()
+        },
+        Some(Node {
+            drain_hangs: true,
+            ..Node::default()
+        }),
+    );
+    let running = host.start();
+    host.request();
+    host.node("draining", |n| n.drains == 1).await;
+    // An operator unlocks the slot and another node takes it; then the drain finishes.
+    host.lock
+        .0
+        .send_modify(|m| m.holders = vec!["node-2".into()]);
+    host.node
+        .as_ref()
+        .unwrap()
+        .0
+        .send_modify(|n| n.drain_hangs = false);
+    host.node("uncordoned after backing out", |n| n.uncordons == 1)
+        .await;
+    let state = host
+        .state("back in the queue", |s| s.phase == Phase::AcquiringSlot)
+        .await;
+    assert!(!state.slot_held, "{state:?}");
+    let mem = host.lock.0.borrow().clone();
+    assert_eq!(*host.reboots.borrow(), 0, "{mem:?}");
+    assert_eq!(
+        mem.fences, 1,
+        "the reboot's (the cordon's was the report): {mem:?}"
+    );
     stop(running).await;
 }
 

@@ -35,7 +35,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::header::{HeaderValue, ACCEPT, CONTENT_TYPE, USER_AGENT};
 use hyper::{Method, Request, StatusCode, Uri};
 
-use super::{Fence, Identity, LockError, Semaphore};
+use super::{Fence, Identity, LockError, Reported, Semaphore};
 use crate::http::{self, error_chain, HttpClient};
 
 const BACKEND: &str = "fleetlock";
@@ -472,9 +472,9 @@ impl Semaphore for FleetLock {
         }
     }
 
-    async fn report_phase(&self, me: &Identity, phase: &str) -> Result<(), LockError> {
+    async fn report_phase(&self, me: &Identity, phase: &str) -> Result<Reported, LockError> {
         tracing::debug!(id = %me.id, phase, "fleetlock keeps no phases; not recorded");
-        Ok(())
+        Ok(Reported::Unproven)
     }
 
     /// One `pre-reboot`: the protocol grants it again to a holder, so a grant proves the slot

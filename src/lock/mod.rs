@@ -125,6 +125,18 @@ pub enum Fence {
     Lost { why: String },
 }
 
+/// What a phase report proved about the slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reported {
+    /// The report was a write that could land only while `me` held its slot, guarded as a
+    /// heartbeat is: it proves the slot held as [`Semaphore::heartbeat`] does, so a fence
+    /// right after it need not be sent.
+    Held,
+    /// Nothing was proved: nothing was written (the phase was on record already, the slot is
+    /// not held), or the store records no phases.
+    Unproven,
+}
+
 /// The agent's side of a counting semaphore of reboot slots.
 #[async_trait]
 pub trait Semaphore: Send + Sync {
@@ -152,8 +164,8 @@ pub trait Semaphore: Send + Sync {
     async fn release(&self, me: &Identity) -> Result<(), LockError>;
 
     /// Record the phase of a holder, for `rebootctl status` (it counts as a heartbeat too).
-    /// Not holding a slot is a no-op.
-    async fn report_phase(&self, me: &Identity, phase: &str) -> Result<(), LockError>;
+    /// Not holding a slot is a no-op. Says whether the write proved the slot held.
+    async fn report_phase(&self, me: &Identity, phase: &str) -> Result<Reported, LockError>;
 
     /// The group's pause (`rebootctl pause --group`, see [`pause`]) as the store says now. A
     /// store that keeps none (no lock, a FleetLock server) never says paused.

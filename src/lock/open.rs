@@ -13,7 +13,7 @@ use super::etcd_v2::follow::FollowV3;
 use super::fleetlock::{FleetLock, Options as FleetLockOptions};
 use super::kube_lease::KubeLeaseSemaphore;
 use super::none::NoLock;
-use super::{Admin, Fence, GroupPause, Identity, LockError, Semaphore, SemaphoreStatus};
+use super::{Admin, Fence, GroupPause, Identity, LockError, Reported, Semaphore, SemaphoreStatus};
 use crate::config::{self, Config, EtcdApi, LockBackend};
 
 /// The agent's side of the configured backend.
@@ -166,7 +166,7 @@ impl Semaphore for LazyEtcd {
         self.get().await?.release(me).await
     }
 
-    async fn report_phase(&self, me: &Identity, phase: &str) -> Result<(), LockError> {
+    async fn report_phase(&self, me: &Identity, phase: &str) -> Result<Reported, LockError> {
         self.get().await?.report_phase(me, phase).await
     }
 

@@ -19,7 +19,7 @@ use crate::v2_watcher::V2DocWatcher;
 use futures_util::StreamExt;
 use rebootd::config::Config;
 use rebootd::lock::document::{semaphore_key, SemaphoreDoc};
-use rebootd::lock::{Fence, Identity, LockError, Semaphore};
+use rebootd::lock::{Fence, Identity, LockError, Reported, Semaphore};
 use rebootd::reboot::{RebootError, Rebooter};
 use rebootd::runtime::Runtime;
 use rebootd::state::StateStore;
@@ -403,7 +403,7 @@ impl Semaphore for Counted {
         self.calls.release.fetch_add(1, Ordering::Relaxed);
         self.inner.release(me).await
     }
-    async fn report_phase(&self, me: &Identity, phase: &str) -> Result<(), LockError> {
+    async fn report_phase(&self, me: &Identity, phase: &str) -> Result<Reported, LockError> {
         self.calls.report_phase.fetch_add(1, Ordering::Relaxed);
         self.inner.report_phase(me, phase).await
     }

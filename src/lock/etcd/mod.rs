@@ -47,7 +47,9 @@ use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpRespo
 
 use super::document::{DocError, HolderRecord, SemaphoreDoc};
 use super::retry::{cas_loop, Cas};
-use super::{Admin, Fence, GroupPause, Holder, Identity, LockError, Semaphore, SemaphoreStatus};
+use super::{
+    Admin, Fence, GroupPause, Holder, Identity, LockError, Reported, Semaphore, SemaphoreStatus,
+};
 use crate::config;
 pub use connect::check_settings;
 use connect::{classify, connect_options, explain_wrong_protocol};
@@ -481,7 +483,7 @@ impl Semaphore for EtcdSemaphore {
     /// holding a slot is a no-op (there is nothing to annotate). One request when my record is
     /// as I last wrote it ([`report`]).
     #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
-    async fn report_phase(&self, me: &Identity, phase: &str) -> Result<(), LockError> {
+    async fn report_phase(&self, me: &Identity, phase: &str) -> Result<Reported, LockError> {
         self.report(me, phase).await
     }
 

@@ -18,7 +18,7 @@ use super::snapshot::Snapshot;
 use super::{EtcdSemaphore, BACKEND};
 use crate::lock::document::HolderRecord;
 use crate::lock::retry::{cas_loop, Cas};
-use crate::lock::{Identity, LockError};
+use crate::lock::{Fence, Identity, LockError, Reported};
 
 /// The record this process last wrote, with the mod revision it got.
 #[derive(Debug, Default)]
@@ -47,12 +47,15 @@ fn says(record: &HolderRecord, me: &Identity, phase: &str) -> bool {
 }
 
 impl EtcdSemaphore {
-    pub(super) async fn report(&self, me: &Identity, phase: &str) -> Result<(), LockError> {
+    /// A report that wrote is a proof ([`Reported::Held`]): my record as I last wrote it, or
+    /// the document as read with me holding my slot under my token, was still there when the
+    /// write landed, and the write moved my record's revision as a heartbeat does.
+    pub(super) async fn report(&self, me: &Identity, phase: &str) -> Result<Reported, LockError> {
         let key = self.record_key(&me.id);
         let mut first = None;
         if let Some((revision, last)) = self.written.get().filter(|(_, r)| r.node == me.node) {
             if says(&last, me, phase) {
-                return Ok(());
+                return Ok(Reported::Unproven);
             }
             let record = HolderRecord::after(Some(&last), me, Some(Some(phase)));
             let txn = Txn::new()
@@ -67,7 +70,7 @@ impl EtcdSemaphore {
             if resp.succeeded() {
                 let at = resp.header().map(|h| h.revision()).unwrap_or_default();
                 self.written.set(at, record);
-                return Ok(());
+                return Ok(Reported::Held);
             }
             self.written.forget();
             first = Some(self.snapshot_of(&resp, 2)?);
@@ -86,14 +89,20 @@ impl EtcdSemaphore {
         snap: Option<Snapshot>,
         me: &Identity,
         phase: &str,
-    ) -> Result<Cas<()>, LockError> {
+    ) -> Result<Cas<Reported>, LockError> {
         let snap = match snap {
             Some(s) => s,
             None => self.read(false).await?,
         };
         if !snap.doc.holds(&me.id) {
             tracing::debug!(id = %me.id, phase, "not holding a slot; phase not recorded");
-            return Ok(Cas::Done(()));
+            return Ok(Cas::Done(Reported::Unproven));
+        }
+        // Held under my id, but by another host (another token): its record is not mine to
+        // write (the heartbeat leaves it alone too).
+        if let Fence::Lost { why } = snap.fence(&self.keys, &me.id, &me.token) {
+            tracing::warn!(id = %me.id, phase, %why, "phase not recorded: {why}");
+            return Ok(Cas::Done(Reported::Unproven));
         }
         let key = self.record_key(&me.id);
         let entry = snap.records.get(&key);
@@ -101,7 +110,7 @@ impl EtcdSemaphore {
         if let (Some(e), Some(p)) = (entry, previous) {
             if says(p, me, phase) {
                 self.written.set(e.mod_revision, p.clone());
-                return Ok(Cas::Done(()));
+                return Ok(Cas::Done(Reported::Unproven));
             }
         }
         let record = HolderRecord::after(previous, me, Some(Some(phase)));
@@ -115,7 +124,7 @@ impl EtcdSemaphore {
         Ok(match written {
             Some(at) => {
                 self.written.set(at, record);
-                Cas::Done(())
+                Cas::Done(Reported::Held)
             }
             None => Cas::Conflict,
         })

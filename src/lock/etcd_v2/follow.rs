@@ -11,7 +11,9 @@ use async_trait::async_trait;
 use tokio::sync::OnceCell;
 
 use super::super::etcd::EtcdSemaphore;
-use super::super::{Admin, Fence, GroupPause, Identity, LockError, Semaphore, SemaphoreStatus};
+use super::super::{
+    Admin, Fence, GroupPause, Identity, LockError, Reported, Semaphore, SemaphoreStatus,
+};
 use super::EtcdV2Semaphore;
 use crate::config::{self, EtcdApi};
 
@@ -110,7 +112,7 @@ impl Semaphore for FollowV3 {
         follow!(self, s => s.release(me).await)
     }
 
-    async fn report_phase(&self, me: &Identity, phase: &str) -> Result<(), LockError> {
+    async fn report_phase(&self, me: &Identity, phase: &str) -> Result<Reported, LockError> {
         follow!(self, s => s.report_phase(me, phase).await)
     }
 

@@ -26,7 +26,9 @@ use async_trait::async_trait;
 
 use super::document::{DocError, HolderRecord, SemaphoreDoc};
 use super::retry::{cas_loop, Cas};
-use super::{Admin, Fence, GroupPause, Holder, Identity, LockError, Semaphore, SemaphoreStatus};
+use super::{
+    Admin, Fence, GroupPause, Holder, Identity, LockError, Reported, Semaphore, SemaphoreStatus,
+};
 use crate::config;
 use crate::etcd_v2::{Get, KeysClient, Put, Settings, V2Error};
 use tree::{DocState, Keys, Snapshot};
@@ -449,15 +451,21 @@ impl EtcdV2Semaphore {
         Ok(Cas::Conflict)
     }
 
-    async fn try_report_phase(&self, me: &Identity, phase: &str) -> Result<Cas<()>, LockError> {
-        let snap = self.read(false).await?;
+    /// A quorum read, as the fence's: a report that wrote proves the slot held as the fence
+    /// and the heartbeat do ([`Reported::Held`]), and the runtime sends no fence right after.
+    async fn try_report_phase(
+        &self,
+        me: &Identity,
+        phase: &str,
+    ) -> Result<Cas<Reported>, LockError> {
+        let snap = self.read(true).await?;
         let doc = self.document(&snap)?;
         if self.fence_of(&snap, &doc, me) != Fence::Held {
             tracing::debug!(id = %me.id, phase, "not holding a slot; phase not recorded");
-            return Ok(Cas::Done(()));
+            return Ok(Cas::Done(Reported::Unproven));
         }
         if self.write_record(&snap, me, Some(Some(phase))).await? {
-            Ok(Cas::Done(()))
+            Ok(Cas::Done(Reported::Held))
         } else {
             Ok(Cas::Conflict)
         }
@@ -514,7 +522,7 @@ impl Semaphore for EtcdV2Semaphore {
 
     /// Records the phase of a holder; not holding a slot is a no-op.
     #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
-    async fn report_phase(&self, me: &Identity, phase: &str) -> Result<(), LockError> {
+    async fn report_phase(&self, me: &Identity, phase: &str) -> Result<Reported, LockError> {
         cas_loop!(
             BACKEND,
             "report phase",

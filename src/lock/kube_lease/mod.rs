@@ -132,7 +132,9 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::Api;
 
-use super::{Admin, Fence, GroupPause, Holder, Identity, LockError, Semaphore, SemaphoreStatus};
+use super::{
+    Admin, Fence, GroupPause, Holder, Identity, LockError, Reported, Semaphore, SemaphoreStatus,
+};
 use crate::config;
 use objects::{name_problem, Slot};
 pub use pause::ANNOTATION_PAUSED;
@@ -411,7 +413,7 @@ impl Semaphore for KubeLeaseSemaphore {
     /// Records the phase (and boot id) on the held slot and renews `renewTime`; `since` moves
     /// only when the phase or boot id changes. Not holding a slot is a no-op.
     #[tracing::instrument(skip(self, me), fields(namespace = %self.namespace, semaphore = %self.name, id = %me.id))]
-    async fn report_phase(&self, me: &Identity, phase: &str) -> Result<(), LockError> {
+    async fn report_phase(&self, me: &Identity, phase: &str) -> Result<Reported, LockError> {
         self.check()?;
         self.report(me, phase).await
     }

@@ -17,7 +17,7 @@ use super::{
     KubeLeaseSemaphore, ANNOTATION_BOOT_ID, ANNOTATION_HOLDER_TOKEN, ANNOTATION_MACHINE_ID,
     ANNOTATION_PHASE, ANNOTATION_SINCE,
 };
-use crate::lock::{Identity, LockError};
+use crate::lock::{Fence, Identity, LockError, Reported};
 
 /// The slot Lease this process last wrote.
 #[derive(Debug, Default)]
@@ -55,7 +55,10 @@ fn with_phase(slot: &Lease, h: &SlotHolder, me: &Identity, phase: &str) -> Lease
 }
 
 impl KubeLeaseSemaphore {
-    pub(super) async fn report(&self, me: &Identity, phase: &str) -> Result<(), LockError> {
+    /// A report that wrote is a proof ([`Reported::Held`]): my slot Lease, held under my token,
+    /// was as last seen when the write landed, and the write moved its `resourceVersion` as a
+    /// heartbeat does.
+    pub(super) async fn report(&self, me: &Identity, phase: &str) -> Result<Reported, LockError> {
         if let Some(slot) = self.written.get() {
             let mine = SlotHolder::from_lease(&slot).filter(|h| {
                 h.machine_id.as_deref() == Some(me.id.as_str())
@@ -63,32 +66,44 @@ impl KubeLeaseSemaphore {
             });
             if let Some(h) = mine {
                 if h.phase.as_deref() == Some(phase) && h.boot_id.as_deref() == Some(&me.boot_id) {
-                    return Ok(());
+                    return Ok(Reported::Unproven);
                 }
                 let lease = with_phase(&slot, &h, me, phase);
                 if let Some(new) = self.replace_obj("recording the phase", &lease).await? {
                     self.written.set(new);
-                    return Ok(());
+                    return Ok(Reported::Held);
                 }
             }
             self.written.forget();
         }
-        self.update("report phase", |snap| async move {
-            let Some((slot, h)) = snap.mine(me) else {
-                tracing::debug!(id = %me.id, phase, "not holding a slot; phase not recorded");
-                return Ok(true);
-            };
-            let lease = with_phase(&slot.lease, h, me, phase);
-            Ok(
-                match self.replace_obj("recording the phase", &lease).await? {
-                    Some(new) => {
-                        self.written.set(new);
-                        true
-                    }
-                    None => false,
-                },
-            )
+        let proof = std::sync::Mutex::new(Reported::Unproven);
+        self.update("report phase", |snap| {
+            let proof = &proof;
+            async move {
+                let Some((slot, h)) = snap.mine(me) else {
+                    tracing::debug!(id = %me.id, phase, "not holding a slot; phase not recorded");
+                    return Ok(true);
+                };
+                // Held under my machine id or node name by another host (another token): its
+                // slot is not mine to write (the heartbeat leaves it alone too).
+                if let Fence::Lost { why } = self.fence_of(&snap, me) {
+                    tracing::warn!(id = %me.id, phase, %why, "phase not recorded: {why}");
+                    return Ok(true);
+                }
+                let lease = with_phase(&slot.lease, h, me, phase);
+                Ok(
+                    match self.replace_obj("recording the phase", &lease).await? {
+                        Some(new) => {
+                            self.written.set(new);
+                            *proof.lock().unwrap_or_else(|p| p.into_inner()) = Reported::Held;
+                            true
+                        }
+                        None => false,
+                    },
+                )
+            }
         })
-        .await
+        .await?;
+        Ok(proof.into_inner().unwrap_or_else(|p| p.into_inner()))
     }
 }
