@@ -525,6 +525,7 @@ impl Runtime {
         if !matches!(event, Event::ReadyToReboot | Event::Cordoned { .. }) {
             *self.reported_held.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }
+        let failed = matches!(event, Event::Transient { .. });
         let step = agent::step(&state, event, Timestamp::now(), &self.policy);
         if let Some(refused) = step.refused {
             warn!(event = refused.event, phase = %refused.phase, "{refused}; the state is left as it is");
@@ -577,7 +578,7 @@ impl Runtime {
                     }
                 }
             }
-            if next.slot_held && next.phase != state.phase {
+            if self.worth_reporting(&state, &next, failed) {
                 let proof = match self
                     .semaphore
                     .report_phase(&self.me, next.phase.as_str())
@@ -608,6 +609,24 @@ impl Runtime {
         }
         self.metrics.observe(&next, Timestamp::now());
         Ok(next)
+    }
+
+    /// Whether the step from `before` to `after` by `event` is written to the holder's record:
+    /// each new phase while the slot is held, except `releasing` when the release follows at
+    /// once (it deletes the record; no settle time). A release that failed (or the labels and
+    /// taint it takes off the node first) writes it then, so `rebootctl status` shows what the
+    /// holder is stuck at.
+    fn worth_reporting(&self, before: &State, after: &State, failed: bool) -> bool {
+        if !after.slot_held {
+            return false;
+        }
+        if after.phase != Phase::Releasing {
+            return after.phase != before.phase;
+        }
+        match before.phase {
+            Phase::Releasing => failed,
+            _ => !matches!(agent::next_action(after, &self.policy), Action::ReleaseSlot),
+        }
     }
 
     /// Apply a trigger's word. Idle, it starts a cycle; in a cycle it is noted and covered by

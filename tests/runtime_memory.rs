@@ -44,6 +44,8 @@ struct Mem {
     reports_prove: bool,
     /// The runtime's calls of `fence` (reads; with `max_hold` its proofs are beats).
     fences: usize,
+    /// This many releases fail (the store cannot be reached) before one goes through.
+    release_fails: usize,
 }
 
 #[derive(Clone)]
@@ -130,8 +132,23 @@ impl Semaphore for MemLock {
     }
 
     async fn release(&self, me: &Identity) -> Result<(), LockError> {
-        self.0.send_modify(|m| m.holders.retain(|h| *h != me.id));
-        Ok(())
+        let mut failed = false;
+        self.0.send_modify(|m| {
+            failed = m.release_fails > 0;
+            if failed {
+                m.release_fails -= 1;
+            } else {
+                m.holders.retain(|h| *h != me.id);
+            }
+        });
+        match failed {
+            true => Err(LockError::Unreachable {
+                backend: "memory",
+                target: "memory".into(),
+                reason: "cut off".into(),
+            }),
+            false => Ok(()),
+        }
     }
 
     async fn report_phase(&self, me: &Identity, phase: &str) -> Result<Reported, LockError> {
@@ -523,6 +540,43 @@ async fn a_slot_lost_during_the_drain_is_found_by_the_fence_after_the_report() {
     assert_eq!(
         mem.fences, 1,
         "the reboot's (the cordon's was the report): {mem:?}"
+    );
+    stop(running).await;
+}
+
+/// The phase `releasing` is not written to the holder's record when the release follows at
+/// once (the release deletes the record): one request less per reboot. A release that fails
+/// writes it, so the store shows what the holder is stuck at until the release goes through.
+#[tokio::test]
+async fn releasing_is_reported_only_when_the_release_does_not_follow_at_once() {
+    let host = Host::new(Mem {
+        max: 1,
+        ..Mem::default()
+    });
+    let running = host.start();
+    host.request();
+    let running = host.next_boot(running).await;
+    let mem = host.lock.0.borrow().clone();
+    assert_eq!(
+        mem.reported,
+        ["rebooting", "waiting_for_healthy"],
+        "{mem:?}"
+    );
+    stop(running).await;
+
+    let host = Host::new(Mem {
+        max: 1,
+        release_fails: 1,
+        ..Mem::default()
+    });
+    let running = host.start();
+    host.request();
+    let running = host.next_boot(running).await;
+    let mem = host.lock.0.borrow().clone();
+    assert_eq!(
+        mem.reported,
+        ["rebooting", "waiting_for_healthy", "releasing"],
+        "{mem:?}"
     );
     stop(running).await;
 }
