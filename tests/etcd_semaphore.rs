@@ -123,6 +123,7 @@ per_version!(
     a_locksmith_acquirer_works_beside_the_queue,
     the_queue_entry_is_gone_after_acquire,
     a_phase_report_is_one_request_whatever_other_holders_do,
+    a_release_right_after_a_report_is_one_request,
 );
 
 mod tls {
@@ -934,6 +935,46 @@ async fn a_phase_report_is_one_request_whatever_other_holders_do(env: Env) {
     );
     let doc = ctl_get(etcd, DEFAULT_KEY).unwrap();
     assert!(!doc.contains("\"a\""), "{doc}");
+}
+
+/// A release right after a phase report needs no read of its own: the report read the
+/// semaphore in its transaction, and the release's one transaction compares the document's
+/// revision with that read. When another holder changed the document in between, the release
+/// reads and tries again, and the slot is given back all the same.
+async fn a_release_right_after_a_report_is_one_request(env: Env) {
+    let etcd = &env.etcd;
+    let admin = sem(etcd, "default", None).await;
+    admin.set_max(3, false).await.unwrap();
+    let a = sem(etcd, "default", None).await;
+    a.acquire(&me("a")).await.unwrap();
+    a.report_phase(&me("a"), "rebooting").await.unwrap();
+    // After the boot: a new process, whose first report reads and writes.
+    let a = sem(etcd, "default", None).await;
+    let mut after_boot = me("a");
+    after_boot.boot_id = "boot-2".into();
+    a.report_phase(&after_boot, "waiting_for_healthy")
+        .await
+        .unwrap();
+    let before = etcd_requests(etcd).await;
+    a.release(&after_boot).await.unwrap();
+    let used = minus(&etcd_requests(etcd).await, &before);
+    assert_eq!(used.get("Txn").copied(), Some(1.0), "{used:?}");
+    assert_eq!(used.len(), 2, "only the Txn and its message: {used:?}");
+    let doc = ctl_get(etcd, DEFAULT_KEY).unwrap();
+    assert!(!doc.contains("\"a\""), "{doc}");
+    let record_key = document::holder_record_key("default", "a");
+    assert_eq!(ctl_get(etcd, &record_key), None);
+
+    // Another holder takes a slot between the report and the release: one more try.
+    a.acquire(&after_boot).await.unwrap();
+    a.report_phase(&after_boot, "rebooting").await.unwrap();
+    admin.acquire(&me("b")).await.unwrap();
+    let before = etcd_requests(etcd).await;
+    a.release(&after_boot).await.unwrap();
+    let used = minus(&etcd_requests(etcd).await, &before);
+    assert_eq!(used.get("Txn").copied(), Some(3.0), "{used:?}");
+    let doc = ctl_get(etcd, DEFAULT_KEY).unwrap();
+    assert!(!doc.contains("\"a\"") && doc.contains("\"b\""), "{doc}");
 }
 
 /// Four waiters that queue up in a known order (each starts once the one before is in the

@@ -467,15 +467,20 @@ impl Semaphore for EtcdSemaphore {
     /// Releases my slot, unless the record says another host (another token) holds it.
     #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
     async fn release(&self, me: &Identity) -> Result<(), LockError> {
+        // The semaphore as a report read it a moment ago (see `report`), or a read now.
+        let recent = self.written.recent();
         self.written.forget();
-        let snap = self.read(false).await?;
+        let snap = match recent {
+            Some(snap) => snap,
+            None => self.read(false).await?,
+        };
         if let Fence::Lost { why } = snap.fence(&self.keys, &me.id, &me.token) {
             if snap.doc.holds(&me.id) {
                 tracing::error!(key = %self.keys.doc, id = %me.id, %why, "not releasing a slot another host holds under this machine id");
                 return Ok(());
             }
         }
-        // The read above serves the first attempt (it was one request per release more).
+        // That read serves the first attempt (it was one request per release more).
         self.unlock_from(&me.id, Some(snap)).await
     }
 

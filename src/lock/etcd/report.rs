@@ -11,30 +11,75 @@
 //!
 //! Without a record (a slot adopted from locksmith or moved by `rebootctl migrate`) nothing
 //! deletes it with the slot, so the write is guarded by the document's revision, as before.
+//!
+//! A report also keeps the semaphore as it read it (the one-transaction report reads it in the
+//! same transaction, after its write), for the release that follows it soon after: the release's
+//! first attempt then needs no read of its own ([`Written::recent`]).
+
+use std::time::{Duration, Instant};
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 
-use super::snapshot::Snapshot;
+use super::snapshot::{RecordEntry, Snapshot};
 use super::{EtcdSemaphore, BACKEND};
 use crate::lock::document::HolderRecord;
 use crate::lock::retry::{cas_loop, Cas};
 use crate::lock::{Fence, Identity, LockError, Reported};
 
-/// The record this process last wrote, with the mod revision it got.
+/// How old the semaphore a report read may be to serve the first attempt of a release. A stale
+/// one only costs a retry (the release compares the document's revision); an old one would
+/// mostly be stale.
+const RECENT: Duration = Duration::from_secs(1);
+
+/// The record this process last wrote, with the mod revision it got, and the semaphore as the
+/// last report read it (with that record in it), when.
 #[derive(Debug, Default)]
-pub(super) struct Written(std::sync::Mutex<Option<(i64, HolderRecord)>>);
+pub(super) struct Written(std::sync::Mutex<Kept>);
+
+#[derive(Debug, Default)]
+struct Kept {
+    record: Option<(i64, HolderRecord)>,
+    read: Option<(Snapshot, Instant)>,
+}
 
 impl Written {
+    fn kept(&self) -> std::sync::MutexGuard<'_, Kept> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn get(&self) -> Option<(i64, HolderRecord)> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.kept().record.clone()
     }
 
     pub(super) fn set(&self, revision: i64, record: HolderRecord) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((revision, record));
+        *self.kept() = Kept {
+            record: Some((revision, record)),
+            read: None,
+        };
+    }
+
+    /// [`Self::set`], with the semaphore read by the same report (my record, at `key`, as
+    /// written).
+    fn set_read(&self, key: String, revision: i64, record: HolderRecord, mut snap: Snapshot) {
+        let entry = RecordEntry {
+            record: Some(record.clone()),
+            mod_revision: revision,
+        };
+        snap.records.insert(key, entry);
+        *self.kept() = Kept {
+            record: Some((revision, record)),
+            read: Some((snap, Instant::now())),
+        };
     }
 
     pub(super) fn forget(&self) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.kept() = Kept::default();
+    }
+
+    /// The semaphore the last report read, if it is recent; once.
+    pub(super) fn recent(&self) -> Option<Snapshot> {
+        let (snap, at) = self.kept().read.take()?;
+        (at.elapsed() < RECENT).then_some(snap)
     }
 }
 
@@ -64,16 +109,21 @@ impl EtcdSemaphore {
                     CompareOp::Equal,
                     revision,
                 )])
-                .and_then(vec![TxnOp::put(key.clone(), record.to_json(), None)])
+                .and_then(
+                    std::iter::once(TxnOp::put(key.clone(), record.to_json(), None))
+                        .chain(self.read_ops(false))
+                        .collect::<Vec<_>>(),
+                )
                 .or_else(self.read_ops(false));
             let resp = self.txn(txn).await?;
+            let read = self.snapshot_of(&resp, 2)?;
             if resp.succeeded() {
                 let at = resp.header().map(|h| h.revision()).unwrap_or_default();
-                self.written.set(at, record);
+                self.written.set_read(key, at, record, read);
                 return Ok(Reported::Held);
             }
             self.written.forget();
-            first = Some(self.snapshot_of(&resp, 2)?);
+            first = Some(read);
         }
         cas_loop!(
             BACKEND,
@@ -123,7 +173,7 @@ impl EtcdSemaphore {
         };
         Ok(match written {
             Some(at) => {
-                self.written.set(at, record);
+                self.written.set_read(key, at, record, snap);
                 Cas::Done(Reported::Held)
             }
             None => Cas::Conflict,
