@@ -91,6 +91,7 @@ scenarios!(
     a_restarted_waiter_keeps_its_place,
     status_and_set_max_ignore_waiter_leases,
     a_phase_report_is_one_request_whatever_other_holders_do,
+    a_release_right_after_a_report_that_listed_is_one_request,
 );
 
 fn settings() -> config::KubeLease {
@@ -777,6 +778,56 @@ mod scenarios {
         assert_eq!(holders(&env)[&slot(0)], "node-ghost");
         ghost.unlock("m-ghost").await.unwrap();
         within("b after the release", &mut waiter).await.unwrap();
+    }
+
+    /// A release right after a phase report that listed the Leases (the first report of a new
+    /// process, after the boot) lists nothing itself: its PUT is guarded by the
+    /// `resourceVersion` of that list. When another holder took a slot in between, the release
+    /// still frees only its own slot, at once.
+    pub async fn a_release_right_after_a_report_that_listed_is_one_request(env: Env) {
+        for x in ["a", "b"] {
+            add_node(&env, x);
+        }
+        let admin = sem(&env, "admin").await;
+        admin.set_max(2, false).await.unwrap();
+        let a = sem(&env, "a").await;
+        within("acquire a", a.acquire(&me("a"))).await.unwrap();
+        a.report_phase(&me("a"), "rebooting").await.unwrap();
+        // After the boot: a new process, whose first report lists, then writes.
+        let a = sem(&env, "a").await;
+        let mut after_boot = me("a");
+        after_boot.boot_id = "boot-2".into();
+        env.api.cluster().requests().clear();
+        a.report_phase(&after_boot, "waiting_for_healthy")
+            .await
+            .unwrap();
+        assert_eq!(requests_by(&env, "node-a", is_lease_list), 1);
+        env.api.cluster().requests().clear();
+        a.release(&after_boot).await.unwrap();
+        let (all, puts) = (
+            requests_by(&env, "node-a", |_| true),
+            requests_by(&env, "node-a", |r| r.method == "PUT"),
+        );
+        assert_eq!((all, puts), (1, 1), "the release: one PUT, no list");
+        assert!(!holders(&env).values().any(|h| h == "node-a"));
+
+        // Another holder takes the other slot between the report and the release: a's slot
+        // Lease is as a wrote it, so the one PUT still frees it.
+        let a = sem(&env, "a").await;
+        within("acquire a again", a.acquire(&after_boot))
+            .await
+            .unwrap();
+        let a = sem(&env, "a").await;
+        a.report_phase(&after_boot, "waiting_for_healthy")
+            .await
+            .unwrap();
+        let b = sem(&env, "b").await;
+        within("acquire b", b.acquire(&me("b"))).await.unwrap();
+        env.api.cluster().requests().clear();
+        a.release(&after_boot).await.unwrap();
+        assert_eq!(requests_by(&env, "node-a", |_| true), 1);
+        let held: Vec<String> = holders(&env).into_values().collect();
+        assert_eq!(held, ["node-b"]);
     }
 
     /// A holder keeps its slot Lease as it last wrote it: each phase report is one PUT on it, no

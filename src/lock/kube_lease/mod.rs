@@ -398,15 +398,20 @@ impl Semaphore for KubeLeaseSemaphore {
     #[tracing::instrument(skip(self, me), fields(namespace = %self.namespace, semaphore = %self.name, id = %me.id))]
     async fn release(&self, me: &Identity) -> Result<(), LockError> {
         self.check()?;
+        // The Leases as a report listed them a moment ago (see `report`), or a list now.
+        let recent = self.written.recent();
         self.written.forget();
-        let snap = self.read().await?;
+        let snap = match recent {
+            Some(snap) => snap,
+            None => self.read().await?,
+        };
         if let Some((slot, h)) = snap.mine(me) {
             if h.token.as_deref().is_some_and(|t| t != me.token) {
                 tracing::error!(lease = slot.name(), id = %me.id, "not releasing a slot another host holds under this machine id");
                 return Ok(());
             }
         }
-        // The read above serves the first attempt (it was one request per release more).
+        // That read serves the first attempt (it was one request per release more).
         self.unlock_from(&me.id, Some(snap)).await
     }
 

@@ -6,34 +6,78 @@
 //! a reclaim, an operator's unlock, a heartbeat of mine) moves its `resourceVersion`, so a kept
 //! object that is out of date is refused with 409 and the report lists the Leases and tries
 //! again, as it always did.
+//!
+//! A report that listed keeps that list (with its own write in it) for the release that
+//! follows soon after: the release's first attempt then needs no list of its own
+//! ([`Written::recent`]).
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 
+use std::time::{Duration, Instant};
+
 use super::objects::SlotHolder;
+use super::snapshot::Snapshot;
 use super::{
     KubeLeaseSemaphore, ANNOTATION_BOOT_ID, ANNOTATION_HOLDER_TOKEN, ANNOTATION_MACHINE_ID,
     ANNOTATION_PHASE, ANNOTATION_SINCE,
 };
 use crate::lock::{Fence, Identity, LockError, Reported};
 
-/// The slot Lease this process last wrote.
+/// How old the list a report made may be to serve the first attempt of a release. A stale one
+/// only costs a retry (every write is guarded by the `resourceVersion` listed); an old one
+/// would mostly be stale.
+const RECENT: Duration = Duration::from_secs(1);
+
+/// The slot Lease this process last wrote, and the Leases as the last report listed them (with
+/// that write in), when.
 #[derive(Debug, Default)]
-pub(super) struct Written(std::sync::Mutex<Option<Lease>>);
+pub(super) struct Written(std::sync::Mutex<Kept>);
+
+#[derive(Debug, Default)]
+struct Kept {
+    lease: Option<Lease>,
+    read: Option<(Snapshot, Instant)>,
+}
 
 impl Written {
+    fn kept(&self) -> std::sync::MutexGuard<'_, Kept> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn get(&self) -> Option<Lease> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.kept().lease.clone()
     }
 
     pub(super) fn set(&self, lease: Lease) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(lease);
+        *self.kept() = Kept {
+            lease: Some(lease),
+            read: None,
+        };
+    }
+
+    /// [`Self::set`], with the list the same report made (slot `index` replaced by `lease`).
+    fn set_read(&self, index: u64, lease: Lease, mut snap: Snapshot) {
+        if let Some(slot) = snap.slots.get_mut(&index) {
+            slot.holder = SlotHolder::from_lease(&lease);
+            slot.lease = lease.clone();
+        }
+        *self.kept() = Kept {
+            lease: Some(lease),
+            read: Some((snap, Instant::now())),
+        };
     }
 
     pub(super) fn forget(&self) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.kept() = Kept::default();
+    }
+
+    /// The Leases the last report listed, if that is recent; once.
+    pub(super) fn recent(&self) -> Option<Snapshot> {
+        let (snap, at) = self.kept().read.take()?;
+        (at.elapsed() < RECENT).then_some(snap)
     }
 }
 
@@ -91,10 +135,11 @@ impl KubeLeaseSemaphore {
                     return Ok(true);
                 }
                 let lease = with_phase(&slot.lease, h, me, phase);
+                let index = slot.index;
                 Ok(
                     match self.replace_obj("recording the phase", &lease).await? {
                         Some(new) => {
-                            self.written.set(new);
+                            self.written.set_read(index, new, snap.clone());
                             *proof.lock().unwrap_or_else(|p| p.into_inner()) = Reported::Held;
                             true
                         }
