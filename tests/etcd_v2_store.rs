@@ -96,6 +96,7 @@ macro_rules! per_version {
 per_version!(
     a_locksmith_holder_makes_rebootd_wait_and_its_unlock_wakes_it_by_watch,
     locksmithctl_sees_and_respects_rebootds_holder,
+    a_release_right_after_a_report_reads_nothing,
     unlock_and_set_max_agree_in_both_directions,
     a_named_group_is_locksmiths_escaped_key,
     waiters_are_served_in_queue_order,
@@ -224,6 +225,39 @@ async fn changes_while_waiting_cost_the_waiter_no_requests(env: Env) {
         spent <= 6,
         "{spent} requests while {phases} changes went by and the slot was taken"
     );
+}
+
+/// A release right after a phase report reads nothing itself: the report's read (with its own
+/// record as written) serves the release's compare-and-swap. When locksmith took a slot in
+/// between, that compare-and-swap fails, the release reads and tries again, and the slot is
+/// given back all the same.
+async fn a_release_right_after_a_report_reads_nothing(env: Env) {
+    let store = env.store("default").await;
+    store.set_max(2, true).await.unwrap();
+    let node = me("0123456789abcdef0123456789abcdef");
+    store.acquire(&node).await.unwrap();
+    store
+        .report_phase(&node, "waiting_for_healthy")
+        .await
+        .unwrap();
+    let from = store.requests();
+    store.release(&node).await.unwrap();
+    // The document's compare-and-swap and the record's delete.
+    assert_eq!(store.requests() - from, 2);
+    let ctl = env.ctl("default");
+    assert!(ctl.status().await.unwrap().holders.is_empty());
+
+    store.acquire(&node).await.unwrap();
+    store
+        .report_phase(&node, "waiting_for_healthy")
+        .await
+        .unwrap();
+    assert!(ctl.run(&["lock", "locksmith-a"]).await.unwrap().success);
+    let from = store.requests();
+    store.release(&node).await.unwrap();
+    // The failed compare-and-swap, the read, the compare-and-swap, the record's delete.
+    assert_eq!(store.requests() - from, 4);
+    assert_eq!(ctl.status().await.unwrap().holders, ["locksmith-a"]);
 }
 
 async fn locksmithctl_sees_and_respects_rebootds_holder(env: Env) {

@@ -29,6 +29,7 @@ pub mod open;
 pub mod pause;
 #[cfg(test)]
 mod race_tests;
+pub mod recent;
 pub mod retry;
 pub mod view;
 

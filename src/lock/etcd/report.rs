@@ -14,48 +14,37 @@
 //!
 //! A report also keeps the semaphore as it read it (the one-transaction report reads it in the
 //! same transaction, after its write), for the release that follows it soon after: the release's
-//! first attempt then needs no read of its own ([`Written::recent`]).
-
-use std::time::{Duration, Instant};
+//! first attempt then needs no read of its own ([`crate::lock::recent`]).
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 
 use super::snapshot::{RecordEntry, Snapshot};
 use super::{EtcdSemaphore, BACKEND};
 use crate::lock::document::HolderRecord;
+use crate::lock::recent::Recent;
 use crate::lock::retry::{cas_loop, Cas};
 use crate::lock::{Fence, Identity, LockError, Reported};
 
-/// How old the semaphore a report read may be to serve the first attempt of a release. A stale
-/// one only costs a retry (the release compares the document's revision); an old one would
-/// mostly be stale.
-const RECENT: Duration = Duration::from_secs(1);
-
 /// The record this process last wrote, with the mod revision it got, and the semaphore as the
-/// last report read it (with that record in it), when.
+/// last report read it (with that record in it), for the release right after.
 #[derive(Debug, Default)]
-pub(super) struct Written(std::sync::Mutex<Kept>);
-
-#[derive(Debug, Default)]
-struct Kept {
-    record: Option<(i64, HolderRecord)>,
-    read: Option<(Snapshot, Instant)>,
+pub(super) struct Written {
+    record: std::sync::Mutex<Option<(i64, HolderRecord)>>,
+    read: Recent<Snapshot>,
 }
 
 impl Written {
-    fn kept(&self) -> std::sync::MutexGuard<'_, Kept> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    fn record(&self) -> std::sync::MutexGuard<'_, Option<(i64, HolderRecord)>> {
+        self.record.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn get(&self) -> Option<(i64, HolderRecord)> {
-        self.kept().record.clone()
+        self.record().clone()
     }
 
     pub(super) fn set(&self, revision: i64, record: HolderRecord) {
-        *self.kept() = Kept {
-            record: Some((revision, record)),
-            read: None,
-        };
+        *self.record() = Some((revision, record));
+        self.read.forget();
     }
 
     /// [`Self::set`], with the semaphore read by the same report (my record, at `key`, as
@@ -66,20 +55,18 @@ impl Written {
             mod_revision: revision,
         };
         snap.records.insert(key, entry);
-        *self.kept() = Kept {
-            record: Some((revision, record)),
-            read: Some((snap, Instant::now())),
-        };
+        *self.record() = Some((revision, record));
+        self.read.set(snap);
     }
 
     pub(super) fn forget(&self) {
-        *self.kept() = Kept::default();
+        *self.record() = None;
+        self.read.forget();
     }
 
-    /// The semaphore the last report read, if it is recent; once.
+    /// The semaphore the last report read, if that is recent; once.
     pub(super) fn recent(&self) -> Option<Snapshot> {
-        let (snap, at) = self.kept().read.take()?;
-        (at.elapsed() < RECENT).then_some(snap)
+        self.read.take()
     }
 }
 

@@ -25,6 +25,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::document::{DocError, HolderRecord, SemaphoreDoc};
+use super::recent::Recent;
 use super::retry::{cas_loop, Cas};
 use super::{
     Admin, Fence, GroupPause, Holder, Identity, LockError, Reported, Semaphore, SemaphoreStatus,
@@ -64,6 +65,8 @@ pub struct EtcdV2Semaphore {
     keys: Keys,
     max_hold: Option<Duration>,
     timeouts: Timeouts,
+    /// The group as the last phase report read it, for the release right after it.
+    recent: Recent<Snapshot>,
 }
 
 impl std::fmt::Debug for EtcdV2Semaphore {
@@ -184,6 +187,7 @@ impl EtcdV2Semaphore {
             keys: Keys::new(group),
             max_hold,
             timeouts,
+            recent: Recent::default(),
         };
         match this.client.get(&this.keys.doc, Get::default()).await {
             Ok(_) => Ok(this),
@@ -268,27 +272,36 @@ impl EtcdV2Semaphore {
     }
 
     /// Write my holder record (a new index of its key), keeping `acquired` and, unless given,
-    /// the phase of the one in `snap`. Guarded by the record's index when there is one.
+    /// the phase of the one in `snap`. Guarded by the record's index when there is one. The
+    /// record as written, or `None` when someone else wrote or deleted it first.
     async fn write_record(
         &self,
         snap: &Snapshot,
         me: &Identity,
         phase: Option<Option<&str>>,
-    ) -> Result<bool, LockError> {
+    ) -> Result<Option<tree::Entry<HolderRecord>>, LockError> {
         let key = self.keys.record(&me.id);
         let previous = snap.record(&self.keys, &me.id);
         let record = HolderRecord::after(previous.and_then(|e| e.value.as_ref()), me, phase);
-        self.put_record(&key, previous, &record).await
+        let Some(modified) = self.put_record(&key, previous, &record).await? else {
+            return Ok(None);
+        };
+        Ok(Some(tree::Entry {
+            value: Some(record),
+            created: previous.map_or(modified, |e| e.created),
+            modified,
+        }))
     }
 
     /// Write `record` at `key` over `previous` as read: compared with its index, or created
-    /// when there was none. `Ok(false)`: someone else wrote or deleted it first.
+    /// when there was none. The index it got; `Ok(None)`: someone else wrote or deleted it
+    /// first.
     async fn put_record(
         &self,
         key: &str,
         previous: Option<&tree::Entry<HolderRecord>>,
         record: &HolderRecord,
-    ) -> Result<bool, LockError> {
+    ) -> Result<Option<u64>, LockError> {
         let opts = match previous {
             Some(e) => Put {
                 prev_index: Some(e.modified),
@@ -300,9 +313,9 @@ impl EtcdV2Semaphore {
             },
         };
         match self.client.put(key, &record.to_json(), opts).await {
-            Ok(_) => Ok(true),
+            Ok(r) => Ok(Some(r.node.modified_index)),
             Err(e) if e.is_compare_failed() || e.is_node_exists() || e.is_key_not_found() => {
-                Ok(false)
+                Ok(None)
             }
             Err(e) => Err(lock_error(e)),
         }
@@ -388,7 +401,7 @@ impl EtcdV2Semaphore {
             reclaimed_by: None,
         });
         record.reclaimed_by = Some(by.to_owned());
-        self.put_record(&key, previous, &record).await
+        Ok(self.put_record(&key, previous, &record).await?.is_some())
     }
 
     /// One attempt of a compare-and-swap update of the document (`f` returns the new
@@ -445,7 +458,7 @@ impl EtcdV2Semaphore {
         let snap = self.read(true).await?;
         let doc = self.document(&snap)?;
         let fence = self.fence_of(&snap, &doc, me);
-        if fence != Fence::Held || self.write_record(&snap, me, None).await? {
+        if fence != Fence::Held || self.write_record(&snap, me, None).await?.is_some() {
             return Ok(Cas::Done(fence));
         }
         Ok(Cas::Conflict)
@@ -458,13 +471,16 @@ impl EtcdV2Semaphore {
         me: &Identity,
         phase: &str,
     ) -> Result<Cas<Reported>, LockError> {
-        let snap = self.read(true).await?;
+        let mut snap = self.read(true).await?;
         let doc = self.document(&snap)?;
         if self.fence_of(&snap, &doc, me) != Fence::Held {
             tracing::debug!(id = %me.id, phase, "not holding a slot; phase not recorded");
             return Ok(Cas::Done(Reported::Unproven));
         }
-        if self.write_record(&snap, me, Some(Some(phase))).await? {
+        if let Some(written) = self.write_record(&snap, me, Some(Some(phase))).await? {
+            // For the release right after (see `release`), with my record as written.
+            snap.records.insert(self.keys.record(&me.id), written);
+            self.recent.set(snap);
             Ok(Cas::Done(Reported::Held))
         } else {
             Ok(Cas::Conflict)
@@ -497,6 +513,7 @@ impl Semaphore for EtcdV2Semaphore {
     /// Writes my record again (a new index of its key), if I hold my slot.
     #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
     async fn heartbeat(&self, me: &Identity) -> Result<Fence, LockError> {
+        self.recent.forget();
         cas_loop!(
             BACKEND,
             "heartbeat",
@@ -508,7 +525,11 @@ impl Semaphore for EtcdV2Semaphore {
     /// Releases my slot, unless its record says another host (another token) holds it.
     #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
     async fn release(&self, me: &Identity) -> Result<(), LockError> {
-        let snap = self.read(true).await?;
+        // The group as a report read it a moment ago (see `lock::recent`), or a read now.
+        let snap = match self.recent.take() {
+            Some(snap) => snap,
+            None => self.read(true).await?,
+        };
         let doc = self.document(&snap)?;
         if let Fence::Lost { why } = self.fence_of(&snap, &doc, me) {
             if doc.holds(&me.id) && !self.claimed(&snap, &me.id) {
@@ -516,7 +537,7 @@ impl Semaphore for EtcdV2Semaphore {
                 return Ok(());
             }
         }
-        // The read above serves the first attempt (it was one request per release more).
+        // That read serves the first attempt (it was one request per release more).
         self.unlock_from(&me.id, Some(snap)).await
     }
 

@@ -142,8 +142,8 @@ impl V2Waiting<'_> {
     async fn holding(&mut self) {
         if let Ok(snap) = self.snap().cloned() {
             match self.store.write_record(&snap, self.me, Some(None)).await {
-                Ok(true) => {}
-                Ok(false) => tracing::debug!(
+                Ok(Some(_)) => {}
+                Ok(None) => tracing::debug!(
                     "holder record changed meanwhile; written at the next phase report"
                 ),
                 Err(e) => {

@@ -9,14 +9,12 @@
 //!
 //! A report that listed keeps that list (with its own write in it) for the release that
 //! follows soon after: the release's first attempt then needs no list of its own
-//! ([`Written::recent`]).
+//! ([`crate::lock::recent`]).
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-
-use std::time::{Duration, Instant};
 
 use super::objects::SlotHolder;
 use super::snapshot::Snapshot;
@@ -24,38 +22,29 @@ use super::{
     KubeLeaseSemaphore, ANNOTATION_BOOT_ID, ANNOTATION_HOLDER_TOKEN, ANNOTATION_MACHINE_ID,
     ANNOTATION_PHASE, ANNOTATION_SINCE,
 };
+use crate::lock::recent::Recent;
 use crate::lock::{Fence, Identity, LockError, Reported};
 
-/// How old the list a report made may be to serve the first attempt of a release. A stale one
-/// only costs a retry (every write is guarded by the `resourceVersion` listed); an old one
-/// would mostly be stale.
-const RECENT: Duration = Duration::from_secs(1);
-
 /// The slot Lease this process last wrote, and the Leases as the last report listed them (with
-/// that write in), when.
+/// that write in), for the release right after.
 #[derive(Debug, Default)]
-pub(super) struct Written(std::sync::Mutex<Kept>);
-
-#[derive(Debug, Default)]
-struct Kept {
-    lease: Option<Lease>,
-    read: Option<(Snapshot, Instant)>,
+pub(super) struct Written {
+    lease: std::sync::Mutex<Option<Lease>>,
+    read: Recent<Snapshot>,
 }
 
 impl Written {
-    fn kept(&self) -> std::sync::MutexGuard<'_, Kept> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    fn lease(&self) -> std::sync::MutexGuard<'_, Option<Lease>> {
+        self.lease.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn get(&self) -> Option<Lease> {
-        self.kept().lease.clone()
+        self.lease().clone()
     }
 
     pub(super) fn set(&self, lease: Lease) {
-        *self.kept() = Kept {
-            lease: Some(lease),
-            read: None,
-        };
+        *self.lease() = Some(lease);
+        self.read.forget();
     }
 
     /// [`Self::set`], with the list the same report made (slot `index` replaced by `lease`).
@@ -64,20 +53,18 @@ impl Written {
             slot.holder = SlotHolder::from_lease(&lease);
             slot.lease = lease.clone();
         }
-        *self.kept() = Kept {
-            lease: Some(lease),
-            read: Some((snap, Instant::now())),
-        };
+        *self.lease() = Some(lease);
+        self.read.set(snap);
     }
 
     pub(super) fn forget(&self) {
-        *self.kept() = Kept::default();
+        *self.lease() = None;
+        self.read.forget();
     }
 
     /// The Leases the last report listed, if that is recent; once.
     pub(super) fn recent(&self) -> Option<Snapshot> {
-        let (snap, at) = self.kept().read.take()?;
-        (at.elapsed() < RECENT).then_some(snap)
+        self.read.take()
     }
 }
 
