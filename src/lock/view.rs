@@ -99,59 +99,66 @@ impl View {
 
 /// What one observer has seen of each holder and waiter: the beat it last saw and since when
 /// (its own monotonic clock). Staleness is measured here, never from a time another host wrote.
+///
+/// Run at every change a waiter sees, over every holder and waiter: it allocates nothing for an
+/// entry it has seen before, and keeps nothing for entries kept alive by a TTL (their silence is
+/// always zero), so a long queue on etcd costs it no more than its holders.
 #[derive(Debug, Clone, Default)]
 pub struct Observations {
-    seen: HashMap<String, (Beat, Instant)>,
+    holders: Seen,
+    waiters: Seen,
 }
+
+/// The beat last seen of each entry, by key, and since when.
+type Seen = HashMap<String, (Beat, Instant)>;
 
 impl Observations {
     /// Note what `view` shows at `now`: a new beat restarts its entry's clock; entries no longer
     /// in the view are forgotten.
     pub fn update(&mut self, view: &View, now: Instant) {
-        let mut keep: HashMap<String, (Beat, Instant)> = HashMap::new();
-        let entries = view
-            .holders
-            .iter()
-            .map(|h| (holder_key(&h.id), &h.beat))
-            .chain(view.waiters.iter().map(|w| (waiter_key(&w.key), &w.beat)));
-        for (key, beat) in entries {
-            let since = match self.seen.get(&key) {
-                Some((b, at)) if b == beat => *at,
-                _ => now,
-            };
-            keep.insert(key, (beat.clone(), since));
-        }
-        self.seen = keep;
+        let holders = view.holders.iter().map(|h| (h.id.as_str(), &h.beat));
+        note(&mut self.holders, holders, now);
+        let waiters = view.waiters.iter().map(|w| (w.key.as_str(), &w.beat));
+        note(&mut self.waiters, waiters, now);
     }
 
     /// How long holder `id` has shown no sign of life, as this observer saw it (zero when it
     /// beats by TTL or was never seen).
     pub fn holder_silent_for(&self, id: &str, beat: &Beat, now: Instant) -> Duration {
-        self.silent_for(&holder_key(id), beat, now)
+        silent_for(&self.holders, id, beat, now)
     }
 
     /// How long waiter `key` has shown no sign of life.
     pub fn waiter_silent_for(&self, key: &str, beat: &Beat, now: Instant) -> Duration {
-        self.silent_for(&waiter_key(key), beat, now)
+        silent_for(&self.waiters, key, beat, now)
     }
+}
 
-    fn silent_for(&self, key: &str, beat: &Beat, now: Instant) -> Duration {
+/// Replace `seen` by `entries` (key, beat) as seen at `now`, keeping the time of each beat seen
+/// before.
+fn note<'a>(seen: &mut Seen, entries: impl Iterator<Item = (&'a str, &'a Beat)>, now: Instant) {
+    let mut old = std::mem::take(seen);
+    for (key, beat) in entries {
         if *beat == Beat::Ttl {
-            return Duration::ZERO;
+            continue;
         }
-        match self.seen.get(key) {
-            Some((b, since)) if b == beat => now.saturating_duration_since(*since),
-            _ => Duration::ZERO,
-        }
+        let (key, entry) = match old.remove_entry(key) {
+            Some((k, (b, at))) if b == *beat => (k, (b, at)),
+            Some((k, _)) => (k, (beat.clone(), now)),
+            None => (key.to_owned(), (beat.clone(), now)),
+        };
+        seen.insert(key, entry);
     }
 }
 
-fn holder_key(id: &str) -> String {
-    format!("h/{id}")
-}
-
-fn waiter_key(key: &str) -> String {
-    format!("w/{key}")
+fn silent_for(seen: &Seen, key: &str, beat: &Beat, now: Instant) -> Duration {
+    if *beat == Beat::Ttl {
+        return Duration::ZERO;
+    }
+    match seen.get(key) {
+        Some((b, since)) if b == beat => now.saturating_duration_since(*since),
+        _ => Duration::ZERO,
+    }
 }
 
 #[cfg(test)]
@@ -196,5 +203,53 @@ mod tests {
         view.holders.clear();
         o.update(&view, t0 + s(70));
         assert_eq!(o.holder_silent_for("a", &Beat::Silent, t0 + s(80)), s(0));
+    }
+
+    fn waiter(key: &str, beat: Beat) -> WaiterView {
+        WaiterView {
+            key: key.into(),
+            ticket: Ticket {
+                order: (0, 0),
+                name: key.into(),
+            },
+            id: None,
+            node: None,
+            beat,
+            mine: false,
+        }
+    }
+
+    /// Waiters kept by a TTL (etcd's queue) cost the observer nothing to keep; waiters that
+    /// beat (Leases) are followed like holders, a holder and a waiter of the same name apart.
+    #[test]
+    fn waiters_kept_by_a_ttl_are_not_kept_and_beating_ones_are_followed() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut view = View {
+            max: 1,
+            holders: vec![holder("x", Beat::Revision("1".into()))],
+            waiters: (0..1000)
+                .map(|i| waiter(&format!("q/{i}"), Beat::Ttl))
+                .collect(),
+            node_is_identity: false,
+        };
+        let mut o = Observations::default();
+        o.update(&view, t0);
+        assert_eq!((o.holders.len(), o.waiters.len()), (1, 0));
+        assert_eq!(o.waiter_silent_for("q/7", &Beat::Ttl, t0 + s(99)), s(0));
+
+        view.waiters = vec![waiter("x", Beat::Revision("4".into()))];
+        o.update(&view, t0 + s(10));
+        o.update(&view, t0 + s(20));
+        let four = Beat::Revision("4".into());
+        assert_eq!(o.waiter_silent_for("x", &four, t0 + s(25)), s(15));
+        assert_eq!(
+            o.holder_silent_for("x", &Beat::Revision("1".into()), t0 + s(25)),
+            s(25)
+        );
+        view.waiters[0].beat = Beat::Revision("5".into());
+        o.update(&view, t0 + s(30));
+        let five = Beat::Revision("5".into());
+        assert_eq!(o.waiter_silent_for("x", &five, t0 + s(31)), s(1));
     }
 }
