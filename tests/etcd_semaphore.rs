@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use rebootd::config;
 use rebootd::lock::document::{self, HolderRecord, SemaphoreDoc};
 use rebootd::lock::etcd::{EtcdSemaphore, Timeouts};
-use rebootd::lock::{Admin, Identity, LockError, Reported, Semaphore};
+use rebootd::lock::{Admin, GroupPause, Identity, LockError, Reported, Semaphore};
 use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
 
 /// Whether `id` (a machine id or a node name) holds a slot, as `rebootctl status` shows it.
@@ -124,6 +124,9 @@ per_version!(
     the_queue_entry_is_gone_after_acquire,
     a_phase_report_is_one_request_whatever_other_holders_do,
     a_release_right_after_a_report_is_one_request,
+    a_waiter_that_takes_a_slot_sends_no_lease_revoke,
+    a_wait_for_the_pause_right_after_reading_it_reads_it_once,
+    a_pause_put_between_the_read_and_the_wait_is_seen,
 );
 
 mod tls {
@@ -1277,7 +1280,8 @@ async fn a_locksmith_acquirer_works_beside_the_queue(mut env: Env) {
 }
 
 /// No free slot: a queue entry under a lease while waiting; the transaction that takes the slot
-/// deletes it, and the lease is revoked. A free slot at once: no entry, no lease at all.
+/// deletes it, and the lease, holding no key then, is left to expire. A free slot at once: no
+/// entry, no lease at all.
 async fn the_queue_entry_is_gone_after_acquire(mut env: Env) {
     let etcd = &env.etcd;
     let mut c = client(etcd).await;
@@ -1314,13 +1318,129 @@ async fn the_queue_entry_is_gone_after_acquire(mut env: Env) {
     assert_eq!(in_queue(&mut c).await, 0);
     assert!(holds(&admin, "w").await);
     within("w", w).await.unwrap().unwrap();
-    // The lease is revoked soon after (best effort, from a spawned task).
-    within("lease revoked", async {
-        while leases(&mut c).await > 0 {
+    // The lease holds no key any more: it is left to expire, not revoked (see
+    // a_waiter_that_takes_a_slot_sends_no_lease_revoke).
+    assert_eq!(lease_keys(&mut c, lease).await, Some(0));
+}
+
+/// The keys attached to `lease` (None: no such lease, revoked or expired).
+async fn lease_keys(c: &mut etcd_client::Client, lease: i64) -> Option<usize> {
+    let opts = etcd_client::LeaseTimeToLiveOptions::new().with_keys();
+    let r = c.lease_time_to_live(lease, Some(opts)).await.ok()?;
+    (r.ttl() > 0).then(|| r.keys().len())
+}
+
+/// A waiter that takes its slot deletes its queue entry in the transaction that takes it; its
+/// lease then holds no key and is not revoked (one request less per reboot). A waiter that is
+/// cancelled still revokes its lease, taking its entry with it.
+async fn a_waiter_that_takes_a_slot_sends_no_lease_revoke(mut env: Env) {
+    let etcd = &env.etcd;
+    let mut c = client(etcd).await;
+    let admin = sem(etcd, "default", None).await;
+    admin.acquire(&me("h")).await.unwrap();
+    let (took_tx, mut took) = tokio::sync::mpsc::unbounded_channel();
+    let before = etcd_requests(etcd).await;
+    let w = spawn_waiter(etcd, "w", &took_tx).await;
+    waits_at(&mut env.logs, "w", 1).await;
+    let (_, w_lease) = entry(etcd, &queue_key("w")).await.expect("w queued");
+    admin.unlock("h").await.unwrap();
+    assert_eq!(within("w", took.recv()).await.unwrap(), "w");
+    within("w", w).await.unwrap().unwrap();
+
+    // Another waiter, cancelled: its lease is revoked, after w's would have been.
+    let x = spawn_waiter(etcd, "x", &took_tx).await;
+    waits_at(&mut env.logs, "x", 1).await;
+    let (_, x_lease) = entry(etcd, &queue_key("x")).await.expect("x queued");
+    x.abort();
+    within("x's lease revoked", async {
+        while lease_keys(&mut c, x_lease).await.is_some() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
     .await;
+    assert_eq!(entry(etcd, &queue_key("x")).await, None);
+    let used = minus(&etcd_requests(etcd).await, &before);
+    assert_eq!(
+        used.get("LeaseRevoke").copied(),
+        Some(1.0),
+        "x's revoke only: {used:?}"
+    );
+    assert_eq!(
+        lease_keys(&mut c, w_lease).await,
+        Some(0),
+        "w's lease is left to expire, holding no key"
+    );
+    assert!(holds(&admin, "w").await);
+}
+
+fn a_pause(reason: &str) -> GroupPause {
+    GroupPause {
+        since: jiff::Timestamp::now(),
+        reason: Some(reason.into()),
+        by: Some("test".into()),
+    }
+}
+
+/// What the agent does before it waits for a slot: read the pause, then follow it. The follow
+/// watches from the revision of that read instead of reading again: one Range in all.
+async fn a_wait_for_the_pause_right_after_reading_it_reads_it_once(env: Env) {
+    let etcd = &env.etcd;
+    let s = sem(etcd, "default", None).await;
+    let admin = sem(etcd, "default", None).await;
+    let pause = a_pause("freeze");
+    let before = etcd_requests(etcd).await;
+    assert_eq!(Semaphore::group_pause(&s).await.unwrap(), None);
+    let watched = async {
+        watchers_reach(etcd, 1).await;
+        let used = minus(&etcd_requests(etcd).await, &before);
+        admin.pause_group(&pause).await.unwrap();
+        used
+    };
+    let (changed, used) = tokio::join!(within("pause seen", s.group_pause_changed(None)), watched);
+    assert_eq!(changed.unwrap(), Some(pause.clone()));
+    assert_eq!(used.get("Range").copied(), Some(1.0), "{used:?}");
+    assert_eq!(used.get("Watch").copied(), Some(1.0), "{used:?}");
+
+    // The read is used once: waiting for the resume reads afresh (it is paused now).
+    let before = etcd_requests(etcd).await;
+    let resumed = async {
+        watchers_reach(etcd, 1).await;
+        admin.resume_group().await.unwrap();
+    };
+    let (changed, ()) = tokio::join!(
+        within("resume seen", s.group_pause_changed(Some(&pause))),
+        resumed
+    );
+    assert_eq!(changed.unwrap(), None);
+    let used = minus(&etcd_requests(etcd).await, &before);
+    assert_eq!(used.get("Range").copied(), Some(1.0), "{used:?}");
+}
+
+/// A pause put after the read and before the wait is seen by the wait (it watches from the
+/// revision read); when that revision was compacted away meanwhile, the wait reads again and
+/// says the pause as it is now.
+async fn a_pause_put_between_the_read_and_the_wait_is_seen(env: Env) {
+    let etcd = &env.etcd;
+    let s = sem(etcd, "default", None).await;
+    let admin = sem(etcd, "default", None).await;
+    let first = a_pause("first");
+    assert_eq!(Semaphore::group_pause(&s).await.unwrap(), None);
+    admin.pause_group(&first).await.unwrap();
+    let changed = within("pause seen", s.group_pause_changed(None)).await;
+    assert_eq!(changed.unwrap(), Some(first.clone()));
+
+    admin.resume_group().await.unwrap();
+    assert_eq!(Semaphore::group_pause(&s).await.unwrap(), None);
+    let second = a_pause("second");
+    admin.pause_group(&first).await.unwrap();
+    admin.resume_group().await.unwrap();
+    admin.pause_group(&second).await.unwrap();
+    let mut c = client(etcd).await;
+    let now = c.get("x", None).await.unwrap().header().unwrap().revision();
+    c.compact(now, None).await.unwrap();
+    // From the revision read, the first change is `first`; compacted, the wait reads `second`.
+    let changed = within("pause seen", s.group_pause_changed(None)).await;
+    assert_eq!(changed.unwrap(), Some(second));
 }
 
 async fn tls_and_password_auth(mut env: Env) {

@@ -54,6 +54,20 @@ impl GroupPause {
     }
 }
 
+/// The pause as a store's `group_pause` read it, with where that read was (etcd's revision or
+/// index), kept a moment (see [`super::recent`]): a `pause_changed(known)` right after it
+/// watches from there when the pause read is `known`, instead of reading it again. A watch from
+/// the read's position sees every change after it; one that starts too far back (compacted, the
+/// index cleared) reads again, as it always did.
+pub(crate) type LastRead<At> = super::recent::Recent<(Option<GroupPause>, At)>;
+
+/// Where `last`'s read was, when it saw `known` (None: read again). Forgets the read either way.
+pub(crate) fn watch_from<At>(last: &LastRead<At>, known: Option<&GroupPause>) -> Option<At> {
+    last.take()
+        .filter(|(pause, _)| pause.as_ref() == known)
+        .map(|(_, at)| at)
+}
+
 /// The etcd key (v3 form, no leading `/`) of `group`'s pause.
 pub fn etcd_key(group: &str) -> String {
     let records = super::document::holder_records_prefix(group);
@@ -64,6 +78,26 @@ pub fn etcd_key(group: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_last_read_serves_one_wait_for_the_pause_it_saw() {
+        let p = GroupPause::parse("freeze");
+        let last = LastRead::default();
+        assert_eq!(watch_from(&last, None), None::<i64>, "nothing read yet");
+        last.set((None, 7));
+        assert_eq!(watch_from(&last, None), Some(7));
+        assert_eq!(watch_from(&last, None), None, "taken once");
+        last.set((None, 8));
+        assert_eq!(
+            watch_from(&last, Some(&p)),
+            None,
+            "another pause: read again"
+        );
+        assert_eq!(watch_from(&last, None), None, "and forgotten");
+        last.set((None, 9));
+        last.set((Some(p.clone()), 10));
+        assert_eq!(watch_from(&last, Some(&p)), Some(10), "the newest read");
+    }
 
     #[test]
     fn the_key_is_beside_the_document_and_outside_the_watched_range() {

@@ -98,6 +98,8 @@ pub struct EtcdSemaphore {
     timeouts: Timeouts,
     /// My record as this process last wrote it (see [`report`]).
     written: report::Written,
+    /// The pause as `group_pause` last read it, for the wait that follows ([`pause`]).
+    last_pause: super::pause::LastRead<i64>,
 }
 
 impl std::fmt::Debug for EtcdSemaphore {
@@ -160,6 +162,7 @@ impl EtcdSemaphore {
             max_hold,
             timeouts,
             written: report::Written::default(),
+            last_pause: super::pause::LastRead::default(),
         };
         // The client connects lazily: make sure someone answers, and say what else did.
         if let Err(e) = this.probe().await {

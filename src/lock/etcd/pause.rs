@@ -1,5 +1,7 @@
 //! The group's pause on the v3 store: one key beside locksmith's document (see
-//! [`crate::lock::pause`]), read, put, deleted, and watched from the revision read.
+//! [`crate::lock::pause`]), read, put, deleted, and watched from the revision read (the read of
+//! `group_pause` right before, when it saw the pause waited on: see
+//! [`crate::lock::pause::LastRead`]).
 
 use etcd_client::{EventType, WatchOptions};
 
@@ -28,8 +30,11 @@ impl EtcdSemaphore {
         Ok((pause, revision))
     }
 
+    /// The pause now; the read is remembered for the wait that may follow.
     pub(super) async fn group_pause_now(&self) -> Result<Option<GroupPause>, LockError> {
-        Ok(self.read_pause().await?.0)
+        let (pause, revision) = self.read_pause().await?;
+        self.last_pause.set((pause.clone(), revision));
+        Ok(pause)
     }
 
     #[tracing::instrument(skip(self, p), fields(key = %self.pause_key()))]
@@ -50,16 +55,24 @@ impl EtcdSemaphore {
         Ok(())
     }
 
-    /// Wait until the pause differs from `known`: read, then watch from the revision read.
+    /// Wait until the pause differs from `known`: read (unless the last read saw `known`), then
+    /// watch from the revision read. A start compacted away reads again.
     pub(super) async fn pause_changed(
         &self,
         known: Option<&GroupPause>,
     ) -> Result<Option<GroupPause>, LockError> {
+        let mut last_read = pause::watch_from(&self.last_pause, known);
         loop {
-            let (now, revision) = self.read_pause().await?;
-            if now.as_ref() != known {
-                return Ok(now);
-            }
+            let revision = match last_read.take() {
+                Some(revision) => revision,
+                None => {
+                    let (now, revision) = self.read_pause().await?;
+                    if now.as_ref() != known {
+                        return Ok(now);
+                    }
+                    revision
+                }
+            };
             let options = WatchOptions::new().with_start_revision(revision + 1);
             let mut watch = self.client.watch_client();
             let mut stream = self

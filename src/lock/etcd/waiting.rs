@@ -6,6 +6,8 @@
 //! transaction each, guarded by the document's mod revision (and, to reclaim or adopt a slot, by
 //! the holder record's): taking a slot writes the document, my record and deletes my entry.
 //! Dropped, an `acquire` revokes its lease from a spawned task; a dead one's entry expires with it.
+//! One that took its slot in the transaction deleting its entry leaves the lease, holding no key,
+//! to expire instead of revoking it.
 
 use std::time::{Duration, Instant};
 
@@ -66,7 +68,7 @@ pub(in crate::lock) fn waiting<'a>(store: &'a EtcdSemaphore, me: &'a Identity) -
 
 /// The lease of my queue entry; revoked (from a spawned task, best effort) when dropped, so an
 /// `acquire` that returns or is cancelled leaves no entry behind. If the process dies instead,
-/// the lease expires.
+/// the lease expires. Forgotten without a revoke once my entry went with the take.
 struct LeaseGuard {
     client: Client,
     request: Duration,
@@ -75,6 +77,13 @@ struct LeaseGuard {
 }
 
 impl LeaseGuard {
+    /// Stop minding the lease without revoking it (it holds no key): it expires by its TTL.
+    fn forget(&mut self) {
+        if let Some((id, ttl)) = self.lease.take() {
+            tracing::debug!(lease = id, ?ttl, "queue lease holds no key; left to expire");
+        }
+    }
+
     fn revoke(&mut self) {
         let Some((id, _)) = self.lease.take() else {
             return;
@@ -484,7 +493,13 @@ impl Waiting for V3Waiting<'_> {
         }
         self.watch = None;
         self.keep_alive = None;
-        self.lease.revoke();
+        if self.left {
+            // My entry went with the transaction that made me a holder: the lease holds no key
+            // any more. It is forgotten, not revoked (one request less), and expires by its TTL.
+            self.lease.forget();
+        } else {
+            self.lease.revoke();
+        }
     }
 }
 
