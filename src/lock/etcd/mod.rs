@@ -39,6 +39,8 @@ mod pause;
 mod report;
 pub mod snapshot;
 pub(in crate::lock) mod waiting;
+#[cfg(test)]
+mod wake_tests;
 
 use std::time::Duration;
 

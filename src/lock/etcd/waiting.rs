@@ -246,6 +246,19 @@ impl V3Waiting<'_> {
             .await
     }
 
+    /// Whether `events` change nothing but other holders' records (their phase reports), which
+    /// decide nothing for me without `max_hold` (with it, a record's new revision is a beat the
+    /// arbiter must see). The snapshot takes them all the same; the arbiter is not asked again,
+    /// which in a long queue is most of a waiter's work.
+    fn only_others_records(&self, events: &[(bool, Kv)]) -> bool {
+        let keys = &self.store.keys;
+        let mine = keys.record(&self.me.id);
+        self.store.max_hold.is_none()
+            && events.iter().all(|(_, kv)| {
+                kv.key.starts_with(keys.records.as_bytes()) && kv.key != mine.as_bytes()
+            })
+    }
+
     /// Note my entry, put at `revision`, in the snapshot (its revision stays: the watch still
     /// has to bring what happened before).
     fn note_entry(&mut self, revision: i64, lease: i64, record: WaiterRecord) {
@@ -466,6 +479,9 @@ impl Waiting for V3Waiting<'_> {
                     let keys = &self.store.keys;
                     if let Some(snap) = self.snap.as_mut() {
                         snap.apply(keys, &events)?;
+                    }
+                    if self.only_others_records(&events) {
+                        continue;
                     }
                     return Ok(Wake::Changed);
                 }
