@@ -1365,11 +1365,9 @@ async fn a_waiter_that_takes_a_slot_sends_no_lease_revoke(mut env: Env) {
         Some(1.0),
         "x's revoke only: {used:?}"
     );
-    assert_eq!(
-        lease_keys(&mut c, w_lease).await,
-        Some(0),
-        "w's lease is left to expire, holding no key"
-    );
+    // Left to expire (by now, perhaps, on a slow machine), holding no key.
+    let w_keys = lease_keys(&mut c, w_lease).await;
+    assert!(matches!(w_keys, Some(0) | None), "{w_keys:?}");
     assert!(holds(&admin, "w").await);
 }
 

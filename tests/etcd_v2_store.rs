@@ -11,7 +11,7 @@ use rebootd::config;
 use rebootd::lock::document::semaphore_key;
 use rebootd::lock::etcd_v2::follow::FollowV3;
 use rebootd::lock::etcd_v2::{tree, EtcdV2Semaphore, Timeouts};
-use rebootd::lock::{Admin, Fence, Identity, LockError, Reported, Semaphore};
+use rebootd::lock::{Admin, Fence, GroupPause, Identity, LockError, Reported, Semaphore};
 use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
 use rebootd_lab::locksmith::{LocksmithEtcd, Locksmithctl};
 use rebootd_lab::v2_watcher::{self, V2DocWatcher};
@@ -104,6 +104,8 @@ per_version!(
     a_moved_document_is_followed_to_v3,
     a_waiter_survives_a_cleared_watch_index_and_an_etcd_restart,
     changes_while_waiting_cost_the_waiter_no_requests,
+    a_wait_for_the_pause_right_after_reading_it_reads_it_once,
+    a_pause_set_between_the_read_and_the_wait_is_seen,
 );
 
 mod tls {
@@ -465,6 +467,71 @@ impl Env {
             .etcdctl_run(&["get", "--print-value-only", key])
             .unwrap()
     }
+}
+
+/// How many v2 watches etcd has open (its gauge `etcd_debugging_store_watchers`).
+fn v2_watchers(etcd: &EtcdServer) -> f64 {
+    let out = std::process::Command::new("curl")
+        .args(["-sS", &format!("{}/metrics", etcd.endpoint())])
+        .output()
+        .expect("curl /metrics");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("etcd_debugging_store_watchers "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+fn a_pause(reason: &str) -> GroupPause {
+    GroupPause {
+        since: jiff::Timestamp::now(),
+        reason: Some(reason.into()),
+        by: Some("test".into()),
+    }
+}
+
+/// What the agent does before it waits for a slot: read the pause, then follow it. The follow
+/// watches from the index of that read instead of reading again: two requests, not three.
+async fn a_wait_for_the_pause_right_after_reading_it_reads_it_once(env: Env) {
+    let s = env.store("default").await;
+    let admin = env.store("default").await;
+    let pause = a_pause("freeze");
+    let before = s.requests();
+    assert_eq!(Semaphore::group_pause(&s).await.unwrap(), None);
+    let watched = async {
+        tokio::time::timeout(WAIT, async {
+            while v2_watchers(&env.etcd) < 1.0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("the pause watched");
+        let used = s.requests() - before;
+        admin.pause_group(&pause).await.unwrap();
+        used
+    };
+    let (changed, used) = tokio::join!(
+        tokio::time::timeout(WAIT, s.group_pause_changed(None)),
+        watched
+    );
+    assert_eq!(changed.expect("pause seen").unwrap(), Some(pause));
+    assert_eq!(used, 2, "one read, one long poll");
+}
+
+/// A pause set after the read and before the wait is seen by the wait (it watches from the
+/// index read).
+async fn a_pause_set_between_the_read_and_the_wait_is_seen(env: Env) {
+    let s = env.store("default").await;
+    let admin = env.store("default").await;
+    let (first, second) = (a_pause("first"), a_pause("second"));
+    assert_eq!(Semaphore::group_pause(&s).await.unwrap(), None);
+    admin.pause_group(&first).await.unwrap();
+    let changed = tokio::time::timeout(WAIT, s.group_pause_changed(None)).await;
+    assert_eq!(changed.expect("pause seen").unwrap(), Some(first.clone()));
+    // The read served once: the next wait reads the pause as it is now.
+    admin.pause_group(&second).await.unwrap();
+    let changed = tokio::time::timeout(WAIT, s.group_pause_changed(Some(&first))).await;
+    assert_eq!(changed.expect("pause seen").unwrap(), Some(second));
 }
 
 /// How many entries the v2 queue directory holds now.

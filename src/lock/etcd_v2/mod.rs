@@ -67,6 +67,8 @@ pub struct EtcdV2Semaphore {
     timeouts: Timeouts,
     /// The group as the last phase report read it, for the release right after it.
     recent: Recent<Snapshot>,
+    /// The pause as `group_pause` last read it, for the wait that follows ([`pause`]).
+    last_pause: super::pause::LastRead<u64>,
 }
 
 impl std::fmt::Debug for EtcdV2Semaphore {
@@ -188,6 +190,7 @@ impl EtcdV2Semaphore {
             max_hold,
             timeouts,
             recent: Recent::default(),
+            last_pause: super::pause::LastRead::default(),
         };
         match this.client.get(&this.keys.doc, Get::default()).await {
             Ok(_) => Ok(this),

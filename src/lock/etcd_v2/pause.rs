@@ -1,5 +1,7 @@
 //! The group's pause on the v2 store: one key of rebootd's beside locksmith's document (never in
-//! it, see [`crate::lock::pause`]), read, set, deleted, and watched from the index read.
+//! it, see [`crate::lock::pause`]), read, set, deleted, and watched from the index read (the read
+//! of `group_pause` right before, when it saw the pause waited on: see
+//! [`crate::lock::pause::LastRead`]).
 
 use super::super::pause::{self, GroupPause};
 use super::super::LockError;
@@ -28,8 +30,11 @@ impl EtcdV2Semaphore {
         }
     }
 
+    /// The pause now; the read is remembered for the wait that may follow.
     pub(super) async fn group_pause_now(&self) -> Result<Option<GroupPause>, LockError> {
-        Ok(self.read_pause().await?.0)
+        let (pause, index) = self.read_pause().await?;
+        self.last_pause.set((pause.clone(), index));
+        Ok(pause)
     }
 
     #[tracing::instrument(skip(self, p), fields(key = %self.pause_key()))]
@@ -53,16 +58,24 @@ impl EtcdV2Semaphore {
         Ok(())
     }
 
-    /// Wait until the pause differs from `known`: read, then watch the key from the index read.
+    /// Wait until the pause differs from `known`: read (unless the last read saw `known`), then
+    /// watch the key from the index read. An index cleared from etcd's history reads again.
     pub(super) async fn pause_changed(
         &self,
         known: Option<&GroupPause>,
     ) -> Result<Option<GroupPause>, LockError> {
+        let mut last_read = pause::watch_from(&self.last_pause, known);
         'read: loop {
-            let (now, index) = self.read_pause().await?;
-            if now.as_ref() != known {
-                return Ok(now);
-            }
+            let index = match last_read.take() {
+                Some(index) => index,
+                None => {
+                    let (now, index) = self.read_pause().await?;
+                    if now.as_ref() != known {
+                        return Ok(now);
+                    }
+                    index
+                }
+            };
             let mut from = index + 1;
             loop {
                 match self.client.watch(&self.pause_key(), false, from).await {
