@@ -15,7 +15,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, ListParams, WatchEvent, WatchParams};
 use rebootd::config;
 use rebootd::lock::kube_lease::{self, KubeLeaseSemaphore, Timeouts};
-use rebootd::lock::{Admin, Identity, LockError, Reported, Semaphore};
+use rebootd::lock::{Admin, GroupPause, Identity, LockError, Reported, Semaphore};
 use rebootd_lab::kube_api::{FaultRule, Kind, KubeApi, KubeApiHandle, NodeBuilder, Options};
 use serde_json::{json, Value};
 use tokio::time::Instant;
@@ -92,6 +92,8 @@ scenarios!(
     status_and_set_max_ignore_waiter_leases,
     a_phase_report_is_one_request_whatever_other_holders_do,
     a_release_right_after_a_report_that_listed_is_one_request,
+    a_wait_for_the_pause_right_after_reading_it_lists_it_once,
+    a_wait_whose_start_is_gone_lists_the_pause_again,
 );
 
 fn settings() -> config::KubeLease {
@@ -365,8 +367,81 @@ impl Observer {
     }
 }
 
+fn a_pause(reason: &str) -> GroupPause {
+    GroupPause {
+        since: jiff::Timestamp::now(),
+        reason: Some(reason.into()),
+        by: Some("test".into()),
+    }
+}
+
 mod scenarios {
     use super::*;
+
+    /// What the agent does before it waits for a slot: read the pause, then follow it. The
+    /// follow watches from the resourceVersion of that read instead of listing again (one list
+    /// and one watch, not a read, a list and a watch); the changes after the read are seen,
+    /// a resume too.
+    pub async fn a_wait_for_the_pause_right_after_reading_it_lists_it_once(env: Env) {
+        let s = sem(&env, "a").await;
+        let admin = sem(&env, "admin").await;
+        let pause = a_pause("freeze");
+        env.api.cluster().requests().clear();
+        assert_eq!(Semaphore::group_pause(&s).await.unwrap(), None);
+        let watched = async {
+            within("the pause watched", async {
+                while requests_by(&env, "node-a", is_lease_watch) == 0 {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+            .await;
+            admin.pause_group(&pause).await.unwrap();
+        };
+        let (changed, ()) =
+            tokio::join!(within("pause seen", s.group_pause_changed(None)), watched);
+        assert_eq!(changed.unwrap(), Some(pause.clone()));
+        let all = env.api.cluster().requests().all();
+        let by_a: Vec<_> = all
+            .iter()
+            .filter(|r| r.user.as_deref() == Some("node-a"))
+            .collect();
+        assert_eq!(by_a.len(), 2, "one list, one watch: {by_a:#?}");
+        assert!(
+            is_lease_list(by_a[0]) && is_lease_watch(by_a[1]),
+            "{by_a:#?}"
+        );
+
+        // Paused, then resumed between the read and the wait: the wait sees the resume.
+        assert_eq!(
+            Semaphore::group_pause(&s).await.unwrap(),
+            Some(pause.clone())
+        );
+        admin.resume_group().await.unwrap();
+        let changed = within("resume seen", s.group_pause_changed(Some(&pause))).await;
+        assert_eq!(changed.unwrap(), None);
+    }
+
+    /// A wait from a read the server no longer has (410 Gone, here injected) lists the pause
+    /// again and says it as it is now.
+    pub async fn a_wait_whose_start_is_gone_lists_the_pause_again(env: Env) {
+        let s = sem(&env, "a").await;
+        let admin = sem(&env, "admin").await;
+        let pause = a_pause("freeze");
+        assert_eq!(Semaphore::group_pause(&s).await.unwrap(), None);
+        admin.pause_group(&pause).await.unwrap();
+        let leases = format!("/namespaces/{NS}/leases");
+        env.api
+            .cluster()
+            .faults()
+            .inject(FaultRule::status(&leases, 410, 1).method("GET"));
+        let changed = within("pause seen", s.group_pause_changed(None)).await;
+        assert_eq!(changed.unwrap(), Some(pause));
+        assert_eq!(
+            env.api.cluster().faults().pending(),
+            0,
+            "the watch was refused"
+        );
+    }
 
     pub async fn first_use_creates_the_objects(mut env: Env) {
         add_node(&env, "a");

@@ -228,6 +228,8 @@ pub struct KubeLeaseSemaphore {
     timeouts: Timeouts,
     /// My slot Lease as this process last wrote it (see [`report`]).
     written: report::Written,
+    /// The pause as `group_pause` last listed it, for the wait that follows ([`pause`]).
+    last_pause: super::pause::LastRead<String>,
 }
 
 impl std::fmt::Debug for KubeLeaseSemaphore {
@@ -265,6 +267,7 @@ impl KubeLeaseSemaphore {
             max_hold,
             timeouts: Timeouts::default(),
             written: report::Written::default(),
+            last_pause: super::pause::LastRead::default(),
         }
     }
 

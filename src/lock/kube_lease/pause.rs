@@ -2,15 +2,20 @@
 //! annotation `rebootd.io/paused` holds the pause (see [`crate::lock::pause`]); no such Lease,
 //! no pause. It carries no semaphore label, so the waiters' watch of the semaphore's Leases
 //! never sees it; a paused node watches it by name.
+//!
+//! `group_pause` reads it by a list of that one name, whose resourceVersion says where the read
+//! was even when there is no such Lease; a wait for the pause right after it watches from there
+//! (see [`crate::lock::pause::LastRead`]) instead of listing again. A start the server no longer
+//! has (410 Gone) or a watch that ends falls back to a watcher, which lists.
 
 use std::collections::BTreeMap;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams, WatchEvent, WatchParams};
 use kube::runtime::watcher;
 
-use super::super::pause::GroupPause;
+use super::super::pause::{self, GroupPause};
 use super::super::LockError;
 use super::calls::CallError;
 use super::KubeLeaseSemaphore;
@@ -28,12 +33,65 @@ impl KubeLeaseSemaphore {
         format!("{}-paused", self.name)
     }
 
+    /// The field selector of the pause Lease.
+    fn pause_selector(&self) -> String {
+        format!("metadata.name={}", self.pause_name())
+    }
+
+    /// The pause now (one list of the one Lease); the read is remembered for the wait that may
+    /// follow.
     pub(super) async fn group_pause_now(&self) -> Result<Option<GroupPause>, LockError> {
-        let name = self.pause_name();
-        let lease = self
-            .call("reading the group's pause", self.leases.get_opt(&name))
+        let lp = ListParams::default().fields(&self.pause_selector());
+        let list = self
+            .call("reading the group's pause", self.leases.list(&lp))
             .await?;
-        Ok(lease.as_ref().and_then(pause_of))
+        let pause = list.items.first().and_then(pause_of);
+        if let Some(rv) = list.metadata.resource_version.filter(|rv| !rv.is_empty()) {
+            self.last_pause.set((pause.clone(), rv));
+        }
+        Ok(pause)
+    }
+
+    /// Watch the pause Lease from resourceVersion `rv` until the pause differs from `known`
+    /// (`Some` of it); `None` when the server no longer has `rv` (410 Gone) or the watch ends,
+    /// and the caller lists again.
+    async fn pause_changed_from(
+        &self,
+        rv: &str,
+        known: Option<&GroupPause>,
+    ) -> Result<Option<Option<GroupPause>>, LockError> {
+        let name = self.pause_name();
+        let secs = self.timeouts.watch.as_secs().clamp(1, 290);
+        let wp = WatchParams::default()
+            .fields(&self.pause_selector())
+            .timeout(u32::try_from(secs).unwrap_or(290));
+        let events = match self
+            .call("watching the group's pause", self.leases.watch(&wp, rv))
+            .await
+        {
+            Ok(events) => events,
+            Err(CallError {
+                code: Some(410), ..
+            }) => return Ok(None),
+            Err(e) => return Err(e.error),
+        };
+        let mut events = events.boxed();
+        while let Some(event) = events.next().await {
+            let now = match event {
+                Ok(WatchEvent::Added(l) | WatchEvent::Modified(l)) => pause_of(&l),
+                Ok(WatchEvent::Deleted(_)) => None,
+                Ok(WatchEvent::Bookmark(_)) => continue,
+                Ok(WatchEvent::Error(s)) if s.code == 410 => return Ok(None),
+                Ok(WatchEvent::Error(s)) => {
+                    return Err(self.status_error(&format!("watching Lease {name}"), &s))
+                }
+                Err(e) => return Err(self.unreachable(format!("watching Lease {name}: {e}"))),
+            };
+            if now.as_ref() != known {
+                return Ok(Some(now));
+            }
+        }
+        Ok(None)
     }
 
     #[tracing::instrument(skip(self, p), fields(namespace = %self.namespace, lease = %self.pause_name()))]
@@ -98,14 +156,20 @@ impl KubeLeaseSemaphore {
         Ok(())
     }
 
-    /// Wait until the pause differs from `known`: a watcher of the one Lease, by name (its
+    /// Wait until the pause differs from `known`: a watch from the last read when it saw
+    /// `known`, else (or when that watch cannot go on) a watcher of the one Lease, by name (its
     /// first list says what it is now).
     pub(super) async fn pause_changed(
         &self,
         known: Option<&GroupPause>,
     ) -> Result<Option<GroupPause>, LockError> {
+        if let Some(rv) = pause::watch_from(&self.last_pause, known) {
+            if let Some(changed) = self.pause_changed_from(&rv, known).await? {
+                return Ok(changed);
+            }
+        }
         let name = self.pause_name();
-        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let config = watcher::Config::default().fields(&self.pause_selector());
         let mut events = watcher::watcher(self.leases.clone(), config).boxed();
         let mut listed: Option<Option<GroupPause>> = None;
         while let Some(event) = events.next().await {
