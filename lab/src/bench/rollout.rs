@@ -19,7 +19,7 @@ use crate::v2_watcher::V2DocWatcher;
 use futures_util::StreamExt;
 use rebootd::config::Config;
 use rebootd::lock::document::{semaphore_key, SemaphoreDoc};
-use rebootd::lock::{Fence, Identity, LockError, Reported, Semaphore};
+use rebootd::lock::{Fence, GroupPause, Identity, LockError, Reported, Semaphore};
 use rebootd::reboot::{RebootError, Rebooter};
 use rebootd::runtime::Runtime;
 use rebootd::state::StateStore;
@@ -406,6 +406,17 @@ impl Semaphore for Counted {
     async fn report_phase(&self, me: &Identity, phase: &str) -> Result<Reported, LockError> {
         self.calls.report_phase.fetch_add(1, Ordering::Relaxed);
         self.inner.report_phase(me, phase).await
+    }
+    // The pause is read and followed before every wait for a slot, as the daemon does (the
+    // trait's defaults would say "never paused" without asking the store).
+    async fn group_pause(&self) -> Result<Option<GroupPause>, LockError> {
+        self.inner.group_pause().await
+    }
+    async fn group_pause_changed(
+        &self,
+        known: Option<&GroupPause>,
+    ) -> Result<Option<GroupPause>, LockError> {
+        self.inner.group_pause_changed(known).await
     }
 }
 
