@@ -25,6 +25,9 @@ use super::super::{Identity, LockError};
 use super::snapshot::{Kv, QueueEntry, Snapshot};
 use super::{EtcdSemaphore, BACKEND};
 
+/// How many waiters ahead make a waiter far back in the queue (see `V3Waiting::far_back`).
+pub(in crate::lock) const FAR_BACK: usize = 16;
+
 /// gRPC NotFound: etcd's "requested lease not found" (it expired while etcd was away).
 const GRPC_NOT_FOUND: i32 = 5;
 
@@ -259,6 +262,34 @@ impl V3Waiting<'_> {
             })
     }
 
+    /// Whether I am far back in a long queue: at least [`FAR_BACK`] waiters ahead of me, and so
+    /// many that no change could let me act (at least `max` of them besides the left-over
+    /// entries holders may have: the arbiter takes a slot only with fewer waiters ahead than
+    /// free slots, and reclaims only at the head; entries here live by their lease, so none
+    /// ahead is judged dead by silence). Counting is a comparison per entry; asking the arbiter
+    /// builds the whole view, which at every change of a long queue was most of a waiter's work.
+    /// Nearer the head every change is decided on and logged as before.
+    fn far_back(&self) -> bool {
+        let Some(snap) = &self.snap else {
+            return false;
+        };
+        let Some(mine) = snap.queue.get(&self.queue_key) else {
+            return false;
+        };
+        if snap.doc.holders.contains(&self.me.id) {
+            return false;
+        }
+        let ahead = snap
+            .queue
+            .values()
+            .filter(|e| e.create_revision < mine.create_revision)
+            .count();
+        let enough = usize::try_from(snap.doc.max)
+            .unwrap_or(usize::MAX)
+            .saturating_add(snap.doc.holders.len());
+        ahead >= enough.max(FAR_BACK)
+    }
+
     /// Note my entry, put at `revision`, in the snapshot (its revision stays: the watch still
     /// has to bring what happened before).
     fn note_entry(&mut self, revision: i64, lease: i64, record: WaiterRecord) {
@@ -480,7 +511,7 @@ impl Waiting for V3Waiting<'_> {
                     if let Some(snap) = self.snap.as_mut() {
                         snap.apply(keys, &events)?;
                     }
-                    if self.only_others_records(&events) {
+                    if self.only_others_records(&events) || self.far_back() {
                         continue;
                     }
                     return Ok(Wake::Changed);

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::super::acquire::{Waiting, Wake};
 use super::super::race_tests::{etcd, me};
 use super::super::Semaphore;
-use super::waiting::waiting;
+use super::waiting::{waiting, FAR_BACK};
 use super::EtcdSemaphore;
 use crate::config;
 
@@ -65,4 +65,52 @@ async fn other_holders_reports_wake_a_waiter_only_with_max_hold() {
         );
         assert_eq!(w.view().expect("view").holders.len(), 0, "{group}");
     }
+}
+
+/// A waiter far back in a long queue (`FAR_BACK` waiters ahead, and at least `max` besides
+/// holders' entries) could not act whatever changed, so changes do not wake it; the one that
+/// brings it nearer the head does.
+#[tokio::test]
+async fn a_waiter_far_back_is_woken_only_nearer_the_head() {
+    let Some(etcd) = etcd().await else { return };
+    let group = "far";
+    let holder = connect(&etcd, group, None).await;
+    let h = me("h");
+    holder.acquire(&h).await.expect("h takes the only slot");
+    let store = connect(&etcd, group, None).await;
+    let ids: Vec<_> = (0..FAR_BACK).map(|i| me(&format!("a{i:02}"))).collect();
+    let mut ahead = Vec::new();
+    for id in &ids {
+        let mut q = waiting(&store, id);
+        q.read().await.expect("read");
+        q.enqueue().await.expect("queue");
+        ahead.push(q);
+    }
+    let w = me("w");
+    let mut me_w = waiting(&store, &w);
+    me_w.read().await.expect("read");
+    me_w.enqueue().await.expect("queue");
+    // My own entry arrives on the watch: nothing to act on, far back.
+    assert!(quiet(&mut me_w, 500).await.is_err(), "woken far back");
+    // The slot is given back: FAR_BACK waiters ahead of one slot; still nothing to do.
+    holder.release(&h).await.expect("release");
+    assert!(quiet(&mut me_w, 500).await.is_err(), "woken far back");
+    // One ahead leaves: nearer the head every change is decided on (and logged) again.
+    ahead.remove(0).leave(Vec::new()).await;
+    let woken = quiet(&mut me_w, 10_000).await;
+    assert_eq!(woken.expect("woken").expect("wait"), Wake::Changed);
+    let view = me_w.view().expect("view");
+    assert_eq!(
+        (view.holders.len(), view.waiters.len()),
+        (0, FAR_BACK),
+        "{view:?}"
+    );
+}
+
+/// `w`'s next wake within `ms` (`Err`: none came).
+async fn quiet(
+    w: &mut super::waiting::V3Waiting<'_>,
+    ms: u64,
+) -> Result<Result<Wake, crate::lock::LockError>, tokio::time::error::Elapsed> {
+    tokio::time::timeout(Duration::from_millis(ms), w.wait(None, false)).await
 }
