@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use rebootd::config;
 use rebootd::lock::document::{self, HolderRecord, SemaphoreDoc};
 use rebootd::lock::etcd::{EtcdSemaphore, Timeouts};
-use rebootd::lock::{Admin, GroupPause, Identity, LockError, Reported, Semaphore};
+use rebootd::lock::{Admin, Identity, LockError, Reported, Semaphore};
 use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
 
 /// Whether `id` (a machine id or a node name) holds a slot, as `rebootctl status` shows it.
@@ -24,7 +24,7 @@ async fn holds(s: &impl Admin, id: &str) -> bool {
 }
 
 mod common;
-use common::in_process::{within, STORE_WAIT as WAIT};
+use common::in_process::{a_pause, within, STORE_WAIT as WAIT};
 use common::logs::{self, Logs};
 
 const DEFAULT_KEY: &str = "coreos.com/updateengine/rebootlock/semaphore";
@@ -1369,14 +1369,6 @@ async fn a_waiter_that_takes_a_slot_sends_no_lease_revoke(mut env: Env) {
     let w_keys = lease_keys(&mut c, w_lease).await;
     assert!(matches!(w_keys, Some(0) | None), "{w_keys:?}");
     assert!(holds(&admin, "w").await);
-}
-
-fn a_pause(reason: &str) -> GroupPause {
-    GroupPause {
-        since: jiff::Timestamp::now(),
-        reason: Some(reason.into()),
-        by: Some("test".into()),
-    }
 }
 
 /// What the agent does before it waits for a slot: read the pause, then follow it. The follow

@@ -11,10 +11,13 @@ use rebootd::config;
 use rebootd::lock::document::semaphore_key;
 use rebootd::lock::etcd_v2::follow::FollowV3;
 use rebootd::lock::etcd_v2::{tree, EtcdV2Semaphore, Timeouts};
-use rebootd::lock::{Admin, Fence, GroupPause, Identity, LockError, Reported, Semaphore};
+use rebootd::lock::{Admin, Fence, Identity, LockError, Reported, Semaphore};
 use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
 use rebootd_lab::locksmith::{LocksmithEtcd, Locksmithctl};
 use rebootd_lab::v2_watcher::{self, V2DocWatcher};
+
+mod common;
+use common::in_process::a_pause;
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -480,14 +483,6 @@ fn v2_watchers(etcd: &EtcdServer) -> f64 {
         .find_map(|l| l.strip_prefix("etcd_debugging_store_watchers "))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0.0)
-}
-
-fn a_pause(reason: &str) -> GroupPause {
-    GroupPause {
-        since: jiff::Timestamp::now(),
-        reason: Some(reason.into()),
-        by: Some("test".into()),
-    }
 }
 
 /// What the agent does before it waits for a slot: read the pause, then follow it. The follow

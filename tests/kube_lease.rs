@@ -15,7 +15,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, ListParams, WatchEvent, WatchParams};
 use rebootd::config;
 use rebootd::lock::kube_lease::{self, KubeLeaseSemaphore, Timeouts};
-use rebootd::lock::{Admin, GroupPause, Identity, LockError, Reported, Semaphore};
+use rebootd::lock::{Admin, Identity, LockError, Reported, Semaphore};
 use rebootd_lab::kube_api::{FaultRule, Kind, KubeApi, KubeApiHandle, NodeBuilder, Options};
 use serde_json::{json, Value};
 use tokio::time::Instant;
@@ -31,7 +31,7 @@ async fn holds(s: &impl Admin, id: &str) -> bool {
 }
 
 mod common;
-use common::in_process::{me, not_within, within};
+use common::in_process::{a_pause, me, not_within, within};
 use common::logs::{self, Logs};
 
 const NS: &str = "rebootd";
@@ -364,14 +364,6 @@ impl Observer {
     async fn finish(self) -> (usize, Vec<String>) {
         let _ = self.stop.send(());
         self.task.await.expect("observer task")
-    }
-}
-
-fn a_pause(reason: &str) -> GroupPause {
-    GroupPause {
-        since: jiff::Timestamp::now(),
-        reason: Some(reason.into()),
-        by: Some("test".into()),
     }
 }
 

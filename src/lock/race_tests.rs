@@ -38,7 +38,7 @@ pub(super) async fn etcd() -> Option<EtcdServer> {
     Some(etcd.expect("start etcd"))
 }
 
-fn settings(etcd: &EtcdServer, api: config::EtcdApi) -> config::Etcd {
+pub(super) fn settings(etcd: &EtcdServer, api: config::EtcdApi) -> config::Etcd {
     config::Etcd {
         api,
         endpoints: vec![etcd.endpoint()],

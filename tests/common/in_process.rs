@@ -1,12 +1,21 @@
 //! For the tests that run rebootd's lock stores in-process (no daemon): a machine's identity and
 //! awaits bounded in time.
 
-use rebootd::lock::Identity;
+use rebootd::lock::{GroupPause, Identity};
 use std::future::Future;
 use std::time::Duration;
 
 /// Upper bound for anything an in-process lock test awaits.
 pub const STORE_WAIT: Duration = Duration::from_secs(20);
+
+/// A group pause made now, saying `reason`.
+pub fn a_pause(reason: &str) -> GroupPause {
+    GroupPause {
+        since: jiff::Timestamp::now(),
+        reason: Some(reason.into()),
+        by: Some("test".into()),
+    }
+}
 
 /// Machine `x`: id `m-x`, node `node-x`, boot `boot-x`, token `t-x`.
 pub fn me(x: &str) -> Identity {

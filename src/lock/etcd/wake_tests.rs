@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use super::super::acquire::{Waiting, Wake};
-use super::super::race_tests::{etcd, me};
+use super::super::race_tests::{etcd, me, settings};
 use super::super::Semaphore;
 use super::waiting::{waiting, FAR_BACK};
 use super::EtcdSemaphore;
@@ -17,15 +17,7 @@ async fn connect(
     group: &str,
     max_hold: Option<Duration>,
 ) -> EtcdSemaphore {
-    let s = config::Etcd {
-        api: config::EtcdApi::V3,
-        endpoints: vec![etcd.endpoint()],
-        ca_file: None,
-        cert_file: None,
-        key_file: None,
-        username: None,
-        password_file: None,
-    };
+    let s = settings(etcd, config::EtcdApi::V3);
     EtcdSemaphore::connect(&s, group, max_hold)
         .await
         .expect("connect v3")
