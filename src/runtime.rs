@@ -683,32 +683,17 @@ impl Runtime {
     /// before or during the wait ends it (the queue entry goes, see `lock::acquire::Waiting`)
     /// and the node waits for the resume instead; holders are not asked.
     async fn acquire_unless_paused(&self) -> Event {
-        match self.semaphore.group_pause().await {
-            Ok(Some(pause)) => return Event::GroupPaused { pause },
-            Ok(None) => {}
-            Err(e) => {
-                return Event::Transient {
-                    error: format!("cannot read the group's pause: {e}"),
-                }
-            }
-        }
-        let paused = async {
-            match self.semaphore.group_pause_changed(None).await {
-                Ok(Some(pause)) => pause,
-                // Resumed before it was paused: cannot be; a broken watch leaves the wait alone.
-                Ok(None) => std::future::pending().await,
-                Err(e) => {
-                    warn!(error = %e, "cannot follow the group's pause while waiting for a slot: {e}");
-                    std::future::pending().await
-                }
-            }
-        };
-        tokio::select! {
-            event = self.acquire_within_window() => event,
-            pause = paused => {
-                info!("the group was paused ({}) while waiting for a slot; leaving the queue", pause.describe());
+        let (backend, group) = (self.semaphore.backend(), &self.config.identity.group);
+        info!(backend, %group, "waiting for a reboot slot ({backend} semaphore, group {group})");
+        match self.semaphore.acquire_unless_paused(&self.me).await {
+            Ok(lock::Acquired::Held) => Event::SlotAcquired,
+            Ok(lock::Acquired::Paused(pause)) => {
+                info!("the group was paused ({}) before or while waiting for a slot; leaving the queue", pause.describe());
                 Event::GroupPaused { pause }
             }
+            Err(e) => Event::Transient {
+                error: e.to_string(),
+            },
         }
     }
 
@@ -718,10 +703,10 @@ impl Runtime {
     async fn acquire_within_window(&self) -> Event {
         let windows = &self.config.windows;
         let Some(closes) = windows.close_of_current(Timestamp::now()) else {
-            return self.acquire().await;
+            return self.acquire_unless_paused().await;
         };
         tokio::select! {
-            event = self.acquire() => event,
+            event = self.acquire_unless_paused() => event,
             _ = sleep_until(closes) => {
                 let next_open = windows.next_open(Timestamp::now());
                 let next = next_open.map_or("never".to_string(), |t| t.to_string());
@@ -819,7 +804,7 @@ impl Runtime {
                 }
             },
             Action::AcquireSlot => {
-                let event = self.acquire_unless_paused().await;
+                let event = self.acquire_within_window().await;
                 if matches!(event, Event::Transient { .. }) {
                     self.metrics.error("lock");
                 }
@@ -1011,17 +996,6 @@ impl Runtime {
                     error: e.to_string(),
                 }
             }
-        }
-    }
-
-    async fn acquire(&self) -> Event {
-        let (backend, group) = (self.semaphore.backend(), &self.config.identity.group);
-        info!(backend, %group, "waiting for a reboot slot ({backend} semaphore, group {group})");
-        match self.semaphore.acquire(&self.me).await {
-            Ok(()) => Event::SlotAcquired,
-            Err(e) => Event::Transient {
-                error: e.to_string(),
-            },
         }
     }
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use rebootd::config;
 use rebootd::lock::document::{self, HolderRecord, SemaphoreDoc};
 use rebootd::lock::etcd::{EtcdSemaphore, Timeouts};
-use rebootd::lock::{Admin, Identity, LockError, Reported, Semaphore};
+use rebootd::lock::{Acquired, Admin, Identity, LockError, Reported, Semaphore};
 use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
 
 /// Whether `id` (a machine id or a node name) holds a slot, as `rebootctl status` shows it.
@@ -127,6 +127,7 @@ per_version!(
     a_waiter_that_takes_a_slot_sends_no_lease_revoke,
     a_wait_for_the_pause_right_after_reading_it_reads_it_once,
     a_pause_put_between_the_read_and_the_wait_is_seen,
+    the_pause_comes_with_the_waiters_read_and_watch,
 );
 
 mod tls {
@@ -1404,6 +1405,77 @@ async fn a_wait_for_the_pause_right_after_reading_it_reads_it_once(env: Env) {
     assert_eq!(changed.unwrap(), None);
     let used = minus(&etcd_requests(etcd).await, &before);
     assert_eq!(used.get("Range").copied(), Some(1.0), "{used:?}");
+}
+
+/// What the agent does to wait for a slot unless the group is paused, on v3: the pause is one
+/// more key in the waiter's read (one Txn) and in the range its one watch follows, so it costs
+/// no request of its own (it cost a Range and a watch). A pause put while waiting ends the wait
+/// and takes the queue entry with it; the wait for the resume that follows watches from there,
+/// reading nothing. Paused before the wait: no queue entry at all.
+async fn the_pause_comes_with_the_waiters_read_and_watch(env: Env) {
+    let etcd = &env.etcd;
+    let admin = sem(etcd, "default", None).await;
+    admin.acquire(&me("h")).await.unwrap();
+    let s = sem(etcd, "default", None).await;
+    let pause = a_pause("freeze");
+    let w = me("w");
+    let before = etcd_requests(etcd).await;
+    let watched = async {
+        watchers_reach(etcd, 1).await;
+        let used = minus(&etcd_requests(etcd).await, &before);
+        admin.pause_group(&pause).await.unwrap();
+        used
+    };
+    let (acquired, used) = tokio::join!(
+        within("the pause ends the wait", s.acquire_unless_paused(&w)),
+        watched
+    );
+    assert_eq!(acquired.unwrap(), Acquired::Paused(pause.clone()));
+    assert_eq!(used.get("Range"), None, "no read of the pause: {used:?}");
+    assert_eq!(used.get("Txn").copied(), Some(1.0), "{used:?}");
+    assert_eq!(used.get("Watch").copied(), Some(1.0), "one watch: {used:?}");
+    assert_eq!(used.get("Watch(msgs)").copied(), Some(1.0), "{used:?}");
+    within("the queue entry goes", async {
+        while entry(etcd, &queue_key("w")).await.is_some() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+
+    // The wait for the resume watches from the waiter's last read: no Range.
+    let before = etcd_requests(etcd).await;
+    let resumed = async {
+        watchers_reach(etcd, 1).await;
+        admin.resume_group().await.unwrap();
+    };
+    let (changed, ()) = tokio::join!(
+        within("resume seen", s.group_pause_changed(Some(&pause))),
+        resumed
+    );
+    assert_eq!(changed.unwrap(), None);
+    let used = minus(&etcd_requests(etcd).await, &before);
+    assert_eq!(used.get("Range"), None, "{used:?}");
+
+    // Paused before the wait: one read, and nothing queued.
+    admin.pause_group(&pause).await.unwrap();
+    let before = etcd_requests(etcd).await;
+    let acquired = within("paused at once", s.acquire_unless_paused(&me("w"))).await;
+    assert_eq!(acquired.unwrap(), Acquired::Paused(pause.clone()));
+    let used = minus(&etcd_requests(etcd).await, &before);
+    assert_eq!(used.get("Txn").copied(), Some(1.0), "{used:?}");
+    assert_eq!(
+        used.len(),
+        2,
+        "the read (a Txn and its message) alone: {used:?}"
+    );
+    assert_eq!(entry(etcd, &queue_key("w")).await, None);
+
+    // Resumed, the wait goes on to the slot.
+    admin.resume_group().await.unwrap();
+    admin.release(&me("h")).await.unwrap();
+    let acquired = within("slot", s.acquire_unless_paused(&me("w"))).await;
+    assert_eq!(acquired.unwrap(), Acquired::Held);
+    assert!(holds(&admin, "w").await);
 }
 
 /// A pause put after the read and before the wait is seen by the wait (it watches from the

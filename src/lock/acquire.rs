@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use super::arbiter::{self, Decision, Policy};
 use super::retry::{self, Backoff};
 use super::view::{HolderView, Me, Observations, View};
-use super::{Identity, LockError};
+use super::{Acquired, GroupPause, Identity, LockError};
 
 /// How a wait ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +48,12 @@ pub trait Waiting: Send {
     /// I hold a slot: leave the queue and delete the entries of waiters that went away (`dead`,
     /// their keys); best effort, errors are logged.
     async fn leave(&mut self, dead: Vec<String>);
+    /// The group's pause, where the store reads and watches it with the semaphore (so that
+    /// [`acquire_unless_paused`] needs no request of its own for it); `None` elsewhere. A change
+    /// of it must end a [`Waiting::wait`].
+    fn paused(&self) -> Option<GroupPause> {
+        None
+    }
 }
 
 /// What the loop needs to know besides the store.
@@ -67,6 +73,14 @@ pub struct Settings {
 /// What a waiter last said it waits for: free slots, holders, waiters ahead.
 type Logged = (i64, Vec<String>, usize);
 
+/// How one [`round`] ended.
+enum RoundEnd {
+    Held,
+    Paused(GroupPause),
+    /// The view must be read again.
+    Reread,
+}
+
 /// Take a slot for `me` through `w`, waiting as long as it takes. Transient errors are retried
 /// with back-off; anything else is returned.
 pub async fn acquire(
@@ -74,6 +88,26 @@ pub async fn acquire(
     me: &Identity,
     settings: &Settings,
 ) -> Result<(), LockError> {
+    // Not following the pause, it never ends paused.
+    run(w, me, settings, false).await.map(|_| ())
+}
+
+/// As [`acquire`], but a pause of the group ([`Waiting::paused`]) read or watched before the
+/// slot is held ends the wait: the caller drops `w`, which takes my queue entry with it.
+pub async fn acquire_unless_paused(
+    w: &mut impl Waiting,
+    me: &Identity,
+    settings: &Settings,
+) -> Result<Acquired, LockError> {
+    run(w, me, settings, true).await
+}
+
+async fn run(
+    w: &mut impl Waiting,
+    me: &Identity,
+    settings: &Settings,
+    follow_pause: bool,
+) -> Result<Acquired, LockError> {
     let mut backoff = Backoff::new(settings.backoff_min, settings.backoff_max);
     let mut observations = Observations::default();
     let mut logged: Option<Logged> = None;
@@ -88,10 +122,12 @@ pub async fn acquire(
             &mut observations,
             &mut logged,
             &mut reported_duplicate,
+            follow_pause,
         )
         .await
         {
-            Ok(true) => {
+            Ok(RoundEnd::Paused(pause)) => return Ok(Acquired::Paused(pause)),
+            Ok(RoundEnd::Held) => {
                 let dead = arbiter::dead_waiters(
                     &w.view().unwrap_or_else(|_| empty_view()),
                     &observations,
@@ -104,9 +140,9 @@ pub async fn acquire(
                 .collect();
                 w.leave(dead).await;
                 tracing::debug!(target = %settings.target, id = %me.id, waited = ?started.elapsed(), "holding a slot");
-                return Ok(());
+                return Ok(Acquired::Held);
             }
-            Ok(false) => {
+            Ok(RoundEnd::Reread) => {
                 backoff.reset();
                 continue;
             }
@@ -135,8 +171,8 @@ fn empty_view() -> View {
     }
 }
 
-/// Read, then decide and act until holding (`Ok(true)`) or the view must be read again
-/// (`Ok(false)`).
+/// Read, then decide and act until holding, paused (when `follow_pause`), or the view must be
+/// read again.
 async fn round(
     w: &mut impl Waiting,
     me: &Identity,
@@ -144,7 +180,8 @@ async fn round(
     observations: &mut Observations,
     logged: &mut Option<Logged>,
     reported_duplicate: &mut bool,
-) -> Result<bool, LockError> {
+    follow_pause: bool,
+) -> Result<RoundEnd, LockError> {
     w.read().await?;
     let who = Me {
         id: &me.id,
@@ -152,16 +189,20 @@ async fn round(
         token: &me.token,
     };
     loop {
+        if let Some(pause) = w.paused().filter(|_| follow_pause) {
+            tracing::debug!(target = %settings.target, id = %me.id, "the group is paused ({}): not waiting for a slot", pause.describe());
+            return Ok(RoundEnd::Paused(pause));
+        }
         let view = w.view()?;
         let now = Instant::now();
         observations.update(&view, now);
         let decision = arbiter::decide(&view, &who, observations, &settings.policy, now);
         let (until, head, behind) = match decision {
-            Decision::Held => return Ok(true),
+            Decision::Held => return Ok(RoundEnd::Held),
             Decision::Adopt { holder } => {
                 tracing::warn!(target = %settings.target, id = %me.id, node = %me.node, %holder, "a slot is held under this machine's id (or node name) without this host's token; taking it over as this host's");
                 if w.adopt(&holder).await? {
-                    return Ok(true);
+                    return Ok(RoundEnd::Held);
                 }
                 (None, false, None)
             }
@@ -176,7 +217,7 @@ async fn round(
                         waiters_ahead = rank,
                         "took a slot"
                     );
-                    return Ok(true);
+                    return Ok(RoundEnd::Held);
                 }
                 (None, false, None)
             }
@@ -188,7 +229,7 @@ async fn round(
                 log_reclaim(settings, me, &view, &holder, &why.to_string(), take_over);
                 if w.reclaim(&holder, take_over).await? && take_over {
                     tracing::warn!(target = %settings.target, %holder, by = %me.id, "reclaimed the slot");
-                    return Ok(true);
+                    return Ok(RoundEnd::Held);
                 }
                 (None, true, None)
             }
@@ -216,7 +257,7 @@ async fn round(
         }
         // After a lost race too: the watch brings the change that beat us.
         if w.wait(until, head).await? == Wake::Reread {
-            return Ok(false);
+            return Ok(RoundEnd::Reread);
         }
     }
 }

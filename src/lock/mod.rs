@@ -138,6 +138,15 @@ pub enum Reported {
     Unproven,
 }
 
+/// How [`Semaphore::acquire_unless_paused`] ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Acquired {
+    /// `me` holds a slot.
+    Held,
+    /// The group is paused: no slot was taken and no queue entry is left.
+    Paused(GroupPause),
+}
+
 /// The agent's side of a counting semaphore of reboot slots.
 #[async_trait]
 pub trait Semaphore: Send + Sync {
@@ -167,6 +176,32 @@ pub trait Semaphore: Send + Sync {
     /// Record the phase of a holder, for `rebootctl status` (it counts as a heartbeat too).
     /// Not holding a slot is a no-op. Says whether the write proved the slot held.
     async fn report_phase(&self, me: &Identity, phase: &str) -> Result<Reported, LockError>;
+
+    /// Take a slot for `me` as [`Semaphore::acquire`] does, unless the group is paused
+    /// (`rebootctl pause --group`) before or while waiting: then the wait ends, leaving the
+    /// queue behind nothing, and says the pause. Here: the pause read first, then watched
+    /// beside the acquire (a broken watch of the pause leaves the wait alone). A store that
+    /// reads and watches the pause with its semaphore (etcd v3) does it in the same requests.
+    async fn acquire_unless_paused(&self, me: &Identity) -> Result<Acquired, LockError> {
+        if let Some(pause) = self.group_pause().await? {
+            return Ok(Acquired::Paused(pause));
+        }
+        let paused = async {
+            match self.group_pause_changed(None).await {
+                Ok(Some(pause)) => pause,
+                // Resumed before it was paused: cannot be.
+                Ok(None) => std::future::pending().await,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot follow the group's pause while waiting for a slot: {e}");
+                    std::future::pending().await
+                }
+            }
+        };
+        tokio::select! {
+            held = self.acquire(me) => held.map(|()| Acquired::Held),
+            pause = paused => Ok(Acquired::Paused(pause)),
+        }
+    }
 
     /// The group's pause (`rebootctl pause --group`, see [`pause`]) as the store says now. A
     /// store that keeps none (no lock, a FleetLock server) never says paused.

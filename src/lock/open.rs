@@ -13,7 +13,9 @@ use super::etcd_v2::follow::FollowV3;
 use super::fleetlock::{FleetLock, Options as FleetLockOptions};
 use super::kube_lease::KubeLeaseSemaphore;
 use super::none::NoLock;
-use super::{Admin, Fence, GroupPause, Identity, LockError, Reported, Semaphore, SemaphoreStatus};
+use super::{
+    Acquired, Admin, Fence, GroupPause, Identity, LockError, Reported, Semaphore, SemaphoreStatus,
+};
 use crate::config::{self, Config, EtcdApi, LockBackend};
 
 /// The agent's side of the configured backend.
@@ -148,6 +150,10 @@ impl Semaphore for LazyEtcd {
 
     async fn acquire(&self, me: &Identity) -> Result<(), LockError> {
         self.get().await?.acquire(me).await
+    }
+
+    async fn acquire_unless_paused(&self, me: &Identity) -> Result<Acquired, LockError> {
+        self.get().await?.acquire_unless_paused(me).await
     }
 
     async fn fence(&self, me: &Identity) -> Result<Fence, LockError> {

@@ -19,7 +19,7 @@ use crate::v2_watcher::V2DocWatcher;
 use futures_util::StreamExt;
 use rebootd::config::Config;
 use rebootd::lock::document::{semaphore_key, SemaphoreDoc};
-use rebootd::lock::{Fence, GroupPause, Identity, LockError, Reported, Semaphore};
+use rebootd::lock::{Acquired, Fence, GroupPause, Identity, LockError, Reported, Semaphore};
 use rebootd::reboot::{RebootError, Rebooter};
 use rebootd::runtime::Runtime;
 use rebootd::state::StateStore;
@@ -387,6 +387,10 @@ impl Semaphore for Counted {
     async fn acquire(&self, me: &Identity) -> Result<(), LockError> {
         self.calls.acquire.fetch_add(1, Ordering::Relaxed);
         self.inner.acquire(me).await
+    }
+    async fn acquire_unless_paused(&self, me: &Identity) -> Result<Acquired, LockError> {
+        self.calls.acquire.fetch_add(1, Ordering::Relaxed);
+        self.inner.acquire_unless_paused(me).await
     }
     async fn fence(&self, me: &Identity) -> Result<Fence, LockError> {
         self.calls.fence.fetch_add(1, Ordering::Relaxed);

@@ -50,7 +50,8 @@ use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpRespo
 use super::document::{DocError, HolderRecord, SemaphoreDoc};
 use super::retry::{cas_loop, Cas};
 use super::{
-    Admin, Fence, GroupPause, Holder, Identity, LockError, Reported, Semaphore, SemaphoreStatus,
+    Acquired, Admin, Fence, GroupPause, Holder, Identity, LockError, Reported, Semaphore,
+    SemaphoreStatus,
 };
 use crate::config;
 pub use connect::check_settings;
@@ -256,10 +257,11 @@ impl EtcdSemaphore {
     async fn read(&self, with_queue: bool) -> Result<Snapshot, LockError> {
         let gets = self.read_ops(with_queue);
         let resp = self.txn(Txn::new().and_then(gets)).await?;
-        self.snapshot_of(&resp, if with_queue { 3 } else { 2 })
+        self.snapshot_of(&resp, if with_queue { 4 } else { 2 })
     }
 
-    /// The reads of [`Self::read`]: the document, the records, and the queue when `with_queue`.
+    /// The reads of [`Self::read`]: the document, the records, and the queue and the group's
+    /// pause when `with_queue` (what a waiter follows).
     fn read_ops(&self, with_queue: bool) -> Vec<TxnOp> {
         let prefix = |p: &str| TxnOp::get(p.to_owned(), Some(GetOptions::new().with_prefix()));
         let mut gets = vec![
@@ -268,6 +270,7 @@ impl EtcdSemaphore {
         ];
         if with_queue {
             gets.push(prefix(&self.keys.queue));
+            gets.push(TxnOp::get(self.keys.pause.clone(), None));
         }
         gets
     }
@@ -439,6 +442,12 @@ impl Semaphore for EtcdSemaphore {
     #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
     async fn acquire(&self, me: &Identity) -> Result<(), LockError> {
         waiting::acquire(self, me).await
+    }
+
+    /// The pause is read and watched with the semaphore: no request of its own.
+    #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
+    async fn acquire_unless_paused(&self, me: &Identity) -> Result<Acquired, LockError> {
+        waiting::acquire_unless_paused(self, me).await
     }
 
     #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]

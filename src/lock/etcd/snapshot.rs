@@ -11,13 +11,13 @@ use std::collections::HashMap;
 
 use super::super::document::{self, DocError, HolderRecord, SemaphoreDoc, WaiterRecord};
 use super::super::view::{Beat, HolderView, Me, Ticket, View, WaiterView};
-use super::super::{Fence, LockError};
+use super::super::{Fence, GroupPause, LockError};
 
 /// Longest document value quoted in a [`LockError::Corrupt`].
 const QUOTE_MAX: usize = 2000;
 
-/// The keys of one group (see [`super::super::document`]): sorted, holder records < queue
-/// entries < the document.
+/// The keys of one group (see [`super::super::document`]): sorted, the group's pause < holder
+/// records < queue entries < the document.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Keys {
     pub group: String,
@@ -27,6 +27,8 @@ pub struct Keys {
     pub records: String,
     /// rebootd's waiter queue (prefix).
     pub queue: String,
+    /// The group's pause ([`super::super::pause`]).
+    pub pause: String,
 }
 
 impl Keys {
@@ -36,6 +38,7 @@ impl Keys {
             doc: document::semaphore_key(group),
             records: document::holder_records_prefix(group),
             queue: document::waiter_queue_prefix(group),
+            pause: super::super::pause::etcd_key(group),
         }
     }
 
@@ -130,6 +133,8 @@ pub struct Snapshot {
     pub records: HashMap<String, RecordEntry>,
     /// By key; empty unless read with the queue.
     pub queue: HashMap<String, QueueEntry>,
+    /// The group's pause; read (and watched) with the queue only.
+    pub pause: Option<GroupPause>,
 }
 
 impl Snapshot {
@@ -141,6 +146,7 @@ impl Snapshot {
             doc: SemaphoreDoc::default(),
             records: HashMap::new(),
             queue: HashMap::new(),
+            pause: None,
         }
     }
 
@@ -151,6 +157,8 @@ impl Snapshot {
         if kv.key == keys.doc.as_bytes() {
             self.doc = keys.parse_doc(&kv.value)?;
             self.doc_revision = kv.mod_revision;
+        } else if kv.key == keys.pause.as_bytes() {
+            self.pause = Some(GroupPause::parse(&String::from_utf8_lossy(&kv.value)));
         } else if key.starts_with(&keys.records) {
             let record = match HolderRecord::parse(&kv.value) {
                 Ok(r) => Some(r),
@@ -180,6 +188,8 @@ impl Snapshot {
         if key == keys.doc.as_bytes() {
             self.doc = SemaphoreDoc::default();
             self.doc_revision = 0;
+        } else if key == keys.pause.as_bytes() {
+            self.pause = None;
         } else {
             let key = String::from_utf8_lossy(key);
             self.records.remove(&*key);

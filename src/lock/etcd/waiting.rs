@@ -1,7 +1,8 @@
 //! `acquire` on the v3 store: the lock core's loop over [`V3Waiting`]. A waiter queues as the key
 //! `…/rebootd/waiters/<id>` under an etcd lease it keeps alive (every third of its time to live,
-//! on one keep-alive stream), and waits on one watch of the group's keys, from the holder records
-//! to the document, opened after a read from the revision read: each change is applied to the
+//! on one keep-alive stream), and waits on one watch of the group's keys, from the group's pause
+//! to the document, opened after a read (of them all, in one transaction) from the revision read:
+//! the pause costs no request of its own (`acquire_unless_paused`); each change is applied to the
 //! snapshot and the arbiter decides again without a request. Decisions are committed in one
 //! transaction each, guarded by the document's mod revision (and, to reclaim or adopt a slot, by
 //! the holder record's): taking a slot writes the document, my record and deletes my entry.
@@ -21,7 +22,7 @@ use super::super::acquire::{self, Settings, Waiting, Wake};
 use super::super::arbiter::Policy;
 use super::super::document::{HolderRecord, WaiterRecord};
 use super::super::view::{Me, View};
-use super::super::{Identity, LockError};
+use super::super::{Acquired, GroupPause, Identity, LockError};
 use super::snapshot::{Kv, QueueEntry, Snapshot};
 use super::{EtcdSemaphore, BACKEND};
 
@@ -33,7 +34,12 @@ const GRPC_NOT_FOUND: i32 = 5;
 
 /// Take a slot for `me` in `store`, waiting in its queue as long as it takes.
 pub(super) async fn acquire(store: &EtcdSemaphore, me: &Identity) -> Result<(), LockError> {
-    let settings = Settings {
+    let settings = settings(store);
+    acquire::acquire(&mut waiting(store, me), me, &settings).await
+}
+
+fn settings(store: &EtcdSemaphore) -> Settings {
+    Settings {
         backend: BACKEND,
         label: "etcd",
         target: store.keys.doc.clone(),
@@ -44,8 +50,23 @@ pub(super) async fn acquire(store: &EtcdSemaphore, me: &Identity) -> Result<(), 
         },
         backoff_min: store.timeouts.backoff_min,
         backoff_max: store.timeouts.backoff_max,
-    };
-    acquire::acquire(&mut waiting(store, me), me, &settings).await
+    }
+}
+
+/// As [`acquire`], unless the group is paused before or while waiting: the pause comes with
+/// the waiter's own read and watch. Paused, the read is kept for the wait for the resume that
+/// follows (it watches from there), and my queue entry's lease is revoked.
+pub(super) async fn acquire_unless_paused(
+    store: &EtcdSemaphore,
+    me: &Identity,
+) -> Result<Acquired, LockError> {
+    let settings = settings(store);
+    let mut w = waiting(store, me);
+    let acquired = acquire::acquire_unless_paused(&mut w, me, &settings).await?;
+    if let (Acquired::Paused(pause), Some(snap)) = (&acquired, &w.snap) {
+        store.last_pause.set((Some(pause.clone()), snap.revision));
+    }
+    Ok(acquired)
 }
 
 /// A waiter of `me` on `store` that has read nothing yet (the steps of `acquire`; tests drive
@@ -231,8 +252,8 @@ impl V3Waiting<'_> {
         self.keep_alive_at = None;
     }
 
-    /// Open the watch of the holder records, the queue and the document (one key range, see
-    /// [`super::super::document`]) from `revision`.
+    /// Open the watch of the group's pause, the holder records, the queue and the document (one
+    /// key range, see [`super::super::document`]) from `revision`.
     async fn open_watch(&self, revision: i64) -> Result<WatchStream, LockError> {
         let keys = &self.store.keys;
         let mut end = keys.doc.clone().into_bytes();
@@ -244,7 +265,7 @@ impl V3Waiting<'_> {
         self.store
             .request(
                 "opening a watch: ",
-                watch.watch(keys.records.clone(), Some(options)),
+                watch.watch(keys.pause.clone(), Some(options)),
             )
             .await
     }
@@ -511,7 +532,8 @@ impl Waiting for V3Waiting<'_> {
                     if let Some(snap) = self.snap.as_mut() {
                         snap.apply(keys, &events)?;
                     }
-                    if self.only_others_records(&events) || self.far_back() {
+                    let paused = self.snap.as_ref().is_some_and(|s| s.pause.is_some());
+                    if !paused && (self.only_others_records(&events) || self.far_back()) {
                         continue;
                     }
                     return Ok(Wake::Changed);
@@ -522,6 +544,10 @@ impl Waiting for V3Waiting<'_> {
                 Woken::Watch(Err(e)) => return Err(self.store.classify(e)),
             }
         }
+    }
+
+    fn paused(&self) -> Option<GroupPause> {
+        self.snap.as_ref().and_then(|s| s.pause.clone())
     }
 
     async fn leave(&mut self, _dead: Vec<String>) {

@@ -99,6 +99,52 @@ async fn a_waiter_far_back_is_woken_only_nearer_the_head() {
     );
 }
 
+/// The group's pause comes with a waiter's own read and watch (no request of its own), and a
+/// pause put while it waits wakes it even far back in a long queue, where other changes do not.
+#[tokio::test]
+async fn a_pause_wakes_a_waiter_even_far_back() {
+    let Some(etcd) = etcd().await else { return };
+    let group = "paused-far";
+    let holder = connect(&etcd, group, None).await;
+    let h = me("h");
+    holder.acquire(&h).await.expect("h takes the only slot");
+    let store = connect(&etcd, group, None).await;
+    let ids: Vec<_> = (0..FAR_BACK).map(|i| me(&format!("a{i:02}"))).collect();
+    let mut ahead = Vec::new();
+    for id in &ids {
+        let mut q = waiting(&store, id);
+        q.read().await.expect("read");
+        q.enqueue().await.expect("queue");
+        ahead.push(q);
+    }
+    let w = me("w");
+    let mut me_w = waiting(&store, &w);
+    me_w.read().await.expect("read");
+    assert_eq!(me_w.paused(), None);
+    me_w.enqueue().await.expect("queue");
+    assert!(quiet(&mut me_w, 500).await.is_err(), "woken far back");
+    let pause = crate::lock::GroupPause::parse("kernel freeze");
+    crate::lock::Admin::pause_group(&holder, &pause)
+        .await
+        .expect("pause");
+    let woken = quiet(&mut me_w, 10_000).await;
+    assert_eq!(
+        woken.expect("woken by the pause").expect("wait"),
+        Wake::Changed
+    );
+    assert_eq!(me_w.paused(), Some(pause.clone()));
+    // Read afresh, the pause is in the read.
+    let mut again = waiting(&store, &w);
+    again.read().await.expect("read");
+    assert_eq!(again.paused(), Some(pause));
+    crate::lock::Admin::resume_group(&holder)
+        .await
+        .expect("resume");
+    let mut resumed = waiting(&store, &w);
+    resumed.read().await.expect("read");
+    assert_eq!(resumed.paused(), None);
+}
+
 /// `w`'s next wake within `ms` (`Err`: none came).
 async fn quiet(
     w: &mut super::waiting::V3Waiting<'_>,

@@ -12,7 +12,7 @@ use tokio::sync::OnceCell;
 
 use super::super::etcd::EtcdSemaphore;
 use super::super::{
-    Admin, Fence, GroupPause, Identity, LockError, Reported, Semaphore, SemaphoreStatus,
+    Acquired, Admin, Fence, GroupPause, Identity, LockError, Reported, Semaphore, SemaphoreStatus,
 };
 use super::EtcdV2Semaphore;
 use crate::config::{self, EtcdApi};
@@ -94,6 +94,10 @@ impl Semaphore for FollowV3 {
 
     async fn acquire(&self, me: &Identity) -> Result<(), LockError> {
         follow!(self, s => s.acquire(me).await)
+    }
+
+    async fn acquire_unless_paused(&self, me: &Identity) -> Result<Acquired, LockError> {
+        follow!(self, s => s.acquire_unless_paused(me).await)
     }
 
     async fn fence(&self, me: &Identity) -> Result<Fence, LockError> {
