@@ -128,6 +128,7 @@ per_version!(
     a_wait_for_the_pause_right_after_reading_it_reads_it_once,
     a_pause_put_between_the_read_and_the_wait_is_seen,
     the_pause_comes_with_the_waiters_read_and_watch,
+    after_a_boot_the_connection_read_serves_the_first_report,
 );
 
 mod tls {
@@ -979,6 +980,45 @@ async fn a_release_right_after_a_report_is_one_request(env: Env) {
     assert_eq!(used.get("Txn").copied(), Some(3.0), "{used:?}");
     let doc = ctl_get(etcd, DEFAULT_KEY).unwrap();
     assert!(!doc.contains("\"a\"") && doc.contains("\"b\""), "{doc}");
+}
+
+/// A new process (after a boot) connects with a read of the semaphore, which says that etcd
+/// answers, and its first report, right after, writes on that read: two transactions in all
+/// (it was a probe, a read and a write). A read that went stale meanwhile costs one more try.
+async fn after_a_boot_the_connection_read_serves_the_first_report(env: Env) {
+    let etcd = &env.etcd;
+    let a = sem(etcd, "default", None).await;
+    a.acquire(&me("a")).await.unwrap();
+    a.report_phase(&me("a"), "rebooting").await.unwrap();
+    let mut after_boot = me("a");
+    after_boot.boot_id = "boot-2".into();
+
+    let before = etcd_requests(etcd).await;
+    let a = sem(etcd, "default", None).await;
+    let reported = a.report_phase(&after_boot, "waiting_for_healthy").await;
+    assert_eq!(reported.unwrap(), Reported::Held);
+    let used = minus(&etcd_requests(etcd).await, &before);
+    assert_eq!(used.get("Txn").copied(), Some(2.0), "{used:?}");
+    assert_eq!(used.get("Range"), None, "{used:?}");
+    let record = ctl_get(etcd, &document::holder_record_key("default", "a")).unwrap();
+    assert!(
+        record.contains("waiting_for_healthy") && record.contains("boot-2"),
+        "{record}"
+    );
+
+    // Another holder took a slot between the connection's read and the report: the write is
+    // guarded by my own record, which did not move, so the read still serves.
+    let admin = sem(etcd, "default", None).await;
+    admin.set_max(2, false).await.unwrap();
+    let a = sem(etcd, "default", None).await;
+    admin.acquire(&me("b")).await.unwrap();
+    let before = etcd_requests(etcd).await;
+    let reported = a.report_phase(&after_boot, "rebooting").await;
+    assert_eq!(reported.unwrap(), Reported::Held);
+    let used = minus(&etcd_requests(etcd).await, &before);
+    assert_eq!(used.get("Txn").copied(), Some(1.0), "{used:?}");
+    let record = ctl_get(etcd, &document::holder_record_key("default", "a")).unwrap();
+    assert!(record.contains("\"rebooting\""), "{record}");
 }
 
 /// Four waiters that queue up in a known order (each starts once the one before is in the

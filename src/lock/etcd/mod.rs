@@ -167,9 +167,18 @@ impl EtcdSemaphore {
             written: report::Written::default(),
             last_pause: super::pause::LastRead::default(),
         };
-        // The client connects lazily: make sure someone answers, and say what else did.
-        if let Err(e) = this.probe().await {
-            return Err(explain_wrong_protocol(e, &settings.endpoints, timeouts.connect).await);
+        // The client connects lazily: make sure someone answers, and say what else did. The
+        // answer is the semaphore, kept a moment for the first call's first attempt (after a
+        // boot: the report a new process makes at once, which then reads nothing). A document
+        // that does not parse is the calls' to refuse, each saying what it was for.
+        match this.read(false).await {
+            Ok(snap) => this.written.keep_read(snap),
+            Err(e @ LockError::Corrupt { .. }) => {
+                tracing::debug!(error = %e, "connected; the semaphore does not parse")
+            }
+            Err(e) => {
+                return Err(explain_wrong_protocol(e, &settings.endpoints, timeouts.connect).await)
+            }
         }
         Ok(this)
     }
@@ -236,14 +245,9 @@ impl EtcdSemaphore {
         }
     }
 
-    #[tracing::instrument(level = "debug", skip(self), fields(key = %self.keys.doc))]
-    async fn probe(&self) -> Result<(), LockError> {
-        let mut kv = self.client.kv_client();
-        let get = kv.get(
-            self.keys.doc.clone(),
-            Some(GetOptions::new().with_count_only()),
-        );
-        self.request("", get).await.map(|_| ())
+    /// Whether `snap` says `me` holds its slot, under its own token.
+    fn holds_on(&self, snap: &Snapshot, me: &Identity) -> bool {
+        snap.doc.holds(&me.id) && snap.fence(&self.keys, &me.id, &me.token) == Fence::Held
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnResponse, LockError> {
@@ -482,7 +486,8 @@ impl Semaphore for EtcdSemaphore {
     #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
     async fn release(&self, me: &Identity) -> Result<(), LockError> {
         // The semaphore as a report read it a moment ago (see `report`), or a read now.
-        let recent = self.written.recent();
+        // Only a read that says I hold it: one that says otherwise is not acted on unread.
+        let recent = self.written.recent().filter(|s| self.holds_on(s, me));
         self.written.forget();
         let snap = match recent {
             Some(snap) => snap,

@@ -59,6 +59,12 @@ impl Written {
         self.read.set(snap);
     }
 
+    /// Keep `snap` (the read of a new connection) for the first attempt of the report or the
+    /// release right after, as a report's own read is.
+    pub(super) fn keep_read(&self, snap: Snapshot) {
+        self.read.set(snap);
+    }
+
     pub(super) fn forget(&self) {
         *self.record() = None;
         self.read.forget();
@@ -84,7 +90,7 @@ impl EtcdSemaphore {
     /// write landed, and the write moved my record's revision as a heartbeat does.
     pub(super) async fn report(&self, me: &Identity, phase: &str) -> Result<Reported, LockError> {
         let key = self.record_key(&me.id);
-        let mut first = None;
+        let mut first: Option<Snapshot>;
         if let Some((revision, last)) = self.written.get().filter(|(_, r)| r.node == me.node) {
             if says(&last, me, phase) {
                 return Ok(Reported::Unproven);
@@ -111,6 +117,11 @@ impl EtcdSemaphore {
             }
             self.written.forget();
             first = Some(read);
+        } else {
+            // A new process: the semaphore as its connection read it a moment ago, if that
+            // says I hold my slot (the write then proves it, or finds it moved). Anything
+            // else is decided on a fresh read.
+            first = self.written.recent().filter(|s| self.holds_on(s, me));
         }
         cas_loop!(
             BACKEND,
