@@ -4,10 +4,11 @@
 //!
 //! Where each store keeps it:
 //! - etcd v3 and v2: the key `…/rebootd/control/paused` beside locksmith's document (never in
-//!   it: locksmith reads only its document). On v3 it sorts before the holder records, outside
-//!   the key range waiters watch for the semaphore; on v2 waiters' reads ignore it.
-//! - Leases: the annotation `rebootd.io/paused` on the group's control Lease (the one saying
-//!   `max`).
+//!   it: locksmith reads only its document). On v3 it sorts just before the holder records, so
+//!   a waiter reads it in its one read and follows it in its one watch (from the pause to the
+//!   document); on v2 waiters' reads ignore it.
+//! - Leases: the annotation `rebootd.io/paused` on a Lease of its own, `<name>-paused` (see
+//!   `kube_lease::pause`), outside the semaphore's label, so waiters read and watch it apart.
 //! - A FleetLock server owns its semaphore and has no such call: refused by `rebootctl`.
 
 use jiff::Timestamp;
@@ -100,15 +101,18 @@ mod tests {
     }
 
     #[test]
-    fn the_key_is_beside_the_document_and_outside_the_watched_range() {
+    fn the_key_is_beside_the_document_and_starts_the_watched_range() {
         for group in ["default", "workers"] {
             let key = etcd_key(group);
             let doc = super::super::document::semaphore_key(group);
             let records = super::super::document::holder_records_prefix(group);
+            let queue = super::super::document::waiter_queue_prefix(group);
             assert!(key.ends_with("/rebootd/control/paused"), "{key}");
-            assert_ne!(key, doc);
-            // Waiters on v3 watch [records, doc]: the pause is not in it.
-            assert!(key.as_str() < records.as_str(), "{key} < {records}");
+            // Waiters on v3 read and watch [pause, doc]: the pause, the records, the queue.
+            assert!(
+                key < records && records < queue && queue < doc,
+                "{key} {records} {queue} {doc}"
+            );
         }
         assert!(etcd_key("workers").contains("/groups/workers/"));
     }
