@@ -359,6 +359,27 @@ fn minus(
         .collect()
 }
 
+/// `s` waits for the pause to differ from `pause` while `admin` resumes the group once `s`'s
+/// watch is there; the requests that took.
+async fn resume_seen(
+    etcd: &EtcdServer,
+    s: &EtcdSemaphore,
+    admin: &EtcdSemaphore,
+    pause: &rebootd::lock::GroupPause,
+) -> std::collections::BTreeMap<String, f64> {
+    let before = etcd_requests(etcd).await;
+    let resumed = async {
+        watchers_reach(etcd, 1).await;
+        admin.resume_group().await.unwrap();
+    };
+    let (changed, ()) = tokio::join!(
+        within("resume seen", s.group_pause_changed(Some(pause))),
+        resumed
+    );
+    assert_eq!(changed.unwrap(), None);
+    minus(&etcd_requests(etcd).await, &before)
+}
+
 // ---------------------------------------------------------------------------------------------
 // scenarios
 
@@ -1433,17 +1454,7 @@ async fn a_wait_for_the_pause_right_after_reading_it_reads_it_once(env: Env) {
     assert_eq!(used.get("Watch").copied(), Some(1.0), "{used:?}");
 
     // The read is used once: waiting for the resume reads afresh (it is paused now).
-    let before = etcd_requests(etcd).await;
-    let resumed = async {
-        watchers_reach(etcd, 1).await;
-        admin.resume_group().await.unwrap();
-    };
-    let (changed, ()) = tokio::join!(
-        within("resume seen", s.group_pause_changed(Some(&pause))),
-        resumed
-    );
-    assert_eq!(changed.unwrap(), None);
-    let used = minus(&etcd_requests(etcd).await, &before);
+    let used = resume_seen(etcd, &s, &admin, &pause).await;
     assert_eq!(used.get("Range").copied(), Some(1.0), "{used:?}");
 }
 
@@ -1483,17 +1494,7 @@ async fn the_pause_comes_with_the_waiters_read_and_watch(env: Env) {
     .await;
 
     // The wait for the resume watches from the waiter's last read: no Range.
-    let before = etcd_requests(etcd).await;
-    let resumed = async {
-        watchers_reach(etcd, 1).await;
-        admin.resume_group().await.unwrap();
-    };
-    let (changed, ()) = tokio::join!(
-        within("resume seen", s.group_pause_changed(Some(&pause))),
-        resumed
-    );
-    assert_eq!(changed.unwrap(), None);
-    let used = minus(&etcd_requests(etcd).await, &before);
+    let used = resume_seen(etcd, &s, &admin, &pause).await;
     assert_eq!(used.get("Range"), None, "{used:?}");
 
     // Paused before the wait: one read, and nothing queued.

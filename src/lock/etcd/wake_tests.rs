@@ -70,14 +70,8 @@ async fn a_waiter_far_back_is_woken_only_nearer_the_head() {
     let h = me("h");
     holder.acquire(&h).await.expect("h takes the only slot");
     let store = connect(&etcd, group, None).await;
-    let ids: Vec<_> = (0..FAR_BACK).map(|i| me(&format!("a{i:02}"))).collect();
-    let mut ahead = Vec::new();
-    for id in &ids {
-        let mut q = waiting(&store, id);
-        q.read().await.expect("read");
-        q.enqueue().await.expect("queue");
-        ahead.push(q);
-    }
+    let ids = far_ids();
+    let mut ahead = queue_all(&store, &ids).await;
     let w = me("w");
     let mut me_w = waiting(&store, &w);
     me_w.read().await.expect("read");
@@ -104,19 +98,12 @@ async fn a_waiter_far_back_is_woken_only_nearer_the_head() {
 #[tokio::test]
 async fn a_pause_wakes_a_waiter_even_far_back() {
     let Some(etcd) = etcd().await else { return };
-    let group = "paused-far";
-    let holder = connect(&etcd, group, None).await;
+    let holder = connect(&etcd, "paused-far", None).await;
     let h = me("h");
     holder.acquire(&h).await.expect("h takes the only slot");
-    let store = connect(&etcd, group, None).await;
-    let ids: Vec<_> = (0..FAR_BACK).map(|i| me(&format!("a{i:02}"))).collect();
-    let mut ahead = Vec::new();
-    for id in &ids {
-        let mut q = waiting(&store, id);
-        q.read().await.expect("read");
-        q.enqueue().await.expect("queue");
-        ahead.push(q);
-    }
+    let store = connect(&etcd, "paused-far", None).await;
+    let ids = far_ids();
+    let _ahead = queue_all(&store, &ids).await;
     let w = me("w");
     let mut me_w = waiting(&store, &w);
     me_w.read().await.expect("read");
@@ -143,6 +130,26 @@ async fn a_pause_wakes_a_waiter_even_far_back() {
     let mut resumed = waiting(&store, &w);
     resumed.read().await.expect("read");
     assert_eq!(resumed.paused(), None);
+}
+
+/// The ids of `FAR_BACK` waiters.
+fn far_ids() -> Vec<crate::lock::Identity> {
+    (0..FAR_BACK).map(|i| me(&format!("a{i:02}"))).collect()
+}
+
+/// Each of `ids` read and queued, in that order.
+async fn queue_all<'a>(
+    store: &'a EtcdSemaphore,
+    ids: &'a [crate::lock::Identity],
+) -> Vec<super::waiting::V3Waiting<'a>> {
+    let mut queued = Vec::new();
+    for id in ids {
+        let mut q = waiting(store, id);
+        q.read().await.expect("read");
+        q.enqueue().await.expect("queue");
+        queued.push(q);
+    }
+    queued
 }
 
 /// `w`'s next wake within `ms` (`Err`: none came).
