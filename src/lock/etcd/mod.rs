@@ -247,7 +247,7 @@ impl EtcdSemaphore {
 
     /// Whether `snap` says `me` holds its slot, under its own token.
     fn holds_on(&self, snap: &Snapshot, me: &Identity) -> bool {
-        snap.doc.holds(&me.id) && snap.fence(&self.keys, &me.id, &me.token) == Fence::Held
+        snap.fence(&self.keys, &me.id, &me.token) == Fence::Held
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnResponse, LockError> {

@@ -12,7 +12,7 @@ use super::EtcdSemaphore;
 impl EtcdSemaphore {
     /// The key of this group's pause.
     pub fn pause_key(&self) -> String {
-        pause::etcd_key(&self.keys.group)
+        self.keys.pause.clone()
     }
 
     /// The pause and the revision it was read at.
