@@ -11,7 +11,7 @@ use rebootd::config;
 use rebootd::lock::document::semaphore_key;
 use rebootd::lock::etcd_v2::follow::FollowV3;
 use rebootd::lock::etcd_v2::{tree, EtcdV2Semaphore, Timeouts};
-use rebootd::lock::{Admin, Fence, Identity, LockError, Reported, Semaphore};
+use rebootd::lock::{Acquired, Admin, Fence, Identity, LockError, Reported, Semaphore};
 use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
 use rebootd_lab::locksmith::{LocksmithEtcd, Locksmithctl};
 use rebootd_lab::v2_watcher::{self, V2DocWatcher};
@@ -109,6 +109,7 @@ per_version!(
     changes_while_waiting_cost_the_waiter_no_requests,
     a_wait_for_the_pause_right_after_reading_it_reads_it_once,
     a_pause_set_between_the_read_and_the_wait_is_seen,
+    the_pause_comes_with_the_waiters_read_and_watch,
 );
 
 mod tls {
@@ -527,6 +528,85 @@ async fn a_pause_set_between_the_read_and_the_wait_is_seen(env: Env) {
     admin.pause_group(&second).await.unwrap();
     let changed = tokio::time::timeout(WAIT, s.group_pause_changed(Some(&first))).await;
     assert_eq!(changed.expect("pause seen").unwrap(), Some(second));
+}
+
+/// Wait until etcd serves `n` v2 watchers.
+async fn v2_watchers_reach(etcd: &EtcdServer, n: f64) {
+    tokio::time::timeout(WAIT, async {
+        while v2_watchers(etcd) < n {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the watchers open");
+}
+
+/// A waiter that follows the group's pause (`acquire_unless_paused`) finds it in its own read of
+/// the group's directory and on its own watch of it: no read or watch of the pause key of its
+/// own. The wait for the resume then watches from that read.
+async fn the_pause_comes_with_the_waiters_read_and_watch(env: Env) {
+    let admin = env.store("default").await;
+    admin.acquire(&me("h")).await.unwrap();
+    let s = env.store("default").await;
+    let queue = s.keys().queue.clone();
+    let pause = a_pause("freeze");
+    let w = me("w");
+    let before = s.requests();
+    let watched = async {
+        wait_queue_len(&env.etcd, &queue, 1).await;
+        v2_watchers_reach(&env.etcd, 1.0).await;
+        let used = s.requests() - before;
+        admin.pause_group(&pause).await.unwrap();
+        used
+    };
+    let (acquired, used) = tokio::join!(
+        tokio::time::timeout(WAIT, s.acquire_unless_paused(&w)),
+        watched
+    );
+    assert_eq!(
+        acquired.expect("the pause ends the wait").unwrap(),
+        Acquired::Paused(pause.clone())
+    );
+    assert_eq!(
+        used, 3,
+        "the read, the watch, the queue entry (after the watch: one watch, not two); no read or \
+         watch of the pause"
+    );
+    wait_queue_len(&env.etcd, &queue, 0).await;
+    assert_eq!(s.requests() - before, 4, "and the entry's delete");
+
+    // The wait for the resume watches from the waiter's read: one long poll, no read.
+    let before = s.requests();
+    let (changed, ()) = tokio::join!(
+        tokio::time::timeout(WAIT, s.group_pause_changed(Some(&pause))),
+        async {
+            v2_watchers_reach(&env.etcd, 1.0).await;
+            admin.resume_group().await.unwrap();
+        }
+    );
+    assert_eq!(changed.expect("resume seen").unwrap(), None);
+    assert_eq!(s.requests() - before, 1, "one long poll");
+
+    // Paused before the wait: one read, and nothing queued.
+    admin.pause_group(&pause).await.unwrap();
+    let before = s.requests();
+    let acquired = tokio::time::timeout(WAIT, s.acquire_unless_paused(&w)).await;
+    assert_eq!(
+        acquired.expect("paused at once").unwrap(),
+        Acquired::Paused(pause)
+    );
+    assert_eq!(s.requests() - before, 1, "the read alone");
+    assert_eq!(queue_entries(&env.etcd, &queue), 0);
+
+    // Resumed, the wait goes on to the slot.
+    admin.resume_group().await.unwrap();
+    admin.release(&me("h")).await.unwrap();
+    let acquired = tokio::time::timeout(WAIT, s.acquire_unless_paused(&w)).await;
+    assert_eq!(acquired.expect("slot").unwrap(), Acquired::Held);
+    assert!(matches!(
+        Semaphore::fence(&s, &w).await.unwrap(),
+        Fence::Held
+    ));
 }
 
 /// How many entries the v2 queue directory holds now.

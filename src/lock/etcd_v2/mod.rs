@@ -28,7 +28,8 @@ use super::document::{DocError, HolderRecord, SemaphoreDoc};
 use super::recent::Recent;
 use super::retry::{cas_loop, Cas};
 use super::{
-    Admin, Fence, GroupPause, Holder, Identity, LockError, Reported, Semaphore, SemaphoreStatus,
+    Acquired, Admin, Fence, GroupPause, Holder, Identity, LockError, Reported, Semaphore,
+    SemaphoreStatus,
 };
 use crate::config;
 use crate::etcd_v2::{Get, KeysClient, Put, Settings, V2Error};
@@ -500,6 +501,12 @@ impl Semaphore for EtcdV2Semaphore {
     #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
     async fn acquire(&self, me: &Identity) -> Result<(), LockError> {
         waiting::acquire(self, me).await
+    }
+
+    /// The pause is read and watched with the semaphore: no request of its own.
+    #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
+    async fn acquire_unless_paused(&self, me: &Identity) -> Result<Acquired, LockError> {
+        waiting::acquire_unless_paused(self, me).await
     }
 
     #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]

@@ -1,7 +1,8 @@
 //! The group's pause on the v2 store: one key of rebootd's beside locksmith's document (never in
 //! it, see [`crate::lock::pause`]), read, set, deleted, and watched from the index read (the read
-//! of `group_pause` right before, when it saw the pause waited on: see
-//! [`crate::lock::pause::LastRead`]).
+//! of `group_pause` right before, or the read of a waiter that ended paused, when it saw the
+//! pause waited on: see [`crate::lock::pause::LastRead`]). A waiter needs none of this: the key
+//! is in the directory its read and watch follow (`acquire_unless_paused`).
 
 use super::super::pause::{self, GroupPause};
 use super::super::LockError;
@@ -11,7 +12,7 @@ use crate::etcd_v2::{Action, Get, Put, V2Error};
 impl EtcdV2Semaphore {
     /// The key of this group's pause.
     pub fn pause_key(&self) -> String {
-        format!("/{}", pause::etcd_key(&self.keys.group))
+        self.keys.pause.clone()
     }
 
     /// The pause and etcd's index when it was read.

@@ -9,9 +9,11 @@
 //! | locksmith's document | `/coreos.com/updateengine/rebootlock/semaphore` | `/coreos.com/updateengine/rebootlock/groups/<g>/semaphore` |
 //! | rebootd's record of holder h | `…/rebootlock/rebootd/holders/<h>` | `…/groups/<g>/rebootd/holders/<h>` |
 //! | rebootd's waiter queue (in-order keys with a TTL) | `…/rebootlock/rebootd/waiters/<n>` | `…/groups/<g>/rebootd/waiters/<n>` |
+//! | the group's pause ([`crate::lock::pause`]) | `…/rebootlock/rebootd/control/paused` | `…/groups/<g>/rebootd/control/paused` |
 //!
 //! The snapshot reads and watches the group's directory (`…/rebootlock`, or `…/groups/<g>`):
 //! for the default group that directory also holds the named groups, whose keys are ignored.
+//! The pause is in that directory too, so a waiter's one read and one watch bring it.
 //!
 //! # A semaphore moved to v3
 //!
@@ -25,6 +27,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::super::document::{self, HolderRecord, SemaphoreDoc};
+use super::super::pause::{self, GroupPause};
 use super::super::view::{Beat, HolderView, Me, Ticket, View, WaiterView};
 use crate::etcd_v2::{Node, Response};
 
@@ -71,6 +74,8 @@ pub struct Keys {
     pub records: String,
     /// rebootd's waiter queue directory (no trailing `/`; in-order keys are POSTed to it).
     pub queue: String,
+    /// The group's pause (under `root`).
+    pub pause: String,
     /// Keys under `root` that belong to other groups (the default group's directory holds them).
     skip: Option<String>,
 }
@@ -87,6 +92,7 @@ impl Keys {
             group: group.to_owned(),
             records: abs(document::holder_records_prefix(group)),
             queue,
+            pause: abs(pause::etcd_key(group)),
             skip: document::is_default_group(group).then(|| format!("{root}/groups/")),
             doc,
             root,
@@ -180,6 +186,8 @@ pub struct Snapshot {
     pub records: BTreeMap<String, Entry<HolderRecord>>,
     /// By key (in-order keys sort in creation order).
     pub queue: BTreeMap<String, Entry<QueueRecord>>,
+    /// The group's pause, if set.
+    pub pause: Option<GroupPause>,
 }
 
 impl Snapshot {
@@ -191,6 +199,7 @@ impl Snapshot {
             doc: DocState::Absent,
             records: BTreeMap::new(),
             queue: BTreeMap::new(),
+            pause: None,
         };
         if let Some(root) = root {
             for node in root.leaves() {
@@ -213,10 +222,15 @@ impl Snapshot {
                 if keys.doc.starts_with(&dir) {
                     self.doc = DocState::Absent;
                 }
+                if keys.pause.starts_with(&dir) {
+                    self.pause = None;
+                }
                 self.records.retain(|k, _| !k.starts_with(&dir));
                 self.queue.retain(|k, _| !k.starts_with(&dir));
             } else if key == keys.doc {
                 self.doc = DocState::Absent;
+            } else if key == keys.pause {
+                self.pause = None;
             } else {
                 self.records.remove(key);
                 self.queue.remove(key);
@@ -234,6 +248,8 @@ impl Snapshot {
         let value = node.value.as_deref().unwrap_or_default();
         if key == keys.doc {
             self.doc = DocState::parse(value, node.modified_index);
+        } else if key == keys.pause {
+            self.pause = Some(GroupPause::parse(value));
         } else if let Some(rest) = key.strip_prefix(&keys.records) {
             if rest.contains('/') {
                 return false;
@@ -416,6 +432,14 @@ mod tests {
             "/coreos.com/updateengine/rebootlock/rebootd/waiters"
         );
         assert!(!k.ours("/coreos.com/updateengine/rebootlock/groups/a/semaphore"));
+        assert_eq!(
+            k.pause,
+            "/coreos.com/updateengine/rebootlock/rebootd/control/paused"
+        );
+        assert!(
+            k.ours(&k.pause),
+            "the waiter's read and watch bring the pause"
+        );
         let g = Keys::new("a b/c");
         assert_eq!(
             g.doc,
@@ -423,7 +447,46 @@ mod tests {
         );
         assert_eq!(g.root, "/coreos.com/updateengine/rebootlock/groups/a+b%2Fc");
         assert!(g.ours(&g.record("x")));
+        assert!(g.ours(&g.pause));
         assert!(!g.ours("/coreos.com/updateengine/rebootlock/semaphore"));
+        assert!(
+            !k.ours(&g.pause),
+            "another group's pause is not the default group's"
+        );
+    }
+
+    #[test]
+    fn the_pause_comes_with_the_read_and_the_events() {
+        let k = Keys::new("default");
+        let paused = GroupPause::parse(r#"{"since":"2026-11-26T00:00:00Z","reason":"freeze"}"#);
+        let root = Node {
+            key: k.root.clone(),
+            value: None,
+            dir: true,
+            nodes: vec![node(&k.pause, &paused.to_json(), 4, 4)],
+            created_index: 1,
+            modified_index: 1,
+            ttl: None,
+        };
+        let mut s = Snapshot::from_read(&k, Some(&root), 4);
+        assert_eq!(s.pause, Some(paused.clone()));
+        assert!(s.apply(&k, &event(Action::Delete, node(&k.pause, "", 4, 5))));
+        assert_eq!(s.pause, None);
+        assert!(s.apply(
+            &k,
+            &event(Action::Set, node(&k.pause, &paused.to_json(), 6, 6))
+        ));
+        assert_eq!(s.pause, Some(paused));
+        // The control directory deleted by hand takes the pause with it.
+        let mut dir = node(
+            "/coreos.com/updateengine/rebootlock/rebootd/control",
+            "",
+            6,
+            7,
+        );
+        dir.dir = true;
+        assert!(s.apply(&k, &event(Action::Delete, dir)));
+        assert_eq!(s.pause, None);
     }
 
     #[test]

@@ -5,6 +5,9 @@
 //! the head of the queue as one watch event, never by polling. A cancelled `acquire` deletes its entry (from a spawned task); a dead one's entry
 //! expires with its TTL.
 //!
+//! The group's pause sits in the same directory: the waiter's read and watch bring it, and
+//! `acquire_unless_paused` ends the wait on it without a request of its own.
+//!
 //! The watch is one streaming watch (`stream=true`) kept for the whole `acquire`: every change
 //! of the group comes on it without a new request (a long poll per change cost each waiter one
 //! request per change, so a rollout's requests grew with the fleet).
@@ -17,14 +20,33 @@ use async_trait::async_trait;
 use super::super::acquire::{self, Settings, Waiting, Wake};
 use super::super::arbiter::Policy;
 use super::super::view::{Me, View};
-use super::super::{Identity, LockError};
+use super::super::{Acquired, GroupPause, Identity, LockError};
 use super::tree::{QueueRecord, Snapshot};
 use super::{lock_error, EtcdV2Semaphore, BACKEND};
 use crate::etcd_v2::{KeysClient, Response, V2Error, WatchStream};
 
 /// Take a slot for `me` in `store`, waiting in its queue as long as it takes.
 pub(super) async fn acquire(store: &EtcdV2Semaphore, me: &Identity) -> Result<(), LockError> {
-    let settings = Settings {
+    acquire::acquire(&mut waiting(store, me), me, &settings(store)).await
+}
+
+/// As [`acquire`], unless the group is paused before or while waiting: the pause comes with
+/// the waiter's own read and watch. Paused, the read is kept for the wait for the resume that
+/// follows (it watches from there); my queue entry goes with the waiter.
+pub(super) async fn acquire_unless_paused(
+    store: &EtcdV2Semaphore,
+    me: &Identity,
+) -> Result<Acquired, LockError> {
+    let mut w = waiting(store, me);
+    let acquired = acquire::acquire_unless_paused(&mut w, me, &settings(store)).await?;
+    if let (Acquired::Paused(pause), Some(snap)) = (&acquired, &w.snap) {
+        store.last_pause.set((Some(pause.clone()), snap.index));
+    }
+    Ok(acquired)
+}
+
+fn settings(store: &EtcdV2Semaphore) -> Settings {
+    Settings {
         backend: BACKEND,
         label: "etcd",
         target: store.keys.doc.clone(),
@@ -35,8 +57,7 @@ pub(super) async fn acquire(store: &EtcdV2Semaphore, me: &Identity) -> Result<()
         },
         backoff_min: store.timeouts.backoff_min,
         backoff_max: store.timeouts.backoff_max,
-    };
-    acquire::acquire(&mut waiting(store, me), me, &settings).await
+    }
 }
 
 /// A waiter of `me` on `store` that has read nothing yet (the steps of `acquire`; tests drive
@@ -280,29 +301,10 @@ impl Waiting for V2Waiting<'_> {
     }
 
     async fn wait(&mut self, until: Option<Instant>, _head: bool) -> Result<Wake, LockError> {
-        let store = self.store;
-        let keys = &store.keys;
+        let keys = &self.store.keys;
         loop {
-            let mut stream = match self.stream.take().filter(|s| !s.ended()) {
-                Some(s) => s,
-                None if self.behind => {
-                    self.behind = false;
-                    return Ok(Wake::Reread);
-                }
-                None => {
-                    let from = match self.next_index {
-                        Some(i) => i,
-                        None => self.snap()?.index + 1,
-                    };
-                    match store.client.watch_stream(&keys.root, true, from).await {
-                        Ok(s) => s,
-                        Err(e) if e.is_index_cleared() => {
-                            tracing::debug!(error = %e, "watch index cleared; reading again");
-                            return Ok(Wake::Reread);
-                        }
-                        Err(e) => return Err(lock_error(e)),
-                    }
-                }
+            let Some(mut stream) = self.open_stream().await? else {
+                return Ok(Wake::Reread);
             };
             let refresh_at = self.refresh_at;
             let got = tokio::select! {
@@ -346,6 +348,10 @@ impl Waiting for V2Waiting<'_> {
         }
     }
 
+    fn paused(&self) -> Option<GroupPause> {
+        self.snap.as_ref().and_then(|s| s.pause.clone())
+    }
+
     async fn leave(&mut self, _dead: Vec<String>) {
         // Entries live by TTL: nobody else's is deleted here.
         self.drop_entry().await;
@@ -353,8 +359,42 @@ impl Waiting for V2Waiting<'_> {
 }
 
 impl V2Waiting<'_> {
-    /// Put a new in-order entry at the end of the queue.
+    /// The streaming watch the wait goes on with: the one kept, or a new one from the index
+    /// after the last event (or the read). `None`: read again instead (the last stream was
+    /// behind, or etcd cleared the index).
+    async fn open_stream(&mut self) -> Result<Option<WatchStream>, LockError> {
+        if let Some(s) = self.stream.take().filter(|s| !s.ended()) {
+            return Ok(Some(s));
+        }
+        if self.behind {
+            self.behind = false;
+            return Ok(None);
+        }
+        let from = match self.next_index {
+            Some(i) => i,
+            None => self.snap()?.index + 1,
+        };
+        let keys = &self.store.keys;
+        match self.store.client.watch_stream(&keys.root, true, from).await {
+            Ok(s) => Ok(Some(s)),
+            Err(e) if e.is_index_cleared() => {
+                tracing::debug!(error = %e, "watch index cleared; reading again");
+                Ok(None)
+            }
+            Err(e) => Err(lock_error(e)),
+        }
+    }
+
+    /// Put a new in-order entry at the end of the queue. The watch opens first: opened after
+    /// the entry, it would start in etcd's history (at the entry's own event), which etcd
+    /// answers with that one event and closes, so the wait would open a second one.
     async fn enqueue_new(&mut self) -> Result<(), LockError> {
+        if self.stream.as_ref().is_none_or(|s| s.ended()) && !self.behind {
+            // Trouble opening it is the wait's to deal with (it opens one again).
+            if let Ok(Some(stream)) = self.open_stream().await {
+                self.stream = Some(stream);
+            }
+        }
         let record = QueueRecord {
             id: self.me.id.clone(),
             node: self.me.node.clone(),
