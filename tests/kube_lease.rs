@@ -15,7 +15,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, ListParams, WatchEvent, WatchParams};
 use rebootd::config;
 use rebootd::lock::kube_lease::{self, KubeLeaseSemaphore, Timeouts};
-use rebootd::lock::{Admin, Identity, LockError, Reported, Semaphore};
+use rebootd::lock::{Acquired, Admin, Identity, LockError, Reported, Semaphore};
 use rebootd_lab::kube_api::{FaultRule, Kind, KubeApi, KubeApiHandle, NodeBuilder, Options};
 use serde_json::{json, Value};
 use tokio::time::Instant;
@@ -94,6 +94,7 @@ scenarios!(
     a_release_right_after_a_report_that_listed_is_one_request,
     a_wait_for_the_pause_right_after_reading_it_lists_it_once,
     a_wait_whose_start_is_gone_lists_the_pause_again,
+    the_pause_comes_with_the_waiters_list_and_watch,
 );
 
 fn settings() -> config::KubeLease {
@@ -411,6 +412,91 @@ mod scenarios {
         admin.resume_group().await.unwrap();
         let changed = within("resume seen", s.group_pause_changed(Some(&pause))).await;
         assert_eq!(changed.unwrap(), None);
+    }
+
+    /// A waiter that follows the group's pause (`acquire_unless_paused`) finds the pause Lease
+    /// in its own list and watch of the semaphore's Leases (it carries the semaphore's label):
+    /// no list or watch of the pause of its own. Paused, it leaves the queue; the wait for the
+    /// resume watches from the pause Lease's resourceVersion (no list).
+    pub async fn the_pause_comes_with_the_waiters_list_and_watch(env: Env) {
+        add_node(&env, "h");
+        add_node(&env, "a");
+        let h = sem(&env, "h").await;
+        h.acquire(&me("h")).await.unwrap();
+        let s = sem(&env, "a").await;
+        let admin = sem(&env, "admin").await;
+        let pause = a_pause("freeze");
+        let w = me("a");
+        env.api.cluster().requests().clear();
+        let watched = async {
+            within("the waiter queues and watches", async {
+                while requests_by(&env, "node-a", is_lease_watch) == 0
+                    || waiter_lease(&env, "node-a").is_none()
+                {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+            .await;
+            admin.pause_group(&pause).await.unwrap();
+        };
+        let (acquired, ()) = tokio::join!(
+            within("the pause ends the wait", s.acquire_unless_paused(&w)),
+            watched
+        );
+        assert_eq!(acquired.unwrap(), Acquired::Paused(pause.clone()));
+        let lists = requests_by(&env, "node-a", is_lease_list);
+        let watches = requests_by(&env, "node-a", is_lease_watch);
+        let all = env.api.cluster().requests().all();
+        let by_a: Vec<_> = all
+            .iter()
+            .filter(|r| r.user.as_deref() == Some("node-a"))
+            .collect();
+        assert_eq!(
+            (lists, watches),
+            (1, 1),
+            "one list and one watch, the pause's among them: {by_a:#?}"
+        );
+        let writes: Vec<&str> = by_a
+            .iter()
+            .filter(|r| is_write(r))
+            .map(|r| r.method.as_str())
+            .collect();
+        assert_eq!(writes, ["POST", "DELETE"], "queued, then left: {by_a:#?}");
+        assert_eq!(waiter_leases(&env), Vec::<String>::new());
+
+        // The wait for the resume watches from the pause Lease it saw: one watch, no list.
+        env.api.cluster().requests().clear();
+        let resumed = async {
+            within("the resume watched", async {
+                while requests_by(&env, "node-a", is_lease_watch) == 0 {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+            .await;
+            admin.resume_group().await.unwrap();
+        };
+        let (changed, ()) = tokio::join!(
+            within("resume seen", s.group_pause_changed(Some(&pause))),
+            resumed
+        );
+        assert_eq!(changed.unwrap(), None);
+        assert_eq!(requests_by(&env, "node-a", is_lease_list), 0);
+
+        // Paused before the wait: the list alone, nothing queued.
+        admin.pause_group(&pause).await.unwrap();
+        env.api.cluster().requests().clear();
+        let acquired = within("paused at once", s.acquire_unless_paused(&w)).await;
+        assert_eq!(acquired.unwrap(), Acquired::Paused(pause.clone()));
+        assert_eq!(requests_by(&env, "node-a", is_lease_list), 1);
+        assert_eq!(requests_by(&env, "node-a", is_write), 0);
+        assert_eq!(waiter_leases(&env), Vec::<String>::new());
+
+        // Resumed, the wait goes on to the slot.
+        admin.resume_group().await.unwrap();
+        h.release(&me("h")).await.unwrap();
+        let acquired = within("slot", s.acquire_unless_paused(&w)).await;
+        assert_eq!(acquired.unwrap(), Acquired::Held);
+        assert_eq!(holders(&env).values().collect::<Vec<_>>(), ["node-a"]);
     }
 
     /// A wait from a read the server no longer has (410 Gone, here injected) lists the pause

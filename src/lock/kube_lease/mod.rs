@@ -37,6 +37,10 @@
 //!   enough; else escaped to `[a-z0-9-]`, shortened, with `-h<hash>` appended, so a waiter Lease
 //!   never reads as a slot `<name>-<digits>`. `status()`, `set-max`, `release` and reclaim
 //!   look at the control and slot Leases only.
+//! - **Pause Lease `<name>-paused`** (label `rebootd.io/role=pause`): there while the group is
+//!   paused (`rebootctl pause --group`); its annotation `rebootd.io/paused` says why, since when
+//!   and by whom (see [`pause`]). Labelled as the semaphore's, so the waiters' one list and
+//!   watch bring it: a waiter follows the pause without a request of its own.
 //!
 //! `set-max` accepts at most [`MAX_SLOTS`] slots. `status()` reports the semaphore name as its
 //! group, reads only, and creates nothing (without a control Lease it shows the `max` the first
@@ -133,7 +137,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::Api;
 
 use super::{
-    Admin, Fence, GroupPause, Holder, Identity, LockError, Reported, Semaphore, SemaphoreStatus,
+    Acquired, Admin, Fence, GroupPause, Holder, Identity, LockError, Reported, Semaphore,
+    SemaphoreStatus,
 };
 use crate::config;
 use objects::{name_problem, Slot};
@@ -153,6 +158,8 @@ pub const LABEL_SLOT: &str = "rebootd.io/slot";
 pub const ROLE_SLOT: &str = "slot";
 /// Role of a waiter Lease `<name>-waiter-<node>` (its place in the queue of waiters).
 pub const ROLE_WAITER: &str = "waiter";
+/// Role of the group's pause Lease `<name>-paused` (`rebootctl pause --group`).
+pub const ROLE_PAUSE: &str = "pause";
 /// Annotation of the control Lease: the number of slots.
 pub const ANNOTATION_MAX: &str = "rebootd.io/max";
 /// Annotations of a held slot Lease.
@@ -360,6 +367,12 @@ impl Semaphore for KubeLeaseSemaphore {
     #[tracing::instrument(skip(self, me), fields(namespace = %self.namespace, semaphore = %self.name, id = %me.id))]
     async fn acquire(&self, me: &Identity) -> Result<(), LockError> {
         waiting::acquire(self, me).await
+    }
+
+    /// The pause Lease is listed and watched with the semaphore: no request of its own.
+    #[tracing::instrument(skip(self, me), fields(namespace = %self.namespace, semaphore = %self.name, id = %me.id))]
+    async fn acquire_unless_paused(&self, me: &Identity) -> Result<Acquired, LockError> {
+        waiting::acquire_unless_paused(self, me).await
     }
 
     #[tracing::instrument(skip(self, me), fields(namespace = %self.namespace, semaphore = %self.name, id = %me.id))]

@@ -1,7 +1,9 @@
-//! The group's pause on the Lease store: a control Lease of its own, `<name>-paused`, whose
-//! annotation `rebootd.io/paused` holds the pause (see [`crate::lock::pause`]); no such Lease,
-//! no pause. It carries no semaphore label, so the waiters' watch of the semaphore's Leases
-//! never sees it; a paused node watches it by name.
+//! The group's pause on the Lease store: a Lease of its own, `<name>-paused`, whose annotation
+//! `rebootd.io/paused` holds the pause (see [`crate::lock::pause`]); no such Lease, no pause. It
+//! carries the semaphore's label (role `pause`), so the waiters' one list and watch of the
+//! semaphore's Leases bring it (`acquire_unless_paused`); a paused node watches it by name.
+//! A pause Lease without the label (written before it had one) is still read and watched by
+//! name here, but a waiter does not see it: `group_pause` warns, and pausing again labels it.
 //!
 //! `group_pause` reads it by a list of that one name, whose resourceVersion says where the read
 //! was even when there is no such Lease; a wait for the pause right after it watches from there
@@ -18,12 +20,12 @@ use kube::runtime::watcher;
 use super::super::pause::{self, GroupPause};
 use super::super::LockError;
 use super::calls::CallError;
-use super::KubeLeaseSemaphore;
+use super::{KubeLeaseSemaphore, LABEL_SEMAPHORE, ROLE_PAUSE};
 
 /// The annotation on `<name>-paused` holding the pause (JSON).
 pub const ANNOTATION_PAUSED: &str = "rebootd.io/paused";
 
-fn pause_of(lease: &Lease) -> Option<GroupPause> {
+pub(super) fn pause_of(lease: &Lease) -> Option<GroupPause> {
     super::objects::annotation(lease, ANNOTATION_PAUSED).map(GroupPause::parse)
 }
 
@@ -31,6 +33,11 @@ impl KubeLeaseSemaphore {
     /// The name of the Lease holding this group's pause.
     pub fn pause_name(&self) -> String {
         format!("{}-paused", self.name)
+    }
+
+    /// Whether `lease` carries this semaphore's label (so the waiters' watch brings it).
+    fn labelled(&self, lease: &Lease) -> bool {
+        super::objects::label(&lease.metadata, LABEL_SEMAPHORE) == Some(self.name.as_str())
     }
 
     /// The field selector of the pause Lease.
@@ -45,7 +52,11 @@ impl KubeLeaseSemaphore {
         let list = self
             .call("reading the group's pause", self.leases.list(&lp))
             .await?;
-        let pause = list.items.first().and_then(pause_of);
+        let found = list.items.first();
+        let pause = found.and_then(pause_of);
+        if let Some(lease) = found.filter(|l| pause.is_some() && !self.labelled(l)) {
+            tracing::warn!(namespace = %self.namespace, lease = ?lease.metadata.name, label = %self.selector, "the group's pause Lease lacks the semaphore's label (written by an older rebootctl): waiting nodes do not see it; run `rebootctl pause --group` again to label it");
+        }
         if let Some(rv) = list.metadata.resource_version.filter(|rv| !rv.is_empty()) {
             self.last_pause.set((pause.clone(), rv));
         }
@@ -98,10 +109,12 @@ impl KubeLeaseSemaphore {
     pub(super) async fn put_pause(&self, p: &GroupPause) -> Result<(), LockError> {
         let name = self.pause_name();
         let annotations = BTreeMap::from([(ANNOTATION_PAUSED.to_owned(), p.to_json())]);
+        let labels = self.labels(ROLE_PAUSE, None);
         let lease = Lease {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
                 namespace: Some(self.namespace.clone()),
+                labels: Some(labels.clone()),
                 annotations: Some(annotations.clone()),
                 ..ObjectMeta::default()
             },
@@ -124,6 +137,11 @@ impl KubeLeaseSemaphore {
                     .annotations
                     .get_or_insert_with(BTreeMap::new)
                     .extend(annotations);
+                existing
+                    .metadata
+                    .labels
+                    .get_or_insert_with(BTreeMap::new)
+                    .extend(labels);
                 self.call(
                     "pausing the group",
                     self.leases.replace(&name, &pp, &existing),

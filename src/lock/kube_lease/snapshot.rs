@@ -11,7 +11,9 @@ use std::collections::{BTreeMap, HashMap};
 use k8s_openapi::api::coordination::v1::Lease;
 
 use super::super::view::{Beat, HolderView, Ticket, View, WaiterView};
+use super::super::GroupPause;
 use super::objects::{annotation, Slot, SlotHolder};
+use super::pause::pause_of;
 use super::queue::{Waiter, ANNOTATION_WAITER_NODE};
 use super::*;
 
@@ -23,6 +25,8 @@ pub(super) struct Snapshot {
     pub slots: BTreeMap<u64, Slot>,
     /// The waiter Leases, by name.
     pub waiters: BTreeMap<String, Waiter>,
+    /// The group's pause and the `resourceVersion` of the Lease that says it.
+    pub pause: Option<(GroupPause, String)>,
 }
 
 impl Snapshot {
@@ -57,6 +61,11 @@ impl KubeLeaseSemaphore {
         let lease_name = lease.metadata.name.clone().unwrap_or_default();
         if lease_name == self.name {
             snap.control = Some(lease);
+        } else if lease_name == self.pause_name() {
+            snap.pause = pause_of(&lease).map(|p| {
+                let rv = lease.metadata.resource_version.clone().unwrap_or_default();
+                (p, rv)
+            });
         } else if let Some(index) = self.slot_index(&lease_name) {
             let holder = SlotHolder::from_lease(&lease);
             snap.slots.insert(
@@ -70,7 +79,7 @@ impl KubeLeaseSemaphore {
         } else if lease_name.starts_with(&self.waiter_prefix) {
             snap.waiters.insert(lease_name, Waiter::from_lease(lease));
         } else {
-            tracing::debug!(lease = %lease_name, selector = %self.selector, "ignoring a Lease that is neither the control Lease, a slot nor a waiter");
+            tracing::debug!(lease = %lease_name, selector = %self.selector, "ignoring a Lease that is neither the control Lease, a slot, a waiter nor the pause");
         }
     }
 
@@ -78,6 +87,8 @@ impl KubeLeaseSemaphore {
     pub(super) fn drop_lease(&self, snap: &mut Snapshot, lease_name: &str) {
         if lease_name == self.name {
             snap.control = None;
+        } else if lease_name == self.pause_name() {
+            snap.pause = None;
         } else if let Some(index) = self.slot_index(lease_name) {
             snap.slots.remove(&index);
         } else {
@@ -136,6 +147,7 @@ impl Snapshot {
             max: DEFAULT_MAX,
             slots: BTreeMap::new(),
             waiters: BTreeMap::new(),
+            pause: None,
         }
     }
 }

@@ -23,6 +23,7 @@ use kube::runtime::watcher;
 use super::super::acquire::{self, Settings, Waiting, Wake};
 use super::super::arbiter::Policy;
 use super::super::view::View;
+use super::super::{Acquired, GroupPause};
 use super::calls::{CallError, NodeLookup};
 use super::objects::Slot;
 use super::snapshot::Snapshot;
@@ -36,8 +37,33 @@ type NodeEvents = BoxStream<'static, NodeEvent>;
 /// Take a slot for `me` in `store`, waiting in its queue as long as it takes.
 pub(super) async fn acquire(store: &KubeLeaseSemaphore, me: &Identity) -> Result<(), LockError> {
     store.check()?;
+    acquire::acquire(&mut waiting(store, me), me, &settings(store)).await
+}
+
+/// As [`acquire`], unless the group is paused before or while waiting: the pause Lease comes
+/// with the waiter's own list and watch. Paused, its `resourceVersion` is kept for the wait for
+/// the resume that follows (it watches from there); my waiter Lease is deleted as I leave.
+pub(super) async fn acquire_unless_paused(
+    store: &KubeLeaseSemaphore,
+    me: &Identity,
+) -> Result<Acquired, LockError> {
+    store.check()?;
+    let mut w = waiting(store, me);
+    let acquired = acquire::acquire_unless_paused(&mut w, me, &settings(store)).await?;
+    if let Acquired::Paused(_) = &acquired {
+        if let Some((pause, rv)) = w.snap.as_ref().and_then(|s| s.pause.clone()) {
+            store.last_pause.set((Some(pause), rv));
+        }
+        // Paused, not done: my place in the queue goes (a dead waiter's Lease would hold up
+        // the queue for its TTL).
+        w.leave(Vec::new()).await;
+    }
+    Ok(acquired)
+}
+
+fn settings(store: &KubeLeaseSemaphore) -> Settings {
     let ttl = Duration::from_secs(u64::try_from(store.waiter_ttl_secs()).unwrap_or(1));
-    let settings = Settings {
+    Settings {
         backend: BACKEND,
         label: "Kubernetes API",
         target: format!("Leases {}/{}", store.namespace, store.name),
@@ -48,8 +74,7 @@ pub(super) async fn acquire(store: &KubeLeaseSemaphore, me: &Identity) -> Result
         },
         backoff_min: store.timeouts.backoff_min,
         backoff_max: store.timeouts.backoff_max,
-    };
-    acquire::acquire(&mut waiting(store, me), me, &settings).await
+    }
 }
 
 /// A waiter of `me` on `store` that has read nothing yet (the steps of `acquire`; tests drive
@@ -499,6 +524,12 @@ impl Waiting for LeaseWaiting<'_> {
                 },
             }
         }
+    }
+
+    fn paused(&self) -> Option<GroupPause> {
+        self.snap
+            .as_ref()
+            .and_then(|s| s.pause.as_ref().map(|(p, _)| p.clone()))
     }
 
     async fn leave(&mut self, dead: Vec<String>) {
