@@ -180,8 +180,9 @@ pub trait Semaphore: Send + Sync {
     /// Take a slot for `me` as [`Semaphore::acquire`] does, unless the group is paused
     /// (`rebootctl pause --group`) before or while waiting: then the wait ends, leaving the
     /// queue behind nothing, and says the pause. Here: the pause read first, then watched
-    /// beside the acquire (a broken watch of the pause leaves the wait alone). A store that
-    /// reads and watches the pause with its semaphore (etcd v3) does it in the same requests.
+    /// beside the acquire (a broken watch of the pause leaves the wait alone). The stores that
+    /// read and watch the pause with their semaphore (etcd v3 and v2, Leases: all of rebootd's
+    /// own) do it in the same requests.
     async fn acquire_unless_paused(&self, me: &Identity) -> Result<Acquired, LockError> {
         if let Some(pause) = self.group_pause().await? {
             return Ok(Acquired::Paused(pause));

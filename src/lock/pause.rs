@@ -2,13 +2,15 @@
 //! semaphore so every node of the group sees it: while it is set no node of the group takes a
 //! slot (a waiter leaves the queue and waits for the resume), and holders finish their cycle.
 //!
-//! Where each store keeps it:
+//! Where each store keeps it, and how a waiter follows it without a request of its own
+//! (`Semaphore::acquire_unless_paused`):
 //! - etcd v3 and v2: the key `…/rebootd/control/paused` beside locksmith's document (never in
 //!   it: locksmith reads only its document). On v3 it sorts just before the holder records, so
 //!   a waiter reads it in its one read and follows it in its one watch (from the pause to the
-//!   document); on v2 waiters' reads ignore it.
+//!   document); on v2 it is in the group's directory, which a waiter reads and watches whole.
 //! - Leases: the annotation `rebootd.io/paused` on a Lease of its own, `<name>-paused` (see
-//!   `kube_lease::pause`), outside the semaphore's label, so waiters read and watch it apart.
+//!   `kube_lease::pause`), labelled as the semaphore's (role `pause`), so it comes with a
+//!   waiter's one list and watch.
 //! - A FleetLock server owns its semaphore and has no such call: refused by `rebootctl`.
 
 use jiff::Timestamp;
