@@ -110,6 +110,7 @@ per_version!(
     a_wait_for_the_pause_right_after_reading_it_reads_it_once,
     a_pause_set_between_the_read_and_the_wait_is_seen,
     the_pause_comes_with_the_waiters_read_and_watch,
+    kept_reads_serve_the_first_report,
 );
 
 mod tls {
@@ -264,6 +265,40 @@ async fn a_release_right_after_a_report_reads_nothing(env: Env) {
     // The failed compare-and-swap, the read, the compare-and-swap, the record's delete.
     assert_eq!(store.requests() - from, 4);
     assert_eq!(ctl.status().await.unwrap().holders, ["locksmith-a"]);
+}
+
+/// Right after a take, the take's own view (the document and the record as it wrote them) is
+/// kept a moment and the first phase report writes on it; after a boot, the connection's read
+/// (it makes sure etcd answers) serves the first report the same way. A kept read that says
+/// this host does not hold its slot is never acted on: the report reads again.
+async fn kept_reads_serve_the_first_report(env: Env) {
+    let node = me("a");
+    let holder = env.store("default").await;
+    holder.set_max(2, true).await.unwrap();
+    holder.acquire(&node).await.unwrap();
+    let from = holder.requests();
+    let reported = holder.report_phase(&node, "rebooting").await.unwrap();
+    assert_eq!(reported, Reported::Held);
+    assert_eq!(holder.requests() - from, 1, "the record's write alone");
+
+    // After the boot: a new connection, whose read the report writes on.
+    let after = env.store("default").await;
+    assert_eq!(after.requests(), 1, "the connection's read");
+    let reported = after
+        .report_phase(&node, "waiting_for_healthy")
+        .await
+        .unwrap();
+    assert_eq!(reported, Reported::Held);
+    assert_eq!(after.requests(), 2, "and the record's write");
+
+    // Connected before its slot was taken (elsewhere, under its id): the kept read says it
+    // does not hold; the report reads again and finds it does.
+    let other = me("b");
+    let early = env.store("default").await;
+    holder.acquire(&other).await.unwrap();
+    let reported = early.report_phase(&other, "rebooting").await.unwrap();
+    assert_eq!(reported, Reported::Held, "not acted on the stale read");
+    assert_eq!(early.requests(), 3, "connection read, read, write");
 }
 
 async fn locksmithctl_sees_and_respects_rebootds_holder(env: Env) {
@@ -785,7 +820,11 @@ async fn tls_and_password(v: EtcdVersion) {
         .await
         .unwrap_err();
     assert!(!rebootd::lock::retry::is_transient(&e), "{e}");
-    assert!(e.to_string().contains("semaphore"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("GET /coreos.com/updateengine/rebootlock "),
+        "{e}"
+    );
 }
 
 fn test_client(etcd: &EtcdServer) -> rebootd::etcd_v2::KeysClient {

@@ -68,6 +68,9 @@ pub struct EtcdV2Semaphore {
     timeouts: Timeouts,
     /// The group as the last phase report read it, for the release right after it.
     recent: Recent<Snapshot>,
+    /// The group as a take left it, or as the connection read it, for the first phase report
+    /// (never the report's own read: a report always reads, or writes on one of these).
+    before_report: Recent<Snapshot>,
     /// The pause as `group_pause` last read it, for the wait that follows ([`pause`]).
     last_pause: super::pause::LastRead<u64>,
 }
@@ -191,13 +194,13 @@ impl EtcdV2Semaphore {
             max_hold,
             timeouts,
             recent: Recent::default(),
+            before_report: Recent::default(),
             last_pause: super::pause::LastRead::default(),
         };
-        match this.client.get(&this.keys.doc, Get::default()).await {
-            Ok(_) => Ok(this),
-            Err(e) if e.is_key_not_found() => Ok(this),
-            Err(e) => Err(lock_error(e)),
-        }
+        // Make sure etcd answers with the read the first report after a boot writes on.
+        let snap = this.read(true).await?;
+        this.before_report.set(snap);
+        Ok(this)
     }
 
     /// locksmith's document key.
@@ -255,6 +258,15 @@ impl EtcdV2Semaphore {
     /// Write `doc` over what `snap` read: compare-and-swap on its index, or create it.
     /// `Ok(false)`: someone else wrote first.
     async fn write_doc(&self, snap: &Snapshot, doc: &SemaphoreDoc) -> Result<bool, LockError> {
+        Ok(self.write_doc_at(snap, doc).await?.is_some())
+    }
+
+    /// [`Self::write_doc`], saying the index the document got.
+    async fn write_doc_at(
+        &self,
+        snap: &Snapshot,
+        doc: &SemaphoreDoc,
+    ) -> Result<Option<u64>, LockError> {
         let value = doc.to_json();
         let written = match &snap.doc {
             DocState::Absent => self.client.create(&self.keys.doc, &value, None).await,
@@ -264,12 +276,12 @@ impl EtcdV2Semaphore {
                     .await
             }
             DocState::Moved { .. } => return Err(self.moved()),
-            DocState::Corrupt { .. } => return self.document(snap).map(|_| false),
+            DocState::Corrupt { .. } => return self.document(snap).map(|_| None),
         };
         match written {
-            Ok(_) => Ok(true),
+            Ok(r) => Ok(Some(r.node.modified_index)),
             Err(e) if e.is_compare_failed() || e.is_node_exists() || e.is_key_not_found() => {
-                Ok(false)
+                Ok(None)
             }
             Err(e) => Err(lock_error(e)),
         }
@@ -470,12 +482,25 @@ impl EtcdV2Semaphore {
 
     /// A quorum read, as the fence's: a report that wrote proves the slot held as the fence
     /// and the heartbeat do ([`Reported::Held`]), and the runtime sends no fence right after.
+    /// The read kept a moment ago (by the take, or by the connection after a boot), if it says
+    /// `me` holds its slot: a report writes on it, its write guarded by my record's index, so a
+    /// record changed since (a reclaim's claim) fails the write and the next attempt reads. A
+    /// kept read that says anything else is never acted on: read again.
+    fn kept_holding(&self, kept: &Recent<Snapshot>, me: &Identity) -> Option<Snapshot> {
+        let kept = kept.take()?;
+        let doc = self.document(&kept).ok()?;
+        (self.fence_of(&kept, &doc, me) == Fence::Held).then_some(kept)
+    }
+
     async fn try_report_phase(
         &self,
         me: &Identity,
         phase: &str,
     ) -> Result<Cas<Reported>, LockError> {
-        let mut snap = self.read(true).await?;
+        let mut snap = match self.kept_holding(&self.before_report, me) {
+            Some(kept) => kept,
+            None => self.read(true).await?,
+        };
         let doc = self.document(&snap)?;
         if self.fence_of(&snap, &doc, me) != Fence::Held {
             tracing::debug!(id = %me.id, phase, "not holding a slot; phase not recorded");
@@ -524,6 +549,7 @@ impl Semaphore for EtcdV2Semaphore {
     #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
     async fn heartbeat(&self, me: &Identity) -> Result<Fence, LockError> {
         self.recent.forget();
+        self.before_report.forget();
         cas_loop!(
             BACKEND,
             "heartbeat",
@@ -535,8 +561,9 @@ impl Semaphore for EtcdV2Semaphore {
     /// Releases my slot, unless its record says another host (another token) holds it.
     #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
     async fn release(&self, me: &Identity) -> Result<(), LockError> {
-        // The group as a report read it a moment ago (see `lock::recent`), or a read now.
-        let snap = match self.recent.take() {
+        // The group as a report read it a moment ago (see `lock::recent`) if it says I hold my
+        // slot, or a read now.
+        let snap = match self.kept_holding(&self.recent, me) {
             Some(snap) => snap,
             None => self.read(true).await?,
         };

@@ -21,7 +21,7 @@ use super::super::acquire::{self, Settings, Waiting, Wake};
 use super::super::arbiter::Policy;
 use super::super::view::{Me, View};
 use super::super::{Acquired, GroupPause, Identity, LockError};
-use super::tree::{QueueRecord, Snapshot};
+use super::tree::{DocState, QueueRecord, Snapshot};
 use super::{lock_error, EtcdV2Semaphore, BACKEND};
 use crate::etcd_v2::{KeysClient, Response, V2Error, WatchStream};
 
@@ -159,11 +159,16 @@ impl V2Waiting<'_> {
         }
     }
 
-    /// After taking a slot: my record, and my queue entry gone.
+    /// After taking a slot: my record, and my queue entry gone. The snapshot, with my
+    /// writes, is kept a moment for the first phase report (see `lock::recent`).
     async fn holding(&mut self) {
-        if let Ok(snap) = self.snap().cloned() {
+        if let Ok(mut snap) = self.snap().cloned() {
             match self.store.write_record(&snap, self.me, Some(None)).await {
-                Ok(Some(_)) => {}
+                Ok(Some(written)) => {
+                    snap.records
+                        .insert(self.store.keys.record(&self.me.id), written);
+                    self.store.before_report.set(snap);
+                }
                 Ok(None) => tracing::debug!(
                     "holder record changed meanwhile; written at the next phase report"
                 ),
@@ -253,8 +258,12 @@ impl Waiting for V2Waiting<'_> {
                 }
             }
         }
-        if !self.store.write_doc(&snap, &doc).await? {
+        let Some(index) = self.store.write_doc_at(&snap, &doc).await? else {
             return Ok(false);
+        };
+        // My take, as written, in the snapshot `holding` keeps.
+        if let Some(s) = self.snap.as_mut() {
+            s.doc = DocState::Doc { doc, index };
         }
         self.holding().await;
         Ok(true)
