@@ -78,6 +78,8 @@ scenarios!(
     acquire_twice_and_release_twice_are_no_ops,
     waiter_is_woken_by_the_watch_and_never_polls,
     conflict_on_replace_is_retried,
+    a_lost_race_waits_for_the_watch_not_a_list,
+    a_lost_race_with_no_change_after_it_lists_again,
     server_errors_are_retried_with_backoff,
     holder_whose_node_is_deleted_is_reclaimed,
     holder_without_a_node_is_never_reclaimed_for_it,
@@ -829,12 +831,94 @@ mod scenarios {
         assert_eq!(puts, vec![409, 200], "one conflict, then a successful take");
         assert_eq!(
             requests_by(&env, "node-a", is_lease_list),
-            3,
-            "set-max read once, acquire read again after the conflict"
+            2,
+            "set-max read once, the acquire listed once: after the conflict the next change on \
+             the watch (its own waiter Lease) served"
         );
         assert_eq!(holders(&env)[&slot(0)], "node-a");
         let l = lease(&env, &slot(0)).unwrap();
         assert_eq!(l.pointer("/spec/leaseTransitions"), Some(&json!(1)));
+    }
+
+    /// A lost race (409) waits for the change that beat it on the watch, and lists nothing:
+    /// here the conflict is injected and the change after it is real (another node's set-max).
+    pub async fn a_lost_race_waits_for_the_watch_not_a_list(env: Env) {
+        add_node(&env, "a");
+        let a = sem(&env, "a").await;
+        let admin = sem(&env, "admin").await;
+        a.set_max(1, false).await.unwrap();
+        env.api
+            .cluster()
+            .faults()
+            .inject(FaultRule::status("/leases/", 409, 1).method("PUT"));
+        let then_a_change = async {
+            within("the conflict", async {
+                while env.api.cluster().faults().pending() > 0 {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+            .await;
+            admin.set_max(2, false).await.unwrap();
+        };
+        let node = me("a");
+        let (acquired, ()) = tokio::join!(within("acquire", a.acquire(&node)), then_a_change);
+        acquired.unwrap();
+        let puts = env
+            .api
+            .cluster()
+            .requests()
+            .all()
+            .into_iter()
+            .filter(|r| r.user.as_deref() == Some("node-a") && r.method == "PUT")
+            .map(|r| r.status)
+            .collect::<Vec<_>>();
+        assert_eq!(puts, vec![409, 200], "one conflict, then a successful take");
+        assert_eq!(
+            requests_by(&env, "node-a", is_lease_list),
+            2,
+            "set-max's read and the acquire's list: none after the conflict"
+        );
+        assert_eq!(holders(&env).values().collect::<Vec<_>>(), ["node-a"]);
+    }
+
+    /// A lost race after which no change comes on the watch (an injected conflict; the waiter
+    /// is queued already, so nothing of its own follows) lists again once the request time
+    /// limit has passed, and takes the slot.
+    pub async fn a_lost_race_with_no_change_after_it_lists_again(env: Env) {
+        add_node(&env, "h");
+        add_node(&env, "a");
+        let h = sem(&env, "h").await;
+        let a = sem(&env, "a").await;
+        h.acquire(&me("h")).await.unwrap();
+        let node = me("a");
+        let released = async {
+            within("a queues", async {
+                while waiter_lease(&env, "node-a").is_none() {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+            .await;
+            env.api.cluster().requests().clear();
+            env.api.cluster().faults().inject(
+                FaultRule::status("/leases/", 409, 1)
+                    .method("PUT")
+                    .body_contains("\"holderIdentity\":\"node-a\""),
+            );
+            h.release(&me("h")).await.unwrap();
+        };
+        let (acquired, ()) = tokio::join!(within("acquire", a.acquire(&node)), released);
+        acquired.unwrap();
+        assert_eq!(
+            env.api.cluster().faults().pending(),
+            0,
+            "the take met the conflict"
+        );
+        assert_eq!(
+            requests_by(&env, "node-a", is_lease_list),
+            1,
+            "one list, when no change came within the request time limit"
+        );
+        assert_eq!(holders(&env).values().collect::<Vec<_>>(), ["node-a"]);
     }
 
     pub async fn server_errors_are_retried_with_backoff(mut env: Env) {

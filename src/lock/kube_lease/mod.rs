@@ -76,7 +76,8 @@
 //! rank (and then for the rank-th free slot, so that the eligible waiters do not race for one
 //! Lease). The taker deletes its own waiter Lease right after taking the slot. Waiters of older
 //! rebootd (no waiter Lease) race for free slots as before, which stays safe: every take is a CAS.
-//! A lost race (409) lists again at once.
+//! A lost race (409) waits for the change that beat it, which the watch brings (a list again only
+//! if none comes within the request time limit).
 //!
 //! A waiter never polls. One kube-runtime watcher of the Leases labelled
 //! `rebootd.io/semaphore=<name>` lists them (the read) and then watches from that list's

@@ -7,7 +7,8 @@
 //! `metadata.name=<node>`), so a deleted or re-registered Node makes that holder gone.
 //!
 //! Every decision is committed by a replace carrying the `resourceVersion` read (or a create);
-//! a lost race (409) reads again at once, as the Lease store always did. A dropped `acquire`
+//! a lost race (409) waits for the change that beat it on the watch (it lists again only if
+//! none comes within the request time limit). A dropped `acquire`
 //! leaves its waiter Lease to expire: it stops holding its place after its TTL.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -95,6 +96,7 @@ pub(in crate::lock) fn waiting<'a>(
         own_node_uid: None,
         node_access_warned: false,
         reread: false,
+        lost_race: None,
     }
 }
 
@@ -124,13 +126,17 @@ pub(in crate::lock) struct LeaseWaiting<'a> {
     /// Our own Node's uid, looked up once, when first about to take a slot.
     own_node_uid: Option<Option<String>>,
     node_access_warned: bool,
-    /// A write lost a race: read again at once.
+    /// The view cannot be right (or a waiter Lease of ours exists unseen): read again at once.
     reread: bool,
+    /// A write lost a race (409): the change that beat it comes on the watch; should none come
+    /// by this time, read again.
+    lost_race: Option<Instant>,
 }
 
 /// What ended one `select!` of [`LeaseWaiting::wait`].
 enum Woken {
     Timer,
+    LostRace,
     Renew,
     Lease(Option<Box<Result<watcher::Event<Lease>, watcher::Error>>>),
     Node(Option<Box<NodeEvent>>),
@@ -178,10 +184,12 @@ impl LeaseWaiting<'_> {
             .map(|(s, _)| s.clone()))
     }
 
-    /// A write that changes the snapshot: `Ok(false)` = lost a race (read again at once).
+    /// A write that changes the snapshot: `false` = lost a race. The write that beat it is on
+    /// its way on the watch, which the wait follows (no list); within the request time limit,
+    /// or the wait lists again.
     fn lost(&mut self, won: bool) -> bool {
         if !won {
-            self.reread = true;
+            self.lost_race = Some(Instant::now() + self.store.timeouts.request);
         }
         won
     }
@@ -320,6 +328,7 @@ impl LeaseWaiting<'_> {
 impl Waiting for LeaseWaiting<'_> {
     async fn read(&mut self) -> Result<(), LockError> {
         self.reread = false;
+        self.lost_race = None;
         self.relisting = None;
         self.leases = None;
         let mut created = false;
@@ -454,6 +463,7 @@ impl Waiting for LeaseWaiting<'_> {
         self.sync_node_watches(head)?;
         loop {
             let renew_at = self.renew_at();
+            let lost_race = self.lost_race;
             let Some(leases) = self.leases.as_mut() else {
                 return Ok(Wake::Reread);
             };
@@ -461,12 +471,23 @@ impl Waiting for LeaseWaiting<'_> {
             let watching_nodes = !nodes.is_empty();
             let woken = tokio::select! {
                 () = sleep_until(until), if until.is_some() => Woken::Timer,
+                () = sleep_until(lost_race), if lost_race.is_some() => Woken::LostRace,
                 () = sleep_until(renew_at), if renew_at.is_some() => Woken::Renew,
                 e = leases.next() => Woken::Lease(e.map(Box::new)),
                 n = nodes.next(), if watching_nodes => Woken::Node(n.map(Box::new)),
             };
+            if matches!(woken, Woken::Lease(_)) {
+                self.lost_race = None;
+            }
             match woken {
                 Woken::Timer => return Ok(Wake::Changed),
+                Woken::LostRace => {
+                    self.lost_race = None;
+                    tracing::debug!(
+                        "a lost race's change did not come on the watch in time; listing again"
+                    );
+                    return Ok(Wake::Reread);
+                }
                 Woken::Renew => {
                     if !self.renew().await? {
                         return Ok(Wake::Reread);
