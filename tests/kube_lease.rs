@@ -831,17 +831,19 @@ mod scenarios {
         assert_eq!(puts, vec![409, 200], "one conflict, then a successful take");
         assert_eq!(
             requests_by(&env, "node-a", is_lease_list),
-            2,
-            "set-max read once, the acquire listed once: after the conflict the next change on \
-             the watch (its own waiter Lease) served"
+            3,
+            "set-max read once, the acquire listed, and listed again: no change of the slot came \
+             on the watch after the (injected) conflict within the request time limit"
         );
         assert_eq!(holders(&env)[&slot(0)], "node-a");
         let l = lease(&env, &slot(0)).unwrap();
         assert_eq!(l.pointer("/spec/leaseTransitions"), Some(&json!(1)));
     }
 
-    /// A lost race (409) waits for the change that beat it on the watch, and lists nothing:
-    /// here the conflict is injected and the change after it is real (another node's set-max).
+    /// A lost race (409) waits for the change of that Lease on the watch, and lists nothing;
+    /// other changes before it (here its own waiter Lease, and the control Lease) decide
+    /// nothing. The conflict is injected; the change of the slot after it is real (another
+    /// client's annotation).
     pub async fn a_lost_race_waits_for_the_watch_not_a_list(env: Env) {
         add_node(&env, "a");
         let a = sem(&env, "a").await;
@@ -858,7 +860,20 @@ mod scenarios {
                 }
             })
             .await;
+            // Other changes first (the control Lease, a new free slot): they must not make it
+            // take again on a view that still has slot 0 free (a second conflict).
             admin.set_max(2, false).await.unwrap();
+            let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+                kube::Api::namespaced(client(&env, "admin").await, NS);
+            let mut s0 = leases.get(&slot(0)).await.unwrap();
+            s0.metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert("example.com/touched".into(), "yes".into());
+            leases
+                .replace(&slot(0), &Default::default(), &s0)
+                .await
+                .unwrap();
         };
         let node = me("a");
         let (acquired, ()) = tokio::join!(within("acquire", a.acquire(&node)), then_a_change);
@@ -877,6 +892,15 @@ mod scenarios {
             requests_by(&env, "node-a", is_lease_list),
             2,
             "set-max's read and the acquire's list: none after the conflict"
+        );
+        let conflicts = env
+            .api
+            .cluster()
+            .requests()
+            .count(|r| r.user.as_deref() == Some("node-a") && r.status == 409);
+        assert_eq!(
+            conflicts, 1,
+            "no take on a view that still had the slot free"
         );
         assert_eq!(holders(&env).values().collect::<Vec<_>>(), ["node-a"]);
     }

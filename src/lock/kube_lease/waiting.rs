@@ -7,8 +7,9 @@
 //! `metadata.name=<node>`), so a deleted or re-registered Node makes that holder gone.
 //!
 //! Every decision is committed by a replace carrying the `resourceVersion` read (or a create);
-//! a lost race (409) waits for the change that beat it on the watch (it lists again only if
-//! none comes within the request time limit). A dropped `acquire`
+//! a lost race (409) waits for the change of that Lease that beat it on the watch, deciding
+//! nothing on the events before it (it lists again only if none comes within the request time
+//! limit). A dropped `acquire`
 //! leaves its waiter Lease to expire: it stops holding its place after its TTL.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -128,9 +129,10 @@ pub(in crate::lock) struct LeaseWaiting<'a> {
     node_access_warned: bool,
     /// The view cannot be right (or a waiter Lease of ours exists unseen): read again at once.
     reread: bool,
-    /// A write lost a race (409): the change that beat it comes on the watch; should none come
-    /// by this time, read again.
-    lost_race: Option<Instant>,
+    /// A write to this Lease lost a race (409): the change that beat it comes on the watch
+    /// (events before it are applied without deciding again: they would decide the same and
+    /// lose again); should none come by this time, read again.
+    lost_race: Option<(Instant, String)>,
 }
 
 /// What ended one `select!` of [`LeaseWaiting::wait`].
@@ -184,14 +186,27 @@ impl LeaseWaiting<'_> {
             .map(|(s, _)| s.clone()))
     }
 
-    /// A write that changes the snapshot: `false` = lost a race. The write that beat it is on
-    /// its way on the watch, which the wait follows (no list); within the request time limit,
-    /// or the wait lists again.
-    fn lost(&mut self, won: bool) -> bool {
+    /// A write to Lease `name` that changes the snapshot: `false` = lost a race. The write that
+    /// beat it is on its way on the watch, which the wait follows (no list) until that Lease
+    /// changes; within the request time limit, or the wait lists again.
+    fn lost(&mut self, won: bool, name: &str) -> bool {
         if !won {
-            self.lost_race = Some(Instant::now() + self.store.timeouts.request);
+            let by = Instant::now() + self.store.timeouts.request;
+            self.lost_race = Some((by, name.to_owned()));
         }
         won
+    }
+
+    /// Whether a change of Lease `name` may decide again (not while waiting for the change of
+    /// another that beat a write of ours).
+    fn decides(&mut self, name: &str) -> bool {
+        match &self.lost_race {
+            Some((_, lost)) if lost != name => false,
+            _ => {
+                self.lost_race = None;
+                true
+            }
+        }
     }
 
     /// When our waiter Lease is due for renewal: a third of its TTL after its last renewal
@@ -398,7 +413,7 @@ impl Waiting for LeaseWaiting<'_> {
             // The first phase report after the take is then one request.
             store.written.set(lease);
         }
-        Ok(self.lost(won))
+        Ok(self.lost(won, &lease_name))
     }
 
     async fn adopt(&mut self, holder: &str) -> Result<bool, LockError> {
@@ -413,7 +428,7 @@ impl Waiting for LeaseWaiting<'_> {
         annotations.insert(ANNOTATION_BOOT_ID.to_owned(), self.me.boot_id.clone());
         annotations.insert(ANNOTATION_HOLDER_TOKEN.to_owned(), self.me.token.clone());
         let won = self.store.replace("adopting a slot", &lease).await?;
-        Ok(self.lost(won))
+        Ok(self.lost(won, slot.name()))
     }
 
     async fn reclaim(&mut self, holder: &str, take_over: bool) -> Result<bool, LockError> {
@@ -435,7 +450,7 @@ impl Waiting for LeaseWaiting<'_> {
             node_uid.as_deref(),
         );
         let won = self.store.replace("reclaiming a slot", &lease).await?;
-        Ok(self.lost(won))
+        Ok(self.lost(won, slot.name()))
     }
 
     async fn enqueue(&mut self) -> Result<(), LockError> {
@@ -463,7 +478,7 @@ impl Waiting for LeaseWaiting<'_> {
         self.sync_node_watches(head)?;
         loop {
             let renew_at = self.renew_at();
-            let lost_race = self.lost_race;
+            let lost_race = self.lost_race.as_ref().map(|(by, _)| *by);
             let Some(leases) = self.leases.as_mut() else {
                 return Ok(Wake::Reread);
             };
@@ -476,9 +491,6 @@ impl Waiting for LeaseWaiting<'_> {
                 e = leases.next() => Woken::Lease(e.map(Box::new)),
                 n = nodes.next(), if watching_nodes => Woken::Node(n.map(Box::new)),
             };
-            if matches!(woken, Woken::Lease(_)) {
-                self.lost_race = None;
-            }
             match woken {
                 Woken::Timer => return Ok(Wake::Changed),
                 Woken::LostRace => {
@@ -521,14 +533,18 @@ impl Waiting for LeaseWaiting<'_> {
                             watcher::Event::InitDone => {
                                 if let Some(s) = self.relisting.take() {
                                     self.snap = Some(s);
+                                    self.lost_race = None;
                                     return Ok(Wake::Changed);
                                 }
                             }
                             watcher::Event::Apply(l) => {
+                                let name = l.metadata.name.clone().unwrap_or_default();
                                 if let Some(s) = self.snap.as_mut() {
                                     store.put_lease(s, l);
                                 }
-                                return Ok(Wake::Changed);
+                                if self.decides(&name) {
+                                    return Ok(Wake::Changed);
+                                }
                             }
                             watcher::Event::Delete(l) => {
                                 let name = l.metadata.name.unwrap_or_default();
@@ -538,7 +554,9 @@ impl Waiting for LeaseWaiting<'_> {
                                 if let Some(s) = self.snap.as_mut() {
                                     store.drop_lease(s, &name);
                                 }
-                                return Ok(Wake::Changed);
+                                if self.decides(&name) {
+                                    return Ok(Wake::Changed);
+                                }
                             }
                         }
                     }
