@@ -622,7 +622,7 @@ async fn the_pause_comes_with_the_waiters_read_and_watch(env: Env) {
     assert_eq!(changed.expect("resume seen").unwrap(), None);
     assert_eq!(s.requests() - before, 1, "one long poll");
 
-    // Paused before the wait: one read, and nothing queued.
+    // Paused before the wait: the watch and the read (it opens first), and nothing queued.
     admin.pause_group(&pause).await.unwrap();
     let before = s.requests();
     let acquired = tokio::time::timeout(WAIT, s.acquire_unless_paused(&w)).await;
@@ -630,7 +630,7 @@ async fn the_pause_comes_with_the_waiters_read_and_watch(env: Env) {
         acquired.expect("paused at once").unwrap(),
         Acquired::Paused(pause)
     );
-    assert_eq!(s.requests() - before, 1, "the read alone");
+    assert_eq!(s.requests() - before, 2, "the watch and the read alone");
     assert_eq!(queue_entries(&env.etcd, &queue), 0);
 
     // Resumed, the wait goes on to the slot.

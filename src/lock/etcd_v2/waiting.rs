@@ -10,7 +10,9 @@
 //!
 //! The watch is one streaming watch (`stream=true`) kept for the whole `acquire`: every change
 //! of the group comes on it without a new request (a long poll per change cost each waiter one
-//! request per change, so a rollout's requests grew with the fleet).
+//! request per change, so a rollout's requests grew with the fleet). It opens before the read,
+//! from etcd's next index, so it never starts in etcd's history (which etcd answers with one
+//! event and closes); events the read already has are skipped by their index.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -219,9 +221,18 @@ impl V2Waiting<'_> {
 #[async_trait]
 impl Waiting for V2Waiting<'_> {
     async fn read(&mut self) -> Result<(), LockError> {
+        // The watch first, from etcd's next index, then the read: a watch opened after a read
+        // starts in etcd's history whenever anything changed in between, and etcd answers that
+        // with one event and closes it (in a fleet's start, again and again). Events the read
+        // already has are skipped by their index. A live watch is kept across reads.
+        if self.stream.as_ref().is_none_or(|s| s.ended()) {
+            self.stream = None;
+            self.behind = false;
+            let keys = &self.store.keys;
+            let stream = self.store.client.watch_stream(&keys.root, true, 0).await;
+            self.stream = Some(stream.map_err(lock_error)?);
+        }
         let snap = self.store.read(false).await?;
-        // The watch goes on from this read.
-        self.stream = None;
         self.next_index = None;
         // A restarted rebootd (same token) takes its old entry over, keeping its place.
         if self.entry.key.is_none() {
@@ -341,7 +352,10 @@ impl Waiting for V2Waiting<'_> {
                     self.behind = stream.ended() && event.node.modified_index < stream.opened_at();
                     self.stream = Some(stream);
                     self.next_index = Some(event.node.modified_index + 1);
-                    let ours = self.snap.as_mut().is_some_and(|s| s.apply(keys, &event));
+                    // Not newer than the read (or the last event applied): already in the view.
+                    let ours = self.snap.as_mut().is_some_and(|s| {
+                        event.node.modified_index > s.index && s.apply(keys, &event)
+                    });
                     if ours {
                         return Ok(Wake::Changed);
                     }
@@ -379,10 +393,7 @@ impl V2Waiting<'_> {
             self.behind = false;
             return Ok(None);
         }
-        let from = match self.next_index {
-            Some(i) => i,
-            None => self.snap()?.index + 1,
-        };
+        let from = self.next_index.unwrap_or(0).max(self.snap()?.index + 1);
         let keys = &self.store.keys;
         match self.store.client.watch_stream(&keys.root, true, from).await {
             Ok(s) => Ok(Some(s)),
@@ -394,9 +405,10 @@ impl V2Waiting<'_> {
         }
     }
 
-    /// Put a new in-order entry at the end of the queue. The watch opens first: opened after
-    /// the entry, it would start in etcd's history (at the entry's own event), which etcd
-    /// answers with that one event and closes, so the wait would open a second one.
+    /// Put a new in-order entry at the end of the queue. The watch is open first (the read
+    /// opened it; if it has ended since, here): opened after the entry, it would start in
+    /// etcd's history (at the entry's own event), which etcd answers with that one event and
+    /// closes, so the wait would open a second one.
     async fn enqueue_new(&mut self) -> Result<(), LockError> {
         if self.stream.as_ref().is_none_or(|s| s.ended()) && !self.behind {
             // Trouble opening it is the wait's to deal with (it opens one again).
@@ -439,3 +451,7 @@ async fn sleep_until(at: Option<Instant>) {
 #[cfg(test)]
 #[path = "claim_tests.rs"]
 mod claim_tests;
+
+#[cfg(test)]
+#[path = "watch_tests.rs"]
+mod watch_tests;

@@ -1,0 +1,57 @@
+//! The v2 waiter's one watch against a real etcd: opened before the read, it is live (never
+//! answered from etcd's history), so a change between the read and the wait costs the waiter
+//! nothing but the event.
+
+use std::time::Duration;
+
+use super::super::super::acquire::{Waiting, Wake};
+use super::super::super::race_tests::{etcd, held_then_read, me, v2};
+use super::super::super::Semaphore;
+use super::waiting;
+
+/// Another node writes in the group's directory after the waiter's read and before its wait
+/// (a phase report of the holder): the waiter queues and is woken by that write on its one
+/// watch, with no second watch and no second read. (A watch opened after the read, from the
+/// read's index, starts in etcd's history: etcd answers that one event and closes it.)
+#[tokio::test]
+async fn a_change_between_the_read_and_the_wait_comes_on_the_one_watch() {
+    let Some(etcd) = etcd().await else { return };
+    let (holder, waiter) = (v2(&etcd).await, v2(&etcd).await);
+    let (h, me_w) = (me("h"), me("w"));
+    let mut w = waiting(&waiter, &me_w);
+    let before = waiter.requests();
+    held_then_read(&holder, &h, &mut w).await;
+    assert_eq!(waiter.requests() - before, 2, "the watch, then the read");
+    holder
+        .report_phase(&h, "rebooting")
+        .await
+        .expect("the holder reports");
+    w.enqueue().await.expect("queue");
+    let wake = tokio::time::timeout(Duration::from_secs(10), w.wait(None, false)).await;
+    assert_eq!(wake.expect("woken").expect("wait"), Wake::Changed);
+    let view = w.view().expect("view");
+    assert_eq!(
+        view.holders[0].phase.as_deref(),
+        Some("rebooting"),
+        "{view:?}"
+    );
+    // And the next change too, on the same watch.
+    holder.release(&h).await.expect("release");
+    let wake = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if w.wait(None, false).await? == Wake::Reread {
+                return Ok(Wake::Reread);
+            }
+            if w.view()?.holders.is_empty() {
+                return Ok::<_, super::super::super::LockError>(Wake::Changed);
+            }
+        }
+    })
+    .await;
+    assert_eq!(wake.expect("woken").expect("wait"), Wake::Changed);
+    assert_eq!(
+        waiter.requests() - before,
+        3,
+        "the watch, the read, the queue entry: nothing more"
+    );
+}
