@@ -78,6 +78,7 @@ pub(in crate::lock) fn waiting<'a>(store: &'a EtcdV2Semaphore, me: &'a Identity)
         stream: None,
         next_index: None,
         behind: false,
+        lost_on: None,
     }
 }
 
@@ -122,11 +123,16 @@ pub(in crate::lock) struct V2Waiting<'a> {
     /// The last stream brought an event from etcd's history with more changes after it: a read
     /// catches up in one request, where watching again would take one per change.
     behind: bool,
+    /// A compare-and-swap on this key lost a race: until the watch brings a change of it (the
+    /// write that won), the events before decide nothing (they would decide the same, and lose
+    /// again); by this time, read again.
+    lost_on: Option<(Instant, String)>,
 }
 
 /// What ended one step of a wait.
 enum Got {
     Event(Box<Result<Option<Response>, V2Error>>),
+    LostRace,
     Refresh,
     Until,
 }
@@ -234,6 +240,7 @@ impl Waiting for V2Waiting<'_> {
         }
         let snap = self.store.read(false).await?;
         self.next_index = None;
+        self.lost_on = None;
         // A restarted rebootd (same token) takes its old entry over, keeping its place.
         if self.entry.key.is_none() {
             if let Some((key, _)) = snap.my_entry(&self.me.id, &self.me.token) {
@@ -264,13 +271,15 @@ impl Waiting for V2Waiting<'_> {
                 let key = self.store.keys.record(&self.me.id);
                 match self.store.client.delete(&key, Some(e.modified)).await {
                     Ok(_) => {}
-                    Err(e) if e.is_compare_failed() || e.is_key_not_found() => return Ok(false),
+                    Err(e) if e.is_compare_failed() || e.is_key_not_found() => {
+                        return Ok(self.lost(&key))
+                    }
                     Err(e) => return Err(lock_error(e)),
                 }
             }
         }
         let Some(index) = self.store.write_doc_at(&snap, &doc).await? else {
-            return Ok(false);
+            return Ok(self.lost(&self.store.keys.doc));
         };
         // My take, as written, in the snapshot `holding` keeps.
         if let Some(s) = self.snap.as_mut() {
@@ -298,10 +307,10 @@ impl Waiting for V2Waiting<'_> {
         let by = format!("{} ({})", self.me.node, self.me.id);
         if !self.store.claim(&snap, holder, &by).await? {
             tracing::info!(%holder, "the holder wrote its record since it was judged stopped; not reclaimed");
-            return Ok(false);
+            return Ok(self.lost(&self.store.keys.record(holder)));
         }
         if !self.store.write_doc(&snap, &doc).await? {
-            return Ok(false);
+            return Ok(self.lost(&self.store.keys.doc));
         }
         self.store.delete_orphans(&snap, &doc).await;
         if take_over {
@@ -327,13 +336,23 @@ impl Waiting for V2Waiting<'_> {
                 return Ok(Wake::Reread);
             };
             let refresh_at = self.refresh_at;
+            let lost_by = self.lost_on.as_ref().map(|(by, _)| *by);
             let got = tokio::select! {
                 answer = stream.next() => Got::Event(Box::new(answer)),
+                _ = sleep_until(lost_by), if lost_by.is_some() => Got::LostRace,
                 _ = sleep_until(refresh_at), if refresh_at.is_some() => Got::Refresh,
                 _ = sleep_until(until), if until.is_some() => Got::Until,
             };
             let answer = match got {
                 Got::Event(answer) => *answer,
+                Got::LostRace => {
+                    self.stream = Some(stream);
+                    self.lost_on = None;
+                    tracing::debug!(
+                        "a lost race's winner did not come on the watch in time; reading again"
+                    );
+                    return Ok(Wake::Reread);
+                }
                 Got::Refresh => {
                     self.stream = Some(stream);
                     if !self.refresh().await? {
@@ -356,7 +375,7 @@ impl Waiting for V2Waiting<'_> {
                     let ours = self.snap.as_mut().is_some_and(|s| {
                         event.node.modified_index > s.index && s.apply(keys, &event)
                     });
-                    if ours {
+                    if ours && self.decides(&event.node.key) {
                         return Ok(Wake::Changed);
                     }
                 }
@@ -382,6 +401,25 @@ impl Waiting for V2Waiting<'_> {
 }
 
 impl V2Waiting<'_> {
+    /// A compare-and-swap on `key` lost a race: `false`, and the wait decides again only once
+    /// the watch brings a change of `key` (within the request time limit, or it reads again).
+    fn lost(&mut self, key: &str) -> bool {
+        let by = Instant::now() + self.store.client.timeouts().request;
+        self.lost_on = Some((by, key.to_owned()));
+        false
+    }
+
+    /// Whether a change of `key` may decide again (see [`Self::lost`]).
+    fn decides(&mut self, key: &str) -> bool {
+        match &self.lost_on {
+            Some((_, lost)) if lost != key && !lost.starts_with(&format!("{key}/")) => false,
+            _ => {
+                self.lost_on = None;
+                true
+            }
+        }
+    }
+
     /// The streaming watch the wait goes on with: the one kept, or a new one from the index
     /// after the last event (or the read). `None`: read again instead (the last stream was
     /// behind, or etcd cleared the index).

@@ -55,3 +55,35 @@ async fn a_change_between_the_read_and_the_wait_comes_on_the_one_watch() {
         "the watch, the read, the queue entry: nothing more"
     );
 }
+
+/// A take that lost the race for the document decides again only once the watch brings the
+/// document's change (the write that won): the changes before it (here a third node queueing
+/// and leaving) would show the slot still free, and a take on them would lose again.
+#[tokio::test]
+async fn a_lost_take_waits_for_the_documents_change() {
+    let Some(etcd) = etcd().await else { return };
+    let (x, y, waiter) = (v2(&etcd).await, v2(&etcd).await, v2(&etcd).await);
+    let (me_x, me_y, me_w) = (me("x"), me("y"), me("w"));
+    let mut w = waiting(&waiter, &me_w);
+    w.read().await.expect("the waiter reads");
+    assert!(w.view().expect("view").holders.is_empty());
+    // After the read: y queues and leaves again, then x takes the only slot.
+    let mut wy = waiting(&y, &me_y);
+    wy.read().await.expect("y reads");
+    wy.enqueue().await.expect("y queues");
+    wy.leave(Vec::new()).await;
+    x.acquire(&me_x).await.expect("x takes the slot");
+    assert!(!w.take(0).await.expect("take"), "the slot went to x");
+    w.enqueue().await.expect("queue");
+    let wake = tokio::time::timeout(Duration::from_secs(10), w.wait(None, false)).await;
+    assert_eq!(wake.expect("woken").expect("wait"), Wake::Changed);
+    let view = w.view().expect("view");
+    assert_eq!(
+        view.holders
+            .iter()
+            .map(|h| h.id.as_str())
+            .collect::<Vec<_>>(),
+        ["x"],
+        "woken by the document's change, not by y's entry: {view:?}"
+    );
+}
