@@ -375,7 +375,7 @@ impl Waiting for V2Waiting<'_> {
                     let ours = self.snap.as_mut().is_some_and(|s| {
                         event.node.modified_index > s.index && s.apply(keys, &event)
                     });
-                    if ours && self.decides(&event.node.key) {
+                    if ours && self.decides(&event.node.key) && !self.far_back() {
                         return Ok(Wake::Changed);
                     }
                 }
@@ -407,6 +407,30 @@ impl V2Waiting<'_> {
         let by = Instant::now() + self.store.client.timeouts().request;
         self.lost_on = Some((by, key.to_owned()));
         false
+    }
+
+    /// Whether I am far back in a long queue, so that no change could let me act (as the v3
+    /// store's waiter, `FAR_BACK`): at least that many waiters ahead of me, and at least `max`
+    /// of them besides one entry per holder (the arbiter takes a slot only with fewer waiters
+    /// ahead than free slots, and reclaims only at the head; entries live by their TTL, so none
+    /// ahead is judged dead by silence). The snapshot takes every change all the same; the
+    /// arbiter is not asked, which at each change of a long queue was most of a waiter's work.
+    /// Paused, every change is decided on (the pause ends the wait anywhere in the queue).
+    fn far_back(&self) -> bool {
+        let (Some(snap), Some(mine)) = (&self.snap, &self.entry.key) else {
+            return false;
+        };
+        let Some(doc) = snap.document() else {
+            return false;
+        };
+        if snap.pause.is_some() || doc.holds(&self.me.id) || !snap.queue.contains_key(mine) {
+            return false;
+        }
+        let ahead = snap.queue.range::<String, _>(..mine).count();
+        let enough = usize::try_from(doc.max)
+            .unwrap_or(usize::MAX)
+            .saturating_add(doc.holders.len());
+        ahead >= enough.max(super::super::etcd::waiting::FAR_BACK)
     }
 
     /// Whether a change of `key` may decide again (see [`Self::lost`]).

@@ -1,12 +1,13 @@
 //! The v2 waiter's one watch against a real etcd: opened before the read, it is live (never
 //! answered from etcd's history), so a change between the read and the wait costs the waiter
-//! nothing but the event.
+//! nothing but the event; and a waiter far back is not asked to decide on every change.
 
 use std::time::Duration;
 
 use super::super::super::acquire::{Waiting, Wake};
+use super::super::super::etcd::waiting::FAR_BACK;
 use super::super::super::race_tests::{etcd, held_then_read, me, v2};
-use super::super::super::Semaphore;
+use super::super::super::{Admin, Semaphore};
 use super::waiting;
 
 /// Another node writes in the group's directory after the waiter's read and before its wait
@@ -85,5 +86,48 @@ async fn a_lost_take_waits_for_the_documents_change() {
             .collect::<Vec<_>>(),
         ["x"],
         "woken by the document's change, not by y's entry: {view:?}"
+    );
+}
+
+/// A waiter far back in a long queue is not woken by changes that cannot let it act (the
+/// snapshot takes them, the arbiter is not asked): here a holder's report is passed over, and
+/// the pause that follows wakes it (a pause ends the wait anywhere in the queue).
+#[tokio::test]
+async fn a_waiter_far_back_decides_only_on_what_can_concern_it() {
+    let Some(etcd) = etcd().await else { return };
+    let (holder, others, waiter) = (v2(&etcd).await, v2(&etcd).await, v2(&etcd).await);
+    let h = me("h");
+    holder.acquire(&h).await.expect("h takes the only slot");
+    let ids: Vec<_> = (0..FAR_BACK).map(|i| me(&format!("o{i}"))).collect();
+    let mut ahead = Vec::new();
+    for id in &ids {
+        let mut o = waiting(&others, id);
+        o.read().await.expect("read");
+        o.enqueue().await.expect("queue");
+        ahead.push(o);
+    }
+    let me_w = me("w");
+    let mut w = waiting(&waiter, &me_w);
+    w.read().await.expect("read");
+    w.enqueue().await.expect("queue");
+    holder
+        .report_phase(&h, "rebooting")
+        .await
+        .expect("the holder reports");
+    holder
+        .pause_group(&crate::lock::GroupPause::parse(r#"{"reason":"freeze"}"#))
+        .await
+        .expect("pause");
+    let wake = tokio::time::timeout(Duration::from_secs(10), w.wait(None, false)).await;
+    assert_eq!(wake.expect("woken").expect("wait"), Wake::Changed);
+    assert!(
+        w.paused().is_some(),
+        "woken by the pause, not by the report before it"
+    );
+    let view = w.view().expect("view");
+    assert_eq!(
+        view.holders[0].phase.as_deref(),
+        Some("rebooting"),
+        "the report was taken in"
     );
 }
