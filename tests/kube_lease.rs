@@ -273,6 +273,18 @@ fn is_lease_watch(r: &rebootd_lab::kube_api::RequestRecord) -> bool {
     r.method == "GET" && r.path.ends_with("/leases") && r.query.contains("watch=true")
 }
 
+/// The statuses of `user`'s PUTs, in order.
+fn put_statuses(env: &Env, user: &str) -> Vec<u16> {
+    env.api
+        .cluster()
+        .requests()
+        .all()
+        .into_iter()
+        .filter(|r| r.user.as_deref() == Some(user) && r.method == "PUT")
+        .map(|r| r.status)
+        .collect()
+}
+
 fn is_write(r: &rebootd_lab::kube_api::RequestRecord) -> bool {
     matches!(r.method.as_str(), "POST" | "PUT" | "PATCH" | "DELETE")
 }
@@ -819,15 +831,7 @@ mod scenarios {
             .faults()
             .inject(FaultRule::status("/leases/", 409, 1).method("PUT"));
         within("acquire", a.acquire(&me("a"))).await.unwrap();
-        let puts = env
-            .api
-            .cluster()
-            .requests()
-            .all()
-            .into_iter()
-            .filter(|r| r.user.as_deref() == Some("node-a") && r.method == "PUT")
-            .map(|r| r.status)
-            .collect::<Vec<_>>();
+        let puts = put_statuses(&env, "node-a");
         assert_eq!(puts, vec![409, 200], "one conflict, then a successful take");
         assert_eq!(
             requests_by(&env, "node-a", is_lease_list),
@@ -878,15 +882,7 @@ mod scenarios {
         let node = me("a");
         let (acquired, ()) = tokio::join!(within("acquire", a.acquire(&node)), then_a_change);
         acquired.unwrap();
-        let puts = env
-            .api
-            .cluster()
-            .requests()
-            .all()
-            .into_iter()
-            .filter(|r| r.user.as_deref() == Some("node-a") && r.method == "PUT")
-            .map(|r| r.status)
-            .collect::<Vec<_>>();
+        let puts = put_statuses(&env, "node-a");
         assert_eq!(puts, vec![409, 200], "one conflict, then a successful take");
         assert_eq!(
             requests_by(&env, "node-a", is_lease_list),

@@ -1,6 +1,6 @@
 //! An outside watcher of locksmith's v2 semaphore document: every version of the key, in etcd's
-//! order, from a long-poll watch that resumes at the index after the last event (so no change
-//! is missed while etcd keeps it). Tests check invariants on the history (never more holders
+//! order, from a streaming watch that resumes at the index after the last event when it ends
+//! (so no change is missed while etcd keeps it). Tests check invariants on the history (never more holders
 //! than `max`) and await states by watching it rather than polling.
 
 use std::sync::{Arc, Mutex};
@@ -100,8 +100,26 @@ impl V2DocWatcher {
         let broken = Arc::new(Mutex::new(None));
         let (h, b, key) = (history.clone(), broken.clone(), key.to_owned());
         let task = tokio::spawn(async move {
+            // One streaming watch, opened again from the index after the last event when it
+            // ends: a long poll asked again after each event fell out of etcd's 1000-event
+            // history when other keys changed faster than that (a 1000-node rollout's start).
+            let mut stream = None;
             loop {
-                match client.watch(&key, false, next_index).await {
+                let open = match stream.take() {
+                    Some(s) => Ok(s),
+                    None => client.watch_stream(&key, false, next_index).await,
+                };
+                let next = match open {
+                    Ok(mut s) => {
+                        let next = s.next().await;
+                        if !s.ended() {
+                            stream = Some(s);
+                        }
+                        next
+                    }
+                    Err(e) => Err(e),
+                };
+                match next {
                     Ok(None) => continue,
                     Ok(Some(event)) => {
                         next_index = event.node.modified_index + 1;
