@@ -24,6 +24,7 @@ pub mod etcd;
 pub mod etcd_v2;
 pub mod fleetlock;
 pub mod kube_lease;
+pub mod lost_race;
 pub mod none;
 pub mod open;
 pub mod pause;

@@ -480,8 +480,6 @@ impl EtcdV2Semaphore {
         Ok(Cas::Conflict)
     }
 
-    /// A quorum read, as the fence's: a report that wrote proves the slot held as the fence
-    /// and the heartbeat do ([`Reported::Held`]), and the runtime sends no fence right after.
     /// The read kept a moment ago (by the take, or by the connection after a boot), if it says
     /// `me` holds its slot: a report writes on it, its write guarded by my record's index, so a
     /// record changed since (a reclaim's claim) fails the write and the next attempt reads. A
@@ -492,6 +490,10 @@ impl EtcdV2Semaphore {
         (self.fence_of(&kept, &doc, me) == Fence::Held).then_some(kept)
     }
 
+    /// A quorum read (as the fence's), or a read kept from the take or the connection that says
+    /// this host holds its slot ([`Self::kept_holding`]); then a write guarded by my record's
+    /// index. A report that wrote proves the slot held as the fence and the heartbeat do
+    /// ([`Reported::Held`]), and the runtime sends no fence right after.
     async fn try_report_phase(
         &self,
         me: &Identity,

@@ -21,6 +21,7 @@ use async_trait::async_trait;
 
 use super::super::acquire::{self, Settings, Waiting, Wake};
 use super::super::arbiter::Policy;
+use super::super::lost_race::LostRace;
 use super::super::view::{Me, View};
 use super::super::{Acquired, GroupPause, Identity, LockError};
 use super::tree::{DocState, QueueRecord, Snapshot};
@@ -78,7 +79,7 @@ pub(in crate::lock) fn waiting<'a>(store: &'a EtcdV2Semaphore, me: &'a Identity)
         stream: None,
         next_index: None,
         behind: false,
-        lost_on: None,
+        lost: LostRace::default(),
     }
 }
 
@@ -123,10 +124,8 @@ pub(in crate::lock) struct V2Waiting<'a> {
     /// The last stream brought an event from etcd's history with more changes after it: a read
     /// catches up in one request, where watching again would take one per change.
     behind: bool,
-    /// A compare-and-swap on this key lost a race: until the watch brings a change of it (the
-    /// write that won), the events before decide nothing (they would decide the same, and lose
-    /// again); by this time, read again.
-    lost_on: Option<(Instant, String)>,
+    /// The key a compare-and-swap of mine lost on, until the watch brings its change.
+    lost: LostRace,
 }
 
 /// What ended one step of a wait.
@@ -240,7 +239,7 @@ impl Waiting for V2Waiting<'_> {
         }
         let snap = self.store.read(false).await?;
         self.next_index = None;
-        self.lost_on = None;
+        self.lost.clear();
         // A restarted rebootd (same token) takes its old entry over, keeping its place.
         if self.entry.key.is_none() {
             if let Some((key, _)) = snap.my_entry(&self.me.id, &self.me.token) {
@@ -336,7 +335,7 @@ impl Waiting for V2Waiting<'_> {
                 return Ok(Wake::Reread);
             };
             let refresh_at = self.refresh_at;
-            let lost_by = self.lost_on.as_ref().map(|(by, _)| *by);
+            let lost_by = self.lost.deadline();
             let got = tokio::select! {
                 answer = stream.next() => Got::Event(Box::new(answer)),
                 _ = sleep_until(lost_by), if lost_by.is_some() => Got::LostRace,
@@ -347,7 +346,7 @@ impl Waiting for V2Waiting<'_> {
                 Got::Event(answer) => *answer,
                 Got::LostRace => {
                     self.stream = Some(stream);
-                    self.lost_on = None;
+                    self.lost.clear();
                     tracing::debug!(
                         "a lost race's winner did not come on the watch in time; reading again"
                     );
@@ -375,7 +374,7 @@ impl Waiting for V2Waiting<'_> {
                     let ours = self.snap.as_mut().is_some_and(|s| {
                         event.node.modified_index > s.index && s.apply(keys, &event)
                     });
-                    if ours && self.decides(&event.node.key) && !self.far_back() {
+                    if ours && self.lost.decides(&event.node.key) && !self.far_back() {
                         return Ok(Wake::Changed);
                     }
                 }
@@ -404,8 +403,7 @@ impl V2Waiting<'_> {
     /// A compare-and-swap on `key` lost a race: `false`, and the wait decides again only once
     /// the watch brings a change of `key` (within the request time limit, or it reads again).
     fn lost(&mut self, key: &str) -> bool {
-        let by = Instant::now() + self.store.client.timeouts().request;
-        self.lost_on = Some((by, key.to_owned()));
+        self.lost.lost(key, self.store.client.timeouts().request);
         false
     }
 
@@ -431,17 +429,6 @@ impl V2Waiting<'_> {
             .unwrap_or(usize::MAX)
             .saturating_add(doc.holders.len());
         ahead >= enough.max(super::super::etcd::waiting::FAR_BACK)
-    }
-
-    /// Whether a change of `key` may decide again (see [`Self::lost`]).
-    fn decides(&mut self, key: &str) -> bool {
-        match &self.lost_on {
-            Some((_, lost)) if lost != key && !lost.starts_with(&format!("{key}/")) => false,
-            _ => {
-                self.lost_on = None;
-                true
-            }
-        }
     }
 
     /// The streaming watch the wait goes on with: the one kept, or a new one from the index

@@ -8,9 +8,9 @@
 //!
 //! Every decision is committed by a replace carrying the `resourceVersion` read (or a create);
 //! a lost race (409) waits for the change of that Lease that beat it on the watch, deciding
-//! nothing on the events before it (it lists again only if none comes within the request time
-//! limit). A dropped `acquire`
-//! leaves its waiter Lease to expire: it stops holding its place after its TTL.
+//! nothing on the events before it (`lock::lost_race`; it lists again only if none comes within
+//! the request time limit). A dropped `acquire` leaves its waiter Lease to expire: it stops
+//! holding its place after its TTL.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
@@ -24,6 +24,7 @@ use kube::runtime::watcher;
 
 use super::super::acquire::{self, Settings, Waiting, Wake};
 use super::super::arbiter::Policy;
+use super::super::lost_race::LostRace;
 use super::super::view::View;
 use super::super::{Acquired, GroupPause};
 use super::calls::{CallError, NodeLookup};
@@ -97,7 +98,7 @@ pub(in crate::lock) fn waiting<'a>(
         own_node_uid: None,
         node_access_warned: false,
         reread: false,
-        lost_race: None,
+        lost_race: LostRace::default(),
     }
 }
 
@@ -129,10 +130,8 @@ pub(in crate::lock) struct LeaseWaiting<'a> {
     node_access_warned: bool,
     /// The view cannot be right (or a waiter Lease of ours exists unseen): read again at once.
     reread: bool,
-    /// A write to this Lease lost a race (409): the change that beat it comes on the watch
-    /// (events before it are applied without deciding again: they would decide the same and
-    /// lose again); should none come by this time, read again.
-    lost_race: Option<(Instant, String)>,
+    /// The Lease a write of mine lost on (409), until the watch brings its change.
+    lost_race: LostRace,
 }
 
 /// What ended one `select!` of [`LeaseWaiting::wait`].
@@ -191,22 +190,9 @@ impl LeaseWaiting<'_> {
     /// changes; within the request time limit, or the wait lists again.
     fn lost(&mut self, won: bool, name: &str) -> bool {
         if !won {
-            let by = Instant::now() + self.store.timeouts.request;
-            self.lost_race = Some((by, name.to_owned()));
+            self.lost_race.lost(name, self.store.timeouts.request);
         }
         won
-    }
-
-    /// Whether a change of Lease `name` may decide again (not while waiting for the change of
-    /// another that beat a write of ours).
-    fn decides(&mut self, name: &str) -> bool {
-        match &self.lost_race {
-            Some((_, lost)) if lost != name => false,
-            _ => {
-                self.lost_race = None;
-                true
-            }
-        }
     }
 
     /// When our waiter Lease is due for renewal: a third of its TTL after its last renewal
@@ -343,7 +329,7 @@ impl LeaseWaiting<'_> {
 impl Waiting for LeaseWaiting<'_> {
     async fn read(&mut self) -> Result<(), LockError> {
         self.reread = false;
-        self.lost_race = None;
+        self.lost_race.clear();
         self.relisting = None;
         self.leases = None;
         let mut created = false;
@@ -478,7 +464,7 @@ impl Waiting for LeaseWaiting<'_> {
         self.sync_node_watches(head)?;
         loop {
             let renew_at = self.renew_at();
-            let lost_race = self.lost_race.as_ref().map(|(by, _)| *by);
+            let lost_race = self.lost_race.deadline();
             let Some(leases) = self.leases.as_mut() else {
                 return Ok(Wake::Reread);
             };
@@ -494,7 +480,7 @@ impl Waiting for LeaseWaiting<'_> {
             match woken {
                 Woken::Timer => return Ok(Wake::Changed),
                 Woken::LostRace => {
-                    self.lost_race = None;
+                    self.lost_race.clear();
                     tracing::debug!(
                         "a lost race's change did not come on the watch in time; listing again"
                     );
@@ -533,7 +519,7 @@ impl Waiting for LeaseWaiting<'_> {
                             watcher::Event::InitDone => {
                                 if let Some(s) = self.relisting.take() {
                                     self.snap = Some(s);
-                                    self.lost_race = None;
+                                    self.lost_race.clear();
                                     return Ok(Wake::Changed);
                                 }
                             }
@@ -542,7 +528,7 @@ impl Waiting for LeaseWaiting<'_> {
                                 if let Some(s) = self.snap.as_mut() {
                                     store.put_lease(s, l);
                                 }
-                                if self.decides(&name) {
+                                if self.lost_race.decides(&name) {
                                     return Ok(Wake::Changed);
                                 }
                             }
@@ -554,7 +540,7 @@ impl Waiting for LeaseWaiting<'_> {
                                 if let Some(s) = self.snap.as_mut() {
                                     store.drop_lease(s, &name);
                                 }
-                                if self.decides(&name) {
+                                if self.lost_race.decides(&name) {
                                     return Ok(Wake::Changed);
                                 }
                             }
