@@ -97,7 +97,27 @@ scenarios!(
     a_wait_for_the_pause_right_after_reading_it_lists_it_once,
     a_wait_whose_start_is_gone_lists_the_pause_again,
     the_pause_comes_with_the_waiters_list_and_watch,
+    a_waiter_far_back_passes_over_changes_that_cannot_let_it_act,
+    dead_waiters_ahead_hold_back_no_live_waiter,
 );
+
+/// The waiters queued ahead in the far-back scenarios: one more than makes a waiter far back.
+const AHEAD: [&str; 17] = [
+    "o00", "o01", "o02", "o03", "o04", "o05", "o06", "o07", "o08", "o09", "o10", "o11", "o12",
+    "o13", "o14", "o15", "o16",
+];
+const _: () = assert!(AHEAD.len() == rebootd::lock::acquire::FAR_BACK + 1);
+
+/// The first line machine `x` logs about its place: waiting (with its position) or took a slot.
+async fn next_place(logs: &mut Logs, x: &str) -> String {
+    let id = format!("id=m-{x}");
+    loop {
+        let line = logs.expect(&[&id]).await;
+        if line.contains("waiting for a free slot") || line.contains("took a slot") {
+            return line;
+        }
+    }
+}
 
 fn settings() -> config::KubeLease {
     config::KubeLease {
@@ -1635,5 +1655,83 @@ mod scenarios {
         within("3 after b", &mut waiting_3).await.unwrap();
         assert_eq!(holders(&env)[&slot(1)], "3");
         assert!(waiter_leases(&env).is_empty());
+    }
+
+    /// A waiter far back in the queue (`FAR_BACK` live waiters ahead and more than `max`) takes
+    /// the changes of the queue into its view without deciding on them: the hand-off to the
+    /// first waiter (a slot taken, that waiter's Lease deleted) leaves it silent, where it used
+    /// to decide and log its new place; a larger max, which lets it act, is decided on at once.
+    pub async fn a_waiter_far_back_passes_over_changes_that_cannot_let_it_act(mut env: Env) {
+        for x in ["h", "w"].iter().chain(AHEAD.iter()) {
+            add_node(&env, x);
+        }
+        let admin = sem(&env, "admin").await;
+        let (tx, mut acquired) = tokio::sync::mpsc::unbounded_channel();
+        let h = spawn_acquirer(&env, "h", timeouts(), tx.clone()).await;
+        assert_eq!(within("h", acquired.recv()).await, Some("h"));
+        let mut acquirers = Vec::new();
+        for x in AHEAD {
+            acquirers.push(spawn_acquirer(&env, x, timeouts(), tx.clone()).await);
+            queued(&mut env.logs, x, &[], &mut std::future::pending::<()>()).await;
+        }
+        acquirers.push(spawn_acquirer(&env, "w", timeouts(), tx.clone()).await);
+        let line = next_place(&mut env.logs, "w").await;
+        assert!(line.contains("waiters_ahead=17"), "{line}");
+
+        h.release().await;
+        assert_eq!(within("o00", acquired.recv()).await, Some("o00"));
+        within("o00 leaves the queue", async {
+            while waiter_lease(&env, "node-o00").is_some() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        // Room for all: w decides on that change, and takes a slot behind the 16 still ahead.
+        let max = u64::try_from(AHEAD.len()).unwrap() + 2;
+        admin.set_max(max, false).await.unwrap();
+        let line = next_place(&mut env.logs, "w").await;
+        assert!(
+            line.contains("took a slot") && line.contains("waiters_ahead=16"),
+            "w's next word on its place is its take, not a new place in the queue: {line}"
+        );
+        for a in acquirers {
+            a.task.abort();
+        }
+    }
+
+    /// Waiter Leases ahead whose waiters are gone (never renewed again) do not keep a waiter
+    /// behind them far back: once the arbiter judges them dead, the release of the slot is
+    /// decided on, and taken.
+    pub async fn dead_waiters_ahead_hold_back_no_live_waiter(mut env: Env) {
+        let t = Timeouts {
+            waiter_ttl: Duration::from_secs(2),
+            ..timeouts()
+        };
+        for x in ["h", "w"].iter().chain(AHEAD.iter()) {
+            add_node(&env, x);
+        }
+        let h = sem_with(&env, "h", None, t).await;
+        within("h", h.acquire(&me("h"))).await.unwrap();
+        for x in AHEAD {
+            let s = sem_with(&env, x, None, t).await;
+            let id = me(x);
+            let mut waiting = Box::pin(s.acquire(&id));
+            queued(&mut env.logs, x, &[], &mut waiting).await;
+        }
+        assert_eq!(
+            waiter_leases(&env).len(),
+            AHEAD.len(),
+            "all queued, none renewing"
+        );
+        let w = sem_with(&env, "w", None, t).await;
+        let id = me("w");
+        let mut waiting_w = Box::pin(w.acquire(&id));
+        queued(&mut env.logs, "w", &["waiters_ahead=17"], &mut waiting_w).await;
+        // Their TTL passes: w is first in the queue, its Leases ahead still there.
+        queued(&mut env.logs, "w", &["waiters_ahead=0"], &mut waiting_w).await;
+        assert_eq!(waiter_leases(&env).len(), AHEAD.len() + 1);
+        h.unlock("m-h").await.unwrap();
+        within("w takes the slot", &mut waiting_w).await.unwrap();
+        assert_eq!(holders(&env)[&slot(0)], "node-w");
     }
 }

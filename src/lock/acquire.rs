@@ -14,6 +14,11 @@ use super::retry::{self, Backoff};
 use super::view::{HolderView, Me, Observations, View};
 use super::{Acquired, GroupPause, Identity, LockError};
 
+/// How many live waiters ahead (and at least `max`) make a waiter far back in a long queue:
+/// no change can let it act, and a store's waiter may take a change into its view without
+/// asking the arbiter (every store's waiter does; see each `far_back`).
+pub const FAR_BACK: usize = 16;
+
 /// How a wait ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wake {
@@ -45,6 +50,11 @@ pub trait Waiting: Send {
     /// Wait until the view changes or `until` passes (keeping my entry alive meanwhile). `head`:
     /// I am first in the queue, so the holders' liveness matters (a store may watch more).
     async fn wait(&mut self, until: Option<Instant>, head: bool) -> Result<Wake, LockError>;
+    /// Told, right before [`Waiting::wait`], how many live waiters the arbiter counted ahead of
+    /// me (`None`: the wait follows something other than a decision to wait: a lost race, a
+    /// duplicate holder). A store may use it to pass over changes that cannot let me act; the
+    /// default does nothing.
+    fn placed(&mut self, _behind: Option<usize>) {}
     /// I hold a slot: leave the queue and delete the entries of waiters that went away (`dead`,
     /// their keys); best effort, errors are logged.
     async fn leave(&mut self, dead: Vec<String>);
@@ -255,6 +265,7 @@ async fn round(
         if let Some(behind) = behind {
             log_waiting(settings, me, &view, behind, until, logged);
         }
+        w.placed(behind);
         // After a lost race too: the watch brings the change that beat us.
         if w.wait(until, head).await? == Wake::Reread {
             return Ok(RoundEnd::Reread);

@@ -18,16 +18,13 @@ use etcd_client::{
     WatchStream,
 };
 
-use super::super::acquire::{self, Settings, Waiting, Wake};
+use super::super::acquire::{self, Settings, Waiting, Wake, FAR_BACK};
 use super::super::arbiter::Policy;
 use super::super::document::{HolderRecord, WaiterRecord};
 use super::super::view::{Me, View};
 use super::super::{Acquired, GroupPause, Identity, LockError};
 use super::snapshot::{Kv, QueueEntry, Snapshot};
 use super::{EtcdSemaphore, BACKEND};
-
-/// How many waiters ahead make a waiter far back in the queue (see `V3Waiting::far_back`).
-pub(in crate::lock) const FAR_BACK: usize = 16;
 
 /// gRPC NotFound: etcd's "requested lease not found" (it expired while etcd was away).
 const GRPC_NOT_FOUND: i32 = 5;

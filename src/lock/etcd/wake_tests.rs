@@ -5,10 +5,11 @@
 
 use std::time::Duration;
 
+use super::super::acquire::FAR_BACK;
 use super::super::acquire::{Waiting, Wake};
 use super::super::race_tests::{etcd, me, settings};
 use super::super::Semaphore;
-use super::waiting::{waiting, FAR_BACK};
+use super::waiting::waiting;
 use super::EtcdSemaphore;
 use crate::config;
 

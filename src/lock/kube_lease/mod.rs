@@ -121,6 +121,7 @@
 //! still works, reclaiming only on `max_hold`.
 
 mod calls;
+mod far_back;
 mod objects;
 mod pause;
 mod queue;

@@ -159,7 +159,7 @@ fn beat(lease: &Lease) -> Beat {
 
 /// A waiter's place: when it started waiting (`acquireTime`, the waiter's clock: it orders the
 /// queue, it never decides who is alive), then its name.
-fn ticket(w: &Waiter) -> Ticket {
+pub(super) fn ticket(w: &Waiter) -> Ticket {
     Ticket {
         order: (w.since.as_microsecond(), 0),
         name: w.name.clone(),

@@ -9,8 +9,9 @@
 //! Every decision is committed by a replace carrying the `resourceVersion` read (or a create);
 //! a lost race (409) waits for the change of that Lease that beat it on the watch, deciding
 //! nothing on the events before it (`lock::lost_race`; it lists again only if none comes within
-//! the request time limit). A dropped `acquire` leaves its waiter Lease to expire: it stops
-//! holding its place after its TTL.
+//! the request time limit). A waiter far back in a long queue takes the changes into its view
+//! without deciding on them (`far_back`). A dropped `acquire` leaves its waiter Lease to expire:
+//! it stops holding its place after its TTL.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
@@ -28,6 +29,7 @@ use super::super::lost_race::LostRace;
 use super::super::view::View;
 use super::super::{Acquired, GroupPause};
 use super::calls::{CallError, NodeLookup};
+use super::far_back::FarBack;
 use super::objects::Slot;
 use super::snapshot::Snapshot;
 use super::*;
@@ -99,6 +101,7 @@ pub(in crate::lock) fn waiting<'a>(
         node_access_warned: false,
         reread: false,
         lost_race: LostRace::default(),
+        far_back: None,
     }
 }
 
@@ -132,6 +135,8 @@ pub(in crate::lock) struct LeaseWaiting<'a> {
     reread: bool,
     /// The Lease a write of mine lost on (409), until the watch brings its change.
     lost_race: LostRace,
+    /// Where the arbiter last placed me in the queue, for passing over changes while far back.
+    far_back: Option<FarBack>,
 }
 
 /// What ended one `select!` of [`LeaseWaiting::wait`].
@@ -188,6 +193,18 @@ impl LeaseWaiting<'_> {
     /// A write to Lease `name` that changes the snapshot: `false` = lost a race. The write that
     /// beat it is on its way on the watch, which the wait follows (no list) until that Lease
     /// changes; within the request time limit, or the wait lists again.
+    /// Whether the change just applied can be passed over: I am far back in the queue
+    /// ([`FarBack`]).
+    fn held_back(&self) -> bool {
+        let (Some(snap), Some(fb)) = (&self.snap, &self.far_back) else {
+            return false;
+        };
+        // A control Lease that does not parse is for the arbiter's view to report.
+        self.store
+            .max_of(snap)
+            .is_ok_and(|max| fb.holds_back(snap, self.me, &self.my_waiter, max))
+    }
+
     fn lost(&mut self, won: bool, name: &str) -> bool {
         if !won {
             self.lost_race.lost(name, self.store.timeouts.request);
@@ -330,6 +347,7 @@ impl Waiting for LeaseWaiting<'_> {
     async fn read(&mut self) -> Result<(), LockError> {
         self.reread = false;
         self.lost_race.clear();
+        self.far_back = None;
         self.relisting = None;
         self.leases = None;
         let mut created = false;
@@ -528,7 +546,7 @@ impl Waiting for LeaseWaiting<'_> {
                                 if let Some(s) = self.snap.as_mut() {
                                     store.put_lease(s, l);
                                 }
-                                if self.lost_race.decides(&name) {
+                                if self.lost_race.decides(&name) && !self.held_back() {
                                     return Ok(Wake::Changed);
                                 }
                             }
@@ -540,7 +558,10 @@ impl Waiting for LeaseWaiting<'_> {
                                 if let Some(s) = self.snap.as_mut() {
                                     store.drop_lease(s, &name);
                                 }
-                                if self.lost_race.decides(&name) {
+                                if let Some(fb) = self.far_back.as_mut() {
+                                    fb.deleted(&name);
+                                }
+                                if self.lost_race.decides(&name) && !self.held_back() {
                                     return Ok(Wake::Changed);
                                 }
                             }
@@ -549,6 +570,13 @@ impl Waiting for LeaseWaiting<'_> {
                 },
             }
         }
+    }
+
+    fn placed(&mut self, behind: Option<usize>) {
+        self.far_back = match (behind, &self.snap) {
+            (Some(behind), Some(snap)) => FarBack::placed(snap, &self.my_waiter, behind),
+            _ => None,
+        };
     }
 
     fn paused(&self) -> Option<GroupPause> {

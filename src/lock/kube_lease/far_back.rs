@@ -1,0 +1,193 @@
+//! Whether a Lease waiter far back in a long queue may pass over a change without asking the
+//! arbiter (as the etcd stores' waiters do, `FAR_BACK`). Building the view and deciding at every
+//! change of a long queue was most of a waiter's work. Pure: no I/O.
+//!
+//! Unlike etcd's entries, a waiter Lease lives by its renewals as each observer sees them, so
+//! the count of Leases ahead of mine is not a count of live waiters: some may be dead or hold a
+//! slot already. What bounds the live waiters ahead is the arbiter's own count at its last
+//! decision (`behind`): of the waiter Leases then ahead of mine, `excluded` were not counted
+//! (dead, or holders). Until the wait's timer (the first of them that could time out), the
+//! others stay live; so the live waiters ahead are at least those of the Leases still there and
+//! not holding, less `excluded`. While that is at least `max` (and `FAR_BACK`), no change can
+//! let me act: the arbiter takes a slot only with fewer waiters ahead than free slots, and
+//! reclaims only at the head. Observations of the waiters ahead are only delayed by it (their
+//! renewals are seen at the next decision, which makes them look live longer, never shorter).
+
+use std::collections::BTreeSet;
+
+use super::super::acquire::FAR_BACK;
+use super::objects::annotation;
+use super::queue::ANNOTATION_WAITER_NODE;
+use super::snapshot::{ticket, Snapshot};
+use super::Identity;
+
+/// The waiter Leases ahead of mine when the arbiter last placed me, and how many of them it
+/// did not count as live waiters.
+#[derive(Debug)]
+pub(super) struct FarBack {
+    ahead: BTreeSet<String>,
+    excluded: usize,
+}
+
+impl FarBack {
+    /// The arbiter counted `behind` live waiters ahead of my waiter Lease `mine` in `snap`.
+    /// `None` when `mine` is not in the queue.
+    pub(super) fn placed(snap: &Snapshot, mine: &str, behind: usize) -> Option<FarBack> {
+        let my_ticket = ticket(snap.waiters.get(mine)?);
+        let ahead: BTreeSet<String> = snap
+            .waiters
+            .values()
+            .filter(|w| w.name != mine && ticket(w) < my_ticket)
+            .map(|w| w.name.clone())
+            .collect();
+        let excluded = ahead.len().saturating_sub(behind);
+        Some(FarBack { ahead, excluded })
+    }
+
+    /// Waiter Lease `name` was deleted.
+    pub(super) fn deleted(&mut self, name: &str) {
+        self.ahead.remove(name);
+    }
+
+    /// Whether no change of `snap` can let `me` (waiter Lease `mine`) act: far back, not
+    /// paused, not a holder, still queued. `max`: the semaphore's, as the control Lease says.
+    pub(super) fn holds_back(&self, snap: &Snapshot, me: &Identity, mine: &str, max: u64) -> bool {
+        if snap.pause.is_some() || snap.mine(me).is_some() || !snap.waiters.contains_key(mine) {
+            return false;
+        }
+        let enough = usize::try_from(max).unwrap_or(usize::MAX).max(FAR_BACK);
+        let holders: BTreeSet<&str> = snap.held().map(|(_, h)| h.node.as_str()).collect();
+        let needed = enough.saturating_add(self.excluded);
+        // Counted only as far as needed: a long queue's far end costs nothing.
+        self.ahead
+            .iter()
+            .filter(|name| {
+                snap.waiters.get(name.as_str()).is_some_and(|w| {
+                    annotation(&w.lease, ANNOTATION_WAITER_NODE)
+                        .is_none_or(|node| !holders.contains(node))
+                })
+            })
+            .take(needed)
+            .count()
+            >= needed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+    use super::super::objects::{Slot, SlotHolder};
+    use super::super::queue::Waiter;
+    use super::*;
+
+    fn me() -> Identity {
+        Identity {
+            id: "m-me".into(),
+            node: "node-me".into(),
+            boot_id: "b".into(),
+            token: "t".into(),
+        }
+    }
+
+    /// A snapshot with waiters `node-0`.. `node-{n-1}` queued in that order, then mine.
+    fn queue(n: usize) -> Snapshot {
+        let mut snap = Snapshot::empty();
+        for i in 0..=n {
+            let node = if i == n {
+                "node-me".to_owned()
+            } else {
+                format!("node-{i}")
+            };
+            let mut lease = Lease::default();
+            lease.metadata.name = Some(format!("w-{node}"));
+            lease.metadata.annotations = Some(BTreeMap::from([(
+                ANNOTATION_WAITER_NODE.to_owned(),
+                node.clone(),
+            )]));
+            let at = jiff::Timestamp::from_second(1_000 + i as i64).unwrap();
+            lease.spec = Some(LeaseSpec {
+                acquire_time: Some(MicroTime(at)),
+                ..LeaseSpec::default()
+            });
+            let w = Waiter::from_lease(lease);
+            snap.waiters.insert(w.name.clone(), w);
+        }
+        snap
+    }
+
+    fn hold(snap: &mut Snapshot, index: u64, node: &str) {
+        let holder = SlotHolder {
+            node: node.into(),
+            machine_id: None,
+            boot_id: None,
+            phase: None,
+            since: None,
+            node_uid: None,
+            token: None,
+        };
+        snap.slots.insert(
+            index,
+            Slot {
+                index,
+                lease: Lease::default(),
+                holder: Some(holder),
+            },
+        );
+    }
+
+    const MINE: &str = "w-node-me";
+
+    #[test]
+    fn far_back_while_enough_live_waiters_stay_ahead() {
+        let mut snap = queue(FAR_BACK + 1);
+        let mut fb = FarBack::placed(&snap, MINE, FAR_BACK + 1).unwrap();
+        assert!(fb.holds_back(&snap, &me(), MINE, 1));
+        // The first takes a slot: its waiter Lease is still there, but it is a holder.
+        hold(&mut snap, 0, "node-0");
+        assert!(fb.holds_back(&snap, &me(), MINE, 1));
+        snap.waiters.remove("w-node-0");
+        fb.deleted("w-node-0");
+        assert!(fb.holds_back(&snap, &me(), MINE, 1), "{FAR_BACK} ahead");
+        hold(&mut snap, 1, "node-1");
+        assert!(
+            !fb.holds_back(&snap, &me(), MINE, 2),
+            "one fewer than FAR_BACK"
+        );
+    }
+
+    #[test]
+    fn a_larger_max_a_pause_or_leaving_the_queue_decide() {
+        let mut snap = queue(FAR_BACK + 1);
+        let fb = FarBack::placed(&snap, MINE, FAR_BACK + 1).unwrap();
+        assert!(!fb.holds_back(&snap, &me(), MINE, FAR_BACK as u64 + 2));
+        let mut paused = queue(FAR_BACK + 1);
+        paused.pause = Some((
+            crate::lock::GroupPause::parse(r#"{"reason":"x"}"#),
+            "1".into(),
+        ));
+        assert!(!fb.holds_back(&paused, &me(), MINE, 1));
+        snap.waiters.remove(MINE);
+        assert!(!fb.holds_back(&snap, &me(), MINE, 1));
+        let mut mine = queue(FAR_BACK + 1);
+        hold(&mut mine, 0, "node-me");
+        assert!(!fb.holds_back(&mine, &me(), MINE, 1));
+    }
+
+    /// Waiters the arbiter judged dead (or holders) are not counted, whatever Leases remain: a
+    /// queue of dead waiters never holds back the one live waiter behind it.
+    #[test]
+    fn waiters_the_arbiter_did_not_count_hold_nothing_back() {
+        let snap = queue(FAR_BACK + 3);
+        let fb = FarBack::placed(&snap, MINE, 0).unwrap();
+        assert!(!fb.holds_back(&snap, &me(), MINE, 1));
+        let fb = FarBack::placed(&snap, MINE, FAR_BACK).unwrap();
+        assert!(fb.holds_back(&snap, &me(), MINE, 1));
+        let fb = FarBack::placed(&snap, MINE, FAR_BACK - 1).unwrap();
+        assert!(!fb.holds_back(&snap, &me(), MINE, 1));
+        assert!(FarBack::placed(&snap, "w-unknown", 3).is_none());
+    }
+}
