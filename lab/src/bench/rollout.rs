@@ -53,6 +53,10 @@ pub struct Args {
     /// reboot time), timed by the same outside watch.
     #[arg(long, default_value_t = 0)]
     locksmithd: usize,
+    /// How long the rollout may take before the bench gives up (and prints how far it got);
+    /// default 3 x the ideal + 120 s.
+    #[arg(long, value_parser = rebootd::config::parse_duration)]
+    budget: Option<Duration>,
 }
 
 /// locksmith's v2 document of the default group.
@@ -616,10 +620,29 @@ pub async fn run(a: Args) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
     }
     let waves = a.nodes.div_ceil(a.max as usize) as u32;
-    let budget = a.reboot_time * waves * 3 + Duration::from_secs(120);
-    tokio::time::timeout(budget, done_rx.recv())
-        .await
-        .map_err(|_| format!("rollout not done within {budget:?}"))?;
+    let budget = a
+        .budget
+        .unwrap_or(a.reboot_time * waves * 3 + Duration::from_secs(120));
+    if tokio::time::timeout(budget, done_rx.recv()).await.is_err() {
+        let released = times
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|t| t.released.is_some())
+            .count();
+        let requests = match (backend.counters().await?, &before) {
+            (Counters::Etcd(x), Counters::Etcd(b)) => x.minus(b).requests(),
+            (Counters::Api(x), Counters::Api(b)) => (x - b) as f64,
+            _ => 0.0,
+        };
+        let (peak, peak_at) = *peak_rx.borrow();
+        println!(
+            "not done within {budget:?}: {released} of {} nodes rebooted and released; {requests:.0} store requests so far ({:.2} per released reboot); peak {peak:.0}/s (at t = {peak_at:.0} s)",
+            a.nodes,
+            requests / released.max(1) as f64
+        );
+        return Err(format!("rollout not done within {budget:?}"));
+    }
     let after = backend.counters().await?;
     sampler.abort();
     let (peak, peak_at) = *peak_rx.borrow();
