@@ -190,9 +190,6 @@ impl LeaseWaiting<'_> {
             .map(|(s, _)| s.clone()))
     }
 
-    /// A write to Lease `name` that changes the snapshot: `false` = lost a race. The write that
-    /// beat it is on its way on the watch, which the wait follows (no list) until that Lease
-    /// changes; within the request time limit, or the wait lists again.
     /// Whether the change just applied can be passed over: I am far back in the queue
     /// ([`FarBack`]).
     fn held_back(&self) -> bool {
@@ -205,6 +202,9 @@ impl LeaseWaiting<'_> {
             .is_ok_and(|max| fb.holds_back(snap, self.me, &self.my_waiter, max))
     }
 
+    /// A write to Lease `name` that changes the snapshot: `false` = lost a race. The write that
+    /// beat it is on its way on the watch, which the wait follows (no list) until that Lease
+    /// changes; within the request time limit, or the wait lists again.
     fn lost(&mut self, won: bool, name: &str) -> bool {
         if !won {
             self.lost_race.lost(name, self.store.timeouts.request);
