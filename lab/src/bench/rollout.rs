@@ -88,6 +88,17 @@ enum Counters {
     Api(usize),
 }
 
+impl Counters {
+    /// The requests counted since `before`.
+    fn requests_since(&self, before: &Counters) -> f64 {
+        match (self, before) {
+            (Counters::Etcd(x), Counters::Etcd(b)) => x.minus(b).requests(),
+            (Counters::Api(x), Counters::Api(b)) => (x - b) as f64,
+            _ => 0.0,
+        }
+    }
+}
+
 impl Backend {
     async fn start(a: &Args, dir: &Path) -> Result<Backend, String> {
         match a.backend.as_str() {
@@ -630,11 +641,7 @@ pub async fn run(a: Args) -> Result<(), String> {
             .iter()
             .filter(|t| t.released.is_some())
             .count();
-        let requests = match (backend.counters().await?, &before) {
-            (Counters::Etcd(x), Counters::Etcd(b)) => x.minus(b).requests(),
-            (Counters::Api(x), Counters::Api(b)) => (x - b) as f64,
-            _ => 0.0,
-        };
+        let requests = backend.counters().await?.requests_since(&before);
         let (peak, peak_at) = *peak_rx.borrow();
         println!(
             "not done within {budget:?}: {released} of {} nodes rebooted and released; {requests:.0} store requests so far ({:.2} per released reboot); peak {peak:.0}/s (at t = {peak_at:.0} s)",
@@ -710,11 +717,7 @@ pub async fn run(a: Args) -> Result<(), String> {
     );
     println!(
         "store requests per second, sampled each second: peak {peak:.0} (at t = {peak_at:.0} s), mean {:.1} over the rollout",
-        match (&after, &before) {
-            (Counters::Etcd(x), Counters::Etcd(b)) => x.minus(b).requests(),
-            (Counters::Api(x), Counters::Api(b)) => (x - b) as f64,
-            _ => 0.0,
-        } / total.as_secs_f64()
+        after.requests_since(&before) / total.as_secs_f64()
     );
     println!(
         "rebootd lock calls per node per reboot: {}",

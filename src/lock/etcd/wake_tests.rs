@@ -5,8 +5,7 @@
 
 use std::time::Duration;
 
-use super::super::acquire::FAR_BACK;
-use super::super::acquire::{Waiting, Wake};
+use super::super::acquire::{Waiting, Wake, FAR_BACK};
 use super::super::race_tests::{etcd, me, settings};
 use super::super::Semaphore;
 use super::waiting::waiting;

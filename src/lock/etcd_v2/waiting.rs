@@ -428,7 +428,7 @@ impl V2Waiting<'_> {
         let enough = usize::try_from(doc.max)
             .unwrap_or(usize::MAX)
             .saturating_add(doc.holders.len());
-        ahead >= enough.max(super::super::acquire::FAR_BACK)
+        ahead >= enough.max(acquire::FAR_BACK)
     }
 
     /// The streaming watch the wait goes on with: the one kept, or a new one from the index

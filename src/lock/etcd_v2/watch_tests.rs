@@ -4,8 +4,7 @@
 
 use std::time::Duration;
 
-use super::super::super::acquire::FAR_BACK;
-use super::super::super::acquire::{Waiting, Wake};
+use super::super::super::acquire::{Waiting, Wake, FAR_BACK};
 use super::super::super::race_tests::{etcd, held_then_read, me, v2};
 use super::super::super::{Admin, Semaphore};
 use super::waiting;
