@@ -97,7 +97,7 @@ scenarios!(
     a_wait_for_the_pause_right_after_reading_it_lists_it_once,
     a_wait_whose_start_is_gone_lists_the_pause_again,
     the_pause_comes_with_the_waiters_list_and_watch,
-    a_waiter_far_back_passes_over_changes_that_cannot_let_it_act,
+    a_waiter_far_back_watches_one_lease_ahead_not_the_semaphore,
     dead_waiters_ahead_hold_back_no_live_waiter,
 );
 
@@ -1657,11 +1657,13 @@ mod scenarios {
         assert!(waiter_leases(&env).is_empty());
     }
 
-    /// A waiter far back in the queue (`FAR_BACK` live waiters ahead and more than `max`) takes
-    /// the changes of the queue into its view without deciding on them: the hand-off to the
-    /// first waiter (a slot taken, that waiter's Lease deleted) leaves it silent, where it used
-    /// to decide and log its new place; a larger max, which lets it act, is decided on at once.
-    pub async fn a_waiter_far_back_passes_over_changes_that_cannot_let_it_act(mut env: Env) {
+    /// A waiter far back in the queue (`max + FAR_BACK` live waiters ahead) watches one waiter
+    /// Lease ahead of it, its sentinel (`max + FAR_BACK / 2` places ahead), instead of the
+    /// semaphore: the renewals of the queue are not events of its watch, and the hand-off to the
+    /// first waiter costs it no request. When the sentinel leaves the queue (here it takes a
+    /// slot once a larger max lets every waiter in), the waiter reads the semaphore again and
+    /// takes a slot.
+    pub async fn a_waiter_far_back_watches_one_lease_ahead_not_the_semaphore(mut env: Env) {
         for x in ["h", "w"].iter().chain(AHEAD.iter()) {
             add_node(&env, x);
         }
@@ -1677,6 +1679,34 @@ mod scenarios {
         acquirers.push(spawn_acquirer(&env, "w", timeouts(), tx.clone()).await);
         let line = next_place(&mut env.logs, "w").await;
         assert!(line.contains("waiters_ahead=17"), "{line}");
+        // max 1: the sentinel is 1 + 8 places ahead of w, o08 (o16 is the first).
+        let sentinel = format!("{NAME}-waiter-node-o08");
+        let watches = || {
+            env.api
+                .cluster()
+                .requests()
+                .all()
+                .into_iter()
+                .filter(|r| r.user.as_deref() == Some("node-w") && is_lease_watch(r))
+                .map(|r| r.query)
+                .collect::<Vec<String>>()
+        };
+        within("w watches its sentinel", async {
+            while watches().is_empty() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        let only = watches();
+        assert!(
+            only.len() == 1
+                && only[0].contains("fieldSelector")
+                && only[0].contains(&sentinel)
+                && !only[0].contains("labelSelector"),
+            "w's one watch is of its sentinel's Lease, by name: {only:?}"
+        );
+        let reads = || requests_by(&env, "node-w", |r| r.method == "GET");
+        let before = reads();
 
         h.release().await;
         assert_eq!(within("o00", acquired.recv()).await, Some("o00"));
@@ -1686,22 +1716,31 @@ mod scenarios {
             }
         })
         .await;
-        // Room for all: w decides on that change, and takes a slot behind the 16 still ahead.
+        assert_eq!(reads(), before, "the hand-off ahead costs w no read");
+        // Room for all: the waiters near the front take slots, o08 among them; w reads again
+        // when o08's Lease goes, and takes a slot behind those still ahead.
         let max = u64::try_from(AHEAD.len()).unwrap() + 2;
         admin.set_max(max, false).await.unwrap();
         let line = next_place(&mut env.logs, "w").await;
         assert!(
-            line.contains("took a slot") && line.contains("waiters_ahead=16"),
-            "w's next word on its place is its take, not a new place in the queue: {line}"
+            line.contains("took a slot"),
+            "w's next word on its place is its take: {line}"
         );
+        assert_eq!(
+            requests_by(&env, "node-w", is_lease_list),
+            2,
+            "w listed the semaphore when it started and when its sentinel left"
+        );
+        assert_eq!(watches().len(), 1, "and watched nothing else");
         for a in acquirers {
             a.task.abort();
         }
     }
 
     /// Waiter Leases ahead whose waiters are gone (never renewed again) do not keep a waiter
-    /// behind them far back: once the arbiter judges them dead, the release of the slot is
-    /// decided on, and taken.
+    /// behind them far back: its sentinel (o08) is not renewed for twice the waiter time-out,
+    /// so w deletes it as a dead waiter's Lease and reads again; the arbiter then judges the
+    /// others dead (unchanged since w's first read), w is first, and takes the released slot.
     pub async fn dead_waiters_ahead_hold_back_no_live_waiter(mut env: Env) {
         let t = Timeouts {
             waiter_ttl: Duration::from_secs(2),
@@ -1727,9 +1766,14 @@ mod scenarios {
         let id = me("w");
         let mut waiting_w = Box::pin(w.acquire(&id));
         queued(&mut env.logs, "w", &["waiters_ahead=17"], &mut waiting_w).await;
-        // Their TTL passes: w is first in the queue, its Leases ahead still there.
+        // Twice their time-out passes: w deletes its sentinel's Lease, reads again, and is
+        // first in the queue; the other Leases ahead are still there.
         queued(&mut env.logs, "w", &["waiters_ahead=0"], &mut waiting_w).await;
-        assert_eq!(waiter_leases(&env).len(), AHEAD.len() + 1);
+        assert!(
+            waiter_lease(&env, "node-o08").is_none(),
+            "w's sentinel, deleted"
+        );
+        assert_eq!(waiter_leases(&env).len(), AHEAD.len());
         h.unlock("m-h").await.unwrap();
         within("w takes the slot", &mut waiting_w).await.unwrap();
         assert_eq!(holders(&env)[&slot(0)], "node-w");

@@ -126,6 +126,7 @@ mod objects;
 mod pause;
 mod queue;
 mod report;
+mod sentinel;
 mod snapshot;
 pub(in crate::lock) mod waiting;
 

@@ -31,6 +31,7 @@ use super::super::{Acquired, GroupPause};
 use super::calls::{CallError, NodeLookup};
 use super::far_back::FarBack;
 use super::objects::Slot;
+use super::sentinel::{Moved, Sentinel};
 use super::snapshot::Snapshot;
 use super::*;
 
@@ -102,6 +103,7 @@ pub(in crate::lock) fn waiting<'a>(
         reread: false,
         lost_race: LostRace::default(),
         far_back: None,
+        sentinel: None,
     }
 }
 
@@ -137,6 +139,8 @@ pub(in crate::lock) struct LeaseWaiting<'a> {
     lost_race: LostRace,
     /// Where the arbiter last placed me in the queue, for passing over changes while far back.
     far_back: Option<FarBack>,
+    /// Far back in a long queue: the one waiter Lease watched instead of the semaphore.
+    sentinel: Option<Sentinel>,
 }
 
 /// What ended one `select!` of [`LeaseWaiting::wait`].
@@ -342,12 +346,52 @@ impl LeaseWaiting<'_> {
     }
 }
 
+impl LeaseWaiting<'_> {
+    /// Far back (see [`super::sentinel`]): wait, renewing my waiter Lease, until the sentinel
+    /// leaves the queue or is dead, then read again. Nothing else is decided on here: the view
+    /// is not kept up to date while far back.
+    async fn wait_far(&mut self) -> Result<Wake, LockError> {
+        let timeout = settings(self.store).policy.waiter_timeout;
+        loop {
+            let renew_at = self.renew_at();
+            let Some(sentinel) = self.sentinel.as_mut() else {
+                return Ok(Wake::Reread);
+            };
+            let dead_at = sentinel.dead_at(timeout);
+            tokio::select! {
+                () = sleep_until(renew_at), if renew_at.is_some() => {
+                    if !self.renew().await? {
+                        return Ok(Wake::Reread);
+                    }
+                }
+                () = sleep_until(Some(dead_at)) => {
+                    let deleted = sentinel.delete(self.store).await?;
+                    tracing::info!(lease = sentinel.name(), deleted, "the waiter Lease ahead that this waiter watched was not renewed for twice the waiter time-out: deleted as a dead waiter's (unless it changed); reading the queue again");
+                    return Ok(Wake::Reread);
+                }
+                moved = sentinel.next(self.store) => match moved? {
+                    None => {}
+                    Some(Moved::Left) => {
+                        tracing::debug!(lease = sentinel.name(), "the waiter Lease ahead left the queue; reading it again");
+                        return Ok(Wake::Reread);
+                    }
+                    Some(Moved::Lost) => {
+                        tracing::debug!(lease = sentinel.name(), "watch history expired (410 Gone); reading the queue again");
+                        return Ok(Wake::Reread);
+                    }
+                },
+            }
+        }
+    }
+}
+
 #[async_trait]
 impl Waiting for LeaseWaiting<'_> {
     async fn read(&mut self) -> Result<(), LockError> {
         self.reread = false;
         self.lost_race.clear();
         self.far_back = None;
+        self.sentinel = None;
         self.relisting = None;
         self.leases = None;
         let mut created = false;
@@ -480,6 +524,9 @@ impl Waiting for LeaseWaiting<'_> {
             return Ok(Wake::Reread);
         }
         self.sync_node_watches(head)?;
+        if self.sentinel.is_some() {
+            return self.wait_far().await;
+        }
         loop {
             let renew_at = self.renew_at();
             let lost_race = self.lost_race.deadline();
@@ -577,6 +624,27 @@ impl Waiting for LeaseWaiting<'_> {
             (Some(behind), Some(snap)) => FarBack::placed(snap, &self.my_waiter, behind),
             _ => None,
         };
+        if self.sentinel.is_some() {
+            return;
+        }
+        let (Some(behind), Some(snap)) = (behind, &self.snap) else {
+            return;
+        };
+        let Ok(max) = self.store.max_of(snap) else {
+            return;
+        };
+        if let Some(sentinel) = Sentinel::pick(snap, &self.my_waiter, behind, max) {
+            tracing::debug!(
+                waiters_ahead = behind,
+                sentinel = sentinel.name(),
+                "far back in the queue: watching the waiter Lease ahead instead of the semaphore"
+            );
+            // Its watch is not opened, or stops here: the semaphore is read again when the
+            // sentinel moves.
+            self.leases = None;
+            self.relisting = None;
+            self.sentinel = Some(sentinel);
+        }
     }
 
     fn paused(&self) -> Option<GroupPause> {

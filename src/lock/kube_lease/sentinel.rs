@@ -1,0 +1,249 @@
+//! A Lease waiter far back in a long queue stops watching the whole semaphore and watches one
+//! waiter Lease ahead of it instead: its *sentinel*. Every waiter renews its Lease every third
+//! of its TTL, and on the semaphore's watch each renewal was an event for every waiter: at
+//! 1000 waiters, 100 renewals a second made 100 000 watch events a second, the API server's and
+//! the waiters' work growing with the square of the queue. A far waiter's watch brings the
+//! renewals of one Lease.
+//!
+//! The sentinel is the waiter Lease `max + FAR_BACK / 2` places ahead of mine (counting every
+//! waiter Lease ahead, live or not). While it is there I cannot act: it goes before me, and it
+//! takes a slot only with fewer than `max` waiters ahead of it. When it leaves the queue (its
+//! Lease deleted: it took a slot, left, or was deleted as dead) or the watch loses its place
+//! (410 Gone), the waiter reads the semaphore again and is placed again, near the front by then
+//! (it then watches the whole semaphore) or far back still (a new sentinel). A sentinel whose
+//! Lease does not change for twice the waiter time-out, as this waiter's own clock sees it on
+//! the watch, is a dead waiter's: its Lease is deleted (precondition: the `resourceVersion`
+//! watched, so a renewal the watch missed keeps it) and the waiter reads again.
+//!
+//! What a far waiter does not see until it reads again: a pause, a new `max`, waiters ahead
+//! that died (the arbiter judges those at the next read, by the `resourceVersion`s it saw at
+//! the last one). None of them can let it act before its sentinel leaves.
+
+use std::time::{Duration, Instant};
+
+use futures_util::stream::{BoxStream, StreamExt};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{WatchEvent, WatchParams};
+
+use super::super::acquire::FAR_BACK;
+use super::snapshot::{ticket, Snapshot};
+use super::{KubeLeaseSemaphore, LockError};
+
+type Events = BoxStream<'static, Result<WatchEvent<Lease>, kube::Error>>;
+
+/// How a sentinel's watch ended the wait.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Moved {
+    /// Its Lease was deleted: it left the queue.
+    Left,
+    /// The watch's history expired (410 Gone): where it stands is not known.
+    Lost,
+}
+
+/// The waiter Lease a far waiter watches.
+pub(super) struct Sentinel {
+    /// Its Lease as last seen (the precondition of deleting it as dead).
+    lease: Lease,
+    /// When this waiter's clock last saw its `resourceVersion` change (or began watching).
+    changed_at: Instant,
+    /// Where the watch resumes: the last `resourceVersion` seen (an event or a bookmark).
+    resume: String,
+    events: Option<Events>,
+}
+
+impl std::fmt::Debug for Sentinel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sentinel")
+            .field("name", &self.name())
+            .field("resume", &self.resume)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How many waiters ahead make a waiter far: `max` plus [`FAR_BACK`].
+fn far(max: u64) -> usize {
+    usize::try_from(max)
+        .unwrap_or(usize::MAX)
+        .saturating_add(FAR_BACK)
+}
+
+/// How many places ahead of mine the sentinel is: `max` plus half of [`FAR_BACK`], so that
+/// when it takes a slot at least `FAR_BACK / 2` waiters stand between it and me.
+fn distance(max: u64) -> usize {
+    usize::try_from(max)
+        .unwrap_or(usize::MAX)
+        .saturating_add(FAR_BACK / 2)
+}
+
+impl Sentinel {
+    /// The sentinel of my waiter Lease `mine` in `snap`, when the arbiter counted `behind` live
+    /// waiters ahead of me with `max` slots: `None` unless I am far back (at least `max +
+    /// FAR_BACK` ahead) and queued.
+    pub(super) fn pick(snap: &Snapshot, mine: &str, behind: usize, max: u64) -> Option<Sentinel> {
+        if behind < far(max) {
+            return None;
+        }
+        let my_ticket = ticket(snap.waiters.get(mine)?);
+        let mut ahead: Vec<_> = snap
+            .waiters
+            .values()
+            .filter(|w| w.name != mine && ticket(w) < my_ticket)
+            .collect();
+        ahead.sort_by_cached_key(|w| std::cmp::Reverse(ticket(w)));
+        let w = ahead.get(distance(max).checked_sub(1)?)?;
+        Some(Sentinel {
+            resume: w
+                .lease
+                .metadata
+                .resource_version
+                .clone()
+                .unwrap_or_default(),
+            lease: w.lease.clone(),
+            changed_at: Instant::now(),
+            events: None,
+        })
+    }
+
+    pub(super) fn name(&self) -> &str {
+        self.lease.metadata.name.as_deref().unwrap_or("")
+    }
+
+    /// When it counts as dead: twice the waiter time-out `timeout` after its last change.
+    pub(super) fn dead_at(&self, timeout: Duration) -> Instant {
+        self.changed_at + timeout.saturating_mul(2)
+    }
+
+    /// The next change of the sentinel that ends the wait (`None`: the watch ended, to be
+    /// resumed, or brought a renewal or a bookmark). Opens the watch (from the last
+    /// `resourceVersion` seen, field selector on its name) when it is not open. Cancel-safe:
+    /// dropped while opening, it opens again on the next call.
+    pub(super) async fn next(
+        &mut self,
+        store: &KubeLeaseSemaphore,
+    ) -> Result<Option<Moved>, LockError> {
+        let events = match self.events.as_mut() {
+            Some(events) => events,
+            None => {
+                let wp = WatchParams::default()
+                    .fields(&format!("metadata.name={}", self.name()))
+                    .timeout(store.timeouts.watch.as_secs().clamp(1, 290 * 60) as u32);
+                let open = store.leases.watch(&wp, &self.resume);
+                let events = store
+                    .call("watching the waiter Lease ahead", open)
+                    .await
+                    .map_err(|e| e.error)?;
+                self.events.insert(events.boxed())
+            }
+        };
+        let event = match events.next().await {
+            None => {
+                self.events = None;
+                return Ok(None);
+            }
+            Some(Err(e)) => {
+                self.events = None;
+                return Err(store.classify("watching the waiter Lease ahead", e).error);
+            }
+            Some(Ok(event)) => event,
+        };
+        match event {
+            WatchEvent::Added(l) | WatchEvent::Modified(l) => {
+                if let Some(rv) = l.metadata.resource_version.clone() {
+                    if l.metadata.resource_version != self.lease.metadata.resource_version {
+                        self.changed_at = Instant::now();
+                    }
+                    self.resume = rv;
+                }
+                self.lease = l;
+                Ok(None)
+            }
+            WatchEvent::Deleted(_) => Ok(Some(Moved::Left)),
+            WatchEvent::Bookmark(b) => {
+                self.resume = b.metadata.resource_version;
+                Ok(None)
+            }
+            WatchEvent::Error(s) if s.code == 410 => Ok(Some(Moved::Lost)),
+            WatchEvent::Error(s) => {
+                self.events = None;
+                Err(store.status_error("watching the waiter Lease ahead", &s))
+            }
+        }
+    }
+
+    /// Delete its Lease as a dead waiter's, unless it changed since last seen. Whether it was
+    /// (`&mut`: a shared borrow of the watch could not be held across the request).
+    pub(super) async fn delete(&mut self, store: &KubeLeaseSemaphore) -> Result<bool, LockError> {
+        store
+            .delete_lease("deleting a dead waiter Lease", &self.lease)
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+    use super::super::queue::Waiter;
+    use super::*;
+
+    /// Waiters `w-0`.. `w-{n-1}` queued in that order, then `w-me`.
+    fn queue(n: usize) -> Snapshot {
+        let mut snap = Snapshot::empty();
+        for i in 0..=n {
+            let name = if i == n {
+                "w-me".to_owned()
+            } else {
+                format!("w-{i}")
+            };
+            let mut lease = Lease::default();
+            lease.metadata.name = Some(name);
+            lease.metadata.resource_version = Some(format!("{}", 100 + i));
+            let at = jiff::Timestamp::from_second(1_000 + i as i64).unwrap();
+            lease.spec = Some(LeaseSpec {
+                acquire_time: Some(MicroTime(at)),
+                ..LeaseSpec::default()
+            });
+            let w = Waiter::from_lease(lease);
+            snap.waiters.insert(w.name.clone(), w);
+        }
+        snap.waiters
+            .get_mut("w-0")
+            .unwrap()
+            .lease
+            .metadata
+            .annotations = Some(BTreeMap::new());
+        snap
+    }
+
+    #[test]
+    fn a_waiter_is_far_from_max_plus_far_back_live_waiters_ahead() {
+        let snap = queue(40);
+        assert!(Sentinel::pick(&snap, "w-me", far(3) - 1, 3).is_none());
+        let s = Sentinel::pick(&snap, "w-me", far(3), 3).unwrap();
+        // max + FAR_BACK / 2 = 11 places ahead of mine (w-39 is the first).
+        assert_eq!(s.name(), "w-29");
+        assert_eq!(s.resume, "129");
+    }
+
+    #[test]
+    fn the_sentinel_counts_every_lease_ahead_and_needs_a_queue_entry() {
+        // The arbiter counted 19 live of 20 Leases ahead: the sentinel is still 11 places ahead.
+        let snap = queue(20);
+        assert_eq!(Sentinel::pick(&snap, "w-me", 19, 3).unwrap().name(), "w-9");
+        assert!(Sentinel::pick(&snap, "w-none", 19, 3).is_none());
+        // Fewer Leases ahead than the distance (the arbiter's count cannot exceed them, but a
+        // view may change): no sentinel.
+        let short = queue(5);
+        assert!(Sentinel::pick(&short, "w-me", 30, 3).is_none());
+    }
+
+    #[test]
+    fn dead_after_twice_the_waiter_timeout_since_the_last_change() {
+        let s = Sentinel::pick(&queue(40), "w-me", 40, 3).unwrap();
+        let t = Duration::from_secs(32);
+        assert_eq!(s.dead_at(t) - s.changed_at, Duration::from_secs(64));
+    }
+}
