@@ -1658,9 +1658,9 @@ mod scenarios {
     }
 
     /// A waiter far back in the queue (`max + FAR_BACK` live waiters ahead) watches one waiter
-    /// Lease ahead of it, its sentinel (`max + FAR_BACK / 2` places ahead), instead of the
+    /// Lease ahead of it, its marker (`max + FAR_BACK / 2` places ahead), instead of the
     /// semaphore: the renewals of the queue are not events of its watch, and the hand-off to the
-    /// first waiter costs it no request. When the sentinel leaves the queue (here it takes a
+    /// first waiter costs it no request. When the marker leaves the queue (here it takes a
     /// slot once a larger max lets every waiter in), the waiter reads the semaphore again and
     /// takes a slot.
     pub async fn a_waiter_far_back_watches_one_lease_ahead_not_the_semaphore(mut env: Env) {
@@ -1679,8 +1679,8 @@ mod scenarios {
         acquirers.push(spawn_acquirer(&env, "w", timeouts(), tx.clone()).await);
         let line = next_place(&mut env.logs, "w").await;
         assert!(line.contains("waiters_ahead=17"), "{line}");
-        // max 1: the sentinel is 1 + 8 places ahead of w, o08 (o16 is the first).
-        let sentinel = format!("{NAME}-waiter-node-o08");
+        // max 1: the marker is 1 + 8 places ahead of w, o08 (o16 is the first).
+        let marker = format!("{NAME}-waiter-node-o08");
         let watches = || {
             env.api
                 .cluster()
@@ -1691,7 +1691,7 @@ mod scenarios {
                 .map(|r| r.query)
                 .collect::<Vec<String>>()
         };
-        within("w watches its sentinel", async {
+        within("w watches its marker", async {
             while watches().is_empty() {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
@@ -1701,9 +1701,9 @@ mod scenarios {
         assert!(
             only.len() == 1
                 && only[0].contains("fieldSelector")
-                && only[0].contains(&sentinel)
+                && only[0].contains(&marker)
                 && !only[0].contains("labelSelector"),
-            "w's one watch is of its sentinel's Lease, by name: {only:?}"
+            "w's one watch is of its marker's Lease, by name: {only:?}"
         );
         let reads = || requests_by(&env, "node-w", |r| r.method == "GET");
         let before = reads();
@@ -1729,7 +1729,7 @@ mod scenarios {
         assert_eq!(
             requests_by(&env, "node-w", is_lease_list),
             2,
-            "w listed the semaphore when it started and when its sentinel left"
+            "w listed the semaphore when it started and when its marker left"
         );
         assert_eq!(watches().len(), 1, "and watched nothing else");
         for a in acquirers {
@@ -1738,7 +1738,7 @@ mod scenarios {
     }
 
     /// Waiter Leases ahead whose waiters are gone (never renewed again) do not keep a waiter
-    /// behind them far back: its sentinel (o08) is not renewed for twice the waiter time-out,
+    /// behind them far back: its marker (o08) is not renewed for twice the waiter time-out,
     /// so w deletes it as a dead waiter's Lease and reads again; the arbiter then judges the
     /// others dead (unchanged since w's first read), w is first, and takes the released slot.
     pub async fn dead_waiters_ahead_hold_back_no_live_waiter(mut env: Env) {
@@ -1766,12 +1766,12 @@ mod scenarios {
         let id = me("w");
         let mut waiting_w = Box::pin(w.acquire(&id));
         queued(&mut env.logs, "w", &["waiters_ahead=17"], &mut waiting_w).await;
-        // Twice their time-out passes: w deletes its sentinel's Lease, reads again, and is
+        // Twice their time-out passes: w deletes its marker's Lease, reads again, and is
         // first in the queue; the other Leases ahead are still there.
         queued(&mut env.logs, "w", &["waiters_ahead=0"], &mut waiting_w).await;
         assert!(
             waiter_lease(&env, "node-o08").is_none(),
-            "w's sentinel, deleted"
+            "w's marker, deleted"
         );
         assert_eq!(waiter_leases(&env).len(), AHEAD.len());
         h.unlock("m-h").await.unwrap();

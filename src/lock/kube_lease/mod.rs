@@ -88,6 +88,16 @@
 //! `metadata.name=<node>`) the Node object of each holder that has a `rebootd.io/node-uid`, and
 //! sleeps until the next holder would pass `lock.max_hold`.
 //!
+//! A waiter **far back** in a long queue (at least `max + 16` live waiters ahead) does not watch
+//! the semaphore: each waiter's renewals would be events for every other waiter, the square of
+//! the queue. It watches one waiter Lease `max + 8` places ahead of it, its *marker* (field
+//! selector `metadata.name=<it>`, from the `resourceVersion` listed), renewing its own meanwhile
+//! and deciding nothing. When the marker's Lease is deleted (it took a slot or left) it lists
+//! the semaphore again and is placed again; a marker not renewed for twice the waiter
+//! time-out, as its own clock sees it, is deleted as a dead waiter's (resourceVersion
+//! precondition) before that list. A far waiter sees a pause or a new `max` at that list (see
+//! [`marker`]).
+//!
 //! # Reclaim
 //!
 //! Only the first live waiter in the queue reclaims, when no slot is free (logged at warn,
@@ -122,11 +132,11 @@
 
 mod calls;
 mod far_back;
+mod marker;
 mod objects;
 mod pause;
 mod queue;
 mod report;
-mod sentinel;
 mod snapshot;
 pub(in crate::lock) mod waiting;
 

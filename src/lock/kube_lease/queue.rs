@@ -28,18 +28,23 @@ impl Waiter {
     /// The waiter `lease` describes; a Lease without `acquireTime` waits since the beginning
     /// of time.
     pub fn from_lease(lease: Lease) -> Waiter {
-        let since = lease
-            .spec
-            .as_ref()
-            .and_then(|s| s.acquire_time.as_ref())
-            .map(|t| t.0)
-            .unwrap_or(jiff::Timestamp::MIN);
         Waiter {
             name: lease.metadata.name.clone().unwrap_or_default(),
-            since,
+            since: since(&lease),
             lease,
         }
     }
+}
+
+/// When the waiter of waiter Lease `lease` started waiting (`acquireTime`; without one, the
+/// beginning of time).
+pub(super) fn since(lease: &Lease) -> jiff::Timestamp {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.acquire_time.as_ref())
+        .map(|t| t.0)
+        .unwrap_or(jiff::Timestamp::MIN)
 }
 
 /// The waiter Lease name prefix of semaphore `semaphore`.

@@ -166,6 +166,14 @@ pub(super) fn ticket(w: &Waiter) -> Ticket {
     }
 }
 
+/// The place of waiter Lease `lease` (as [`ticket`] of its [`Waiter`]).
+pub(super) fn lease_ticket(lease: &Lease) -> Ticket {
+    Ticket {
+        order: (super::queue::since(lease).as_microsecond(), 0),
+        name: lease.metadata.name.clone().unwrap_or_default(),
+    }
+}
+
 impl KubeLeaseSemaphore {
     /// The arbiter's view of `snap` for the waiter whose waiter Lease is `my_waiter`; `gone`:
     /// why the Nodes of some holders are known to be gone (node name → the uid the holder

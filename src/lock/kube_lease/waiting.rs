@@ -10,8 +10,9 @@
 //! a lost race (409) waits for the change of that Lease that beat it on the watch, deciding
 //! nothing on the events before it (`lock::lost_race`; it lists again only if none comes within
 //! the request time limit). A waiter far back in a long queue takes the changes into its view
-//! without deciding on them (`far_back`). A dropped `acquire` leaves its waiter Lease to expire:
-//! it stops holding its place after its TTL.
+//! without deciding on them (`far_back`); further back still, it stops watching the semaphore
+//! and watches one waiter Lease ahead (`marker`) until that one leaves the queue. A dropped
+//! `acquire` leaves its waiter Lease to expire: it stops holding its place after its TTL.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
@@ -29,9 +30,9 @@ use super::super::lost_race::LostRace;
 use super::super::view::View;
 use super::super::{Acquired, GroupPause};
 use super::calls::{CallError, NodeLookup};
-use super::far_back::FarBack;
+use super::far_back::{self, FarBack};
+use super::marker::{Marker, Moved};
 use super::objects::Slot;
-use super::sentinel::{Moved, Sentinel};
 use super::snapshot::Snapshot;
 use super::*;
 
@@ -103,7 +104,7 @@ pub(in crate::lock) fn waiting<'a>(
         reread: false,
         lost_race: LostRace::default(),
         far_back: None,
-        sentinel: None,
+        marker: None,
     }
 }
 
@@ -140,7 +141,7 @@ pub(in crate::lock) struct LeaseWaiting<'a> {
     /// Where the arbiter last placed me in the queue, for passing over changes while far back.
     far_back: Option<FarBack>,
     /// Far back in a long queue: the one waiter Lease watched instead of the semaphore.
-    sentinel: Option<Sentinel>,
+    marker: Option<Marker>,
 }
 
 /// What ended one `select!` of [`LeaseWaiting::wait`].
@@ -204,6 +205,16 @@ impl LeaseWaiting<'_> {
         self.store
             .max_of(snap)
             .is_ok_and(|max| fb.holds_back(snap, self.me, &self.my_waiter, max))
+    }
+
+    /// Whether a change of Lease `name` (to `new`; `None`: deleted) is a waiter's behind me,
+    /// or my own renewal ([`far_back::behind_me`]): taken into the view, not decided on.
+    fn behind_me(&self, name: &str, new: Option<&Lease>) -> bool {
+        name.starts_with(&self.store.waiter_prefix)
+            && self
+                .snap
+                .as_ref()
+                .is_some_and(|s| far_back::behind_me(s, &self.my_waiter, name, new))
     }
 
     /// A write to Lease `name` that changes the snapshot: `false` = lost a race. The write that
@@ -347,17 +358,17 @@ impl LeaseWaiting<'_> {
 }
 
 impl LeaseWaiting<'_> {
-    /// Far back (see [`super::sentinel`]): wait, renewing my waiter Lease, until the sentinel
+    /// Far back (see [`super::marker`]): wait, renewing my waiter Lease, until the marker
     /// leaves the queue or is dead, then read again. Nothing else is decided on here: the view
     /// is not kept up to date while far back.
     async fn wait_far(&mut self) -> Result<Wake, LockError> {
         let timeout = settings(self.store).policy.waiter_timeout;
         loop {
             let renew_at = self.renew_at();
-            let Some(sentinel) = self.sentinel.as_mut() else {
+            let Some(marker) = self.marker.as_mut() else {
                 return Ok(Wake::Reread);
             };
-            let dead_at = sentinel.dead_at(timeout);
+            let dead_at = marker.dead_at(timeout);
             tokio::select! {
                 () = sleep_until(renew_at), if renew_at.is_some() => {
                     if !self.renew().await? {
@@ -365,18 +376,18 @@ impl LeaseWaiting<'_> {
                     }
                 }
                 () = sleep_until(Some(dead_at)) => {
-                    let deleted = sentinel.delete(self.store).await?;
-                    tracing::info!(lease = sentinel.name(), deleted, "the waiter Lease ahead that this waiter watched was not renewed for twice the waiter time-out: deleted as a dead waiter's (unless it changed); reading the queue again");
+                    let deleted = marker.delete(self.store).await?;
+                    tracing::info!(lease = marker.name(), deleted, "the waiter Lease ahead that this waiter watched was not renewed for twice the waiter time-out: deleted as a dead waiter's (unless it changed); reading the queue again");
                     return Ok(Wake::Reread);
                 }
-                moved = sentinel.next(self.store) => match moved? {
+                moved = marker.next(self.store) => match moved? {
                     None => {}
                     Some(Moved::Left) => {
-                        tracing::debug!(lease = sentinel.name(), "the waiter Lease ahead left the queue; reading it again");
+                        tracing::debug!(lease = marker.name(), "the waiter Lease ahead left the queue; reading it again");
                         return Ok(Wake::Reread);
                     }
                     Some(Moved::Lost) => {
-                        tracing::debug!(lease = sentinel.name(), "watch history expired (410 Gone); reading the queue again");
+                        tracing::debug!(lease = marker.name(), "watch history expired (410 Gone); reading the queue again");
                         return Ok(Wake::Reread);
                     }
                 },
@@ -391,7 +402,7 @@ impl Waiting for LeaseWaiting<'_> {
         self.reread = false;
         self.lost_race.clear();
         self.far_back = None;
-        self.sentinel = None;
+        self.marker = None;
         self.relisting = None;
         self.leases = None;
         let mut created = false;
@@ -524,7 +535,7 @@ impl Waiting for LeaseWaiting<'_> {
             return Ok(Wake::Reread);
         }
         self.sync_node_watches(head)?;
-        if self.sentinel.is_some() {
+        if self.marker.is_some() {
             return self.wait_far().await;
         }
         loop {
@@ -590,10 +601,11 @@ impl Waiting for LeaseWaiting<'_> {
                             }
                             watcher::Event::Apply(l) => {
                                 let name = l.metadata.name.clone().unwrap_or_default();
+                                let behind = self.behind_me(&name, Some(&l));
                                 if let Some(s) = self.snap.as_mut() {
                                     store.put_lease(s, l);
                                 }
-                                if self.lost_race.decides(&name) && !self.held_back() {
+                                if self.lost_race.decides(&name) && !behind && !self.held_back() {
                                     return Ok(Wake::Changed);
                                 }
                             }
@@ -602,13 +614,14 @@ impl Waiting for LeaseWaiting<'_> {
                                 if name == self.my_waiter {
                                     tracing::info!(lease = %name, "our waiter Lease was deleted (taken for dead?); queueing again");
                                 }
+                                let behind = self.behind_me(&name, None);
                                 if let Some(s) = self.snap.as_mut() {
                                     store.drop_lease(s, &name);
                                 }
                                 if let Some(fb) = self.far_back.as_mut() {
                                     fb.deleted(&name);
                                 }
-                                if self.lost_race.decides(&name) && !self.held_back() {
+                                if self.lost_race.decides(&name) && !behind && !self.held_back() {
                                     return Ok(Wake::Changed);
                                 }
                             }
@@ -624,7 +637,7 @@ impl Waiting for LeaseWaiting<'_> {
             (Some(behind), Some(snap)) => FarBack::placed(snap, &self.my_waiter, behind),
             _ => None,
         };
-        if self.sentinel.is_some() {
+        if self.marker.is_some() {
             return;
         }
         let (Some(behind), Some(snap)) = (behind, &self.snap) else {
@@ -633,17 +646,17 @@ impl Waiting for LeaseWaiting<'_> {
         let Ok(max) = self.store.max_of(snap) else {
             return;
         };
-        if let Some(sentinel) = Sentinel::pick(snap, &self.my_waiter, behind, max) {
+        if let Some(marker) = Marker::pick(snap, &self.my_waiter, behind, max) {
             tracing::debug!(
                 waiters_ahead = behind,
-                sentinel = sentinel.name(),
+                marker = marker.name(),
                 "far back in the queue: watching the waiter Lease ahead instead of the semaphore"
             );
             // Its watch is not opened, or stops here: the semaphore is read again when the
-            // sentinel moves.
+            // marker moves.
             self.leases = None;
             self.relisting = None;
-            self.sentinel = Some(sentinel);
+            self.marker = Some(marker);
         }
     }
 

@@ -1,23 +1,25 @@
 //! A Lease waiter far back in a long queue stops watching the whole semaphore and watches one
-//! waiter Lease ahead of it instead: its *sentinel*. Every waiter renews its Lease every third
+//! waiter Lease ahead of it instead: its *marker*. Every waiter renews its Lease every third
 //! of its TTL, and on the semaphore's watch each renewal was an event for every waiter: at
 //! 1000 waiters, 100 renewals a second made 100 000 watch events a second, the API server's and
 //! the waiters' work growing with the square of the queue. A far waiter's watch brings the
 //! renewals of one Lease.
 //!
-//! The sentinel is the waiter Lease `max + FAR_BACK / 2` places ahead of mine (counting every
+//! The marker is the waiter Lease `max + FAR_BACK / 2` places ahead of mine (counting every
 //! waiter Lease ahead, live or not). While it is there I cannot act: it goes before me, and it
 //! takes a slot only with fewer than `max` waiters ahead of it. When it leaves the queue (its
 //! Lease deleted: it took a slot, left, or was deleted as dead) or the watch loses its place
 //! (410 Gone), the waiter reads the semaphore again and is placed again, near the front by then
-//! (it then watches the whole semaphore) or far back still (a new sentinel). A sentinel whose
+//! (it then watches the whole semaphore) or far back still (a new marker). A marker whose
 //! Lease does not change for twice the waiter time-out, as this waiter's own clock sees it on
 //! the watch, is a dead waiter's: its Lease is deleted (precondition: the `resourceVersion`
 //! watched, so a renewal the watch missed keeps it) and the waiter reads again.
 //!
-//! What a far waiter does not see until it reads again: a pause, a new `max`, waiters ahead
-//! that died (the arbiter judges those at the next read, by the `resourceVersion`s it saw at
-//! the last one). None of them can let it act before its sentinel leaves.
+//! What a far waiter does not see until it reads again: waiters ahead that died (the arbiter
+//! judges those at the next read, by the `resourceVersion`s it saw at the last one; they cannot
+//! let it act while its marker, alive, is ahead), a pause (the waiters ahead leave the queue,
+//! the marker among them) and a larger `max` (the waiters near the front take the new slots,
+//! and the marker's take reaches it; it comes a read later than to a waiter that watches).
 
 use std::time::{Duration, Instant};
 
@@ -31,7 +33,7 @@ use super::{KubeLeaseSemaphore, LockError};
 
 type Events = BoxStream<'static, Result<WatchEvent<Lease>, kube::Error>>;
 
-/// How a sentinel's watch ended the wait.
+/// How a marker's watch ended the wait.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Moved {
     /// Its Lease was deleted: it left the queue.
@@ -41,7 +43,7 @@ pub(super) enum Moved {
 }
 
 /// The waiter Lease a far waiter watches.
-pub(super) struct Sentinel {
+pub(super) struct Marker {
     /// Its Lease as last seen (the precondition of deleting it as dead).
     lease: Lease,
     /// When this waiter's clock last saw its `resourceVersion` change (or began watching).
@@ -51,9 +53,9 @@ pub(super) struct Sentinel {
     events: Option<Events>,
 }
 
-impl std::fmt::Debug for Sentinel {
+impl std::fmt::Debug for Marker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Sentinel")
+        f.debug_struct("Marker")
             .field("name", &self.name())
             .field("resume", &self.resume)
             .finish_non_exhaustive()
@@ -67,7 +69,7 @@ fn far(max: u64) -> usize {
         .saturating_add(FAR_BACK)
 }
 
-/// How many places ahead of mine the sentinel is: `max` plus half of [`FAR_BACK`], so that
+/// How many places ahead of mine the marker is: `max` plus half of [`FAR_BACK`], so that
 /// when it takes a slot at least `FAR_BACK / 2` waiters stand between it and me.
 fn distance(max: u64) -> usize {
     usize::try_from(max)
@@ -75,11 +77,11 @@ fn distance(max: u64) -> usize {
         .saturating_add(FAR_BACK / 2)
 }
 
-impl Sentinel {
-    /// The sentinel of my waiter Lease `mine` in `snap`, when the arbiter counted `behind` live
+impl Marker {
+    /// The marker of my waiter Lease `mine` in `snap`, when the arbiter counted `behind` live
     /// waiters ahead of me with `max` slots: `None` unless I am far back (at least `max +
     /// FAR_BACK` ahead) and queued.
-    pub(super) fn pick(snap: &Snapshot, mine: &str, behind: usize, max: u64) -> Option<Sentinel> {
+    pub(super) fn pick(snap: &Snapshot, mine: &str, behind: usize, max: u64) -> Option<Marker> {
         if behind < far(max) {
             return None;
         }
@@ -91,7 +93,7 @@ impl Sentinel {
             .collect();
         ahead.sort_by_cached_key(|w| std::cmp::Reverse(ticket(w)));
         let w = ahead.get(distance(max).checked_sub(1)?)?;
-        Some(Sentinel {
+        Some(Marker {
             resume: w
                 .lease
                 .metadata
@@ -113,7 +115,7 @@ impl Sentinel {
         self.changed_at + timeout.saturating_mul(2)
     }
 
-    /// The next change of the sentinel that ends the wait (`None`: the watch ended, to be
+    /// The next change of the marker that ends the wait (`None`: the watch ended, to be
     /// resumed, or brought a renewal or a bookmark). Opens the watch (from the last
     /// `resourceVersion` seen, field selector on its name) when it is not open. Cancel-safe:
     /// dropped while opening, it opens again on the next call.
@@ -221,28 +223,28 @@ mod tests {
     #[test]
     fn a_waiter_is_far_from_max_plus_far_back_live_waiters_ahead() {
         let snap = queue(40);
-        assert!(Sentinel::pick(&snap, "w-me", far(3) - 1, 3).is_none());
-        let s = Sentinel::pick(&snap, "w-me", far(3), 3).unwrap();
+        assert!(Marker::pick(&snap, "w-me", far(3) - 1, 3).is_none());
+        let s = Marker::pick(&snap, "w-me", far(3), 3).unwrap();
         // max + FAR_BACK / 2 = 11 places ahead of mine (w-39 is the first).
         assert_eq!(s.name(), "w-29");
         assert_eq!(s.resume, "129");
     }
 
     #[test]
-    fn the_sentinel_counts_every_lease_ahead_and_needs_a_queue_entry() {
-        // The arbiter counted 19 live of 20 Leases ahead: the sentinel is still 11 places ahead.
+    fn the_marker_counts_every_lease_ahead_and_needs_a_queue_entry() {
+        // The arbiter counted 19 live of 20 Leases ahead: the marker is still 11 places ahead.
         let snap = queue(20);
-        assert_eq!(Sentinel::pick(&snap, "w-me", 19, 3).unwrap().name(), "w-9");
-        assert!(Sentinel::pick(&snap, "w-none", 19, 3).is_none());
+        assert_eq!(Marker::pick(&snap, "w-me", 19, 3).unwrap().name(), "w-9");
+        assert!(Marker::pick(&snap, "w-none", 19, 3).is_none());
         // Fewer Leases ahead than the distance (the arbiter's count cannot exceed them, but a
-        // view may change): no sentinel.
+        // view may change): no marker.
         let short = queue(5);
-        assert!(Sentinel::pick(&short, "w-me", 30, 3).is_none());
+        assert!(Marker::pick(&short, "w-me", 30, 3).is_none());
     }
 
     #[test]
     fn dead_after_twice_the_waiter_timeout_since_the_last_change() {
-        let s = Sentinel::pick(&queue(40), "w-me", 40, 3).unwrap();
+        let s = Marker::pick(&queue(40), "w-me", 40, 3).unwrap();
         let t = Duration::from_secs(32);
         assert_eq!(s.dead_at(t) - s.changed_at, Duration::from_secs(64));
     }
