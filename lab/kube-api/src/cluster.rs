@@ -41,6 +41,12 @@ impl Snapshot<'_> {
             .collect()
     }
 
+    /// Objects of a kind as stored, borrowed: no copy (a condition run at every write of a
+    /// large store, as the benches' outside watcher is, would spend its time copying them).
+    pub fn stored(&self, kind: Kind, ns: Option<&str>) -> impl Iterator<Item = &Value> + '_ {
+        self.0.iter(kind, ns)
+    }
+
     /// The pods bound to a node.
     pub fn pods_on_node(&self, node: &str) -> Vec<Value> {
         self.0

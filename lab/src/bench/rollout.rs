@@ -268,8 +268,7 @@ impl Backend {
                         let seen = cluster
                             .wait_for(Duration::from_secs(3600), |s| {
                                 let mut holders: Vec<String> = s
-                                    .list(Kind::Lease, Some(LEASE_NAMESPACE))
-                                    .iter()
+                                    .stored(Kind::Lease, Some(LEASE_NAMESPACE))
                                     .filter_map(|l| {
                                         l.pointer("/spec/holderIdentity")
                                             .and_then(serde_json::Value::as_str)
