@@ -647,10 +647,10 @@ impl Waiting for LeaseWaiting<'_> {
             return;
         };
         if let Some(marker) = Marker::pick(snap, &self.my_waiter, behind, max) {
-            tracing::debug!(
+            tracing::info!(
                 waiters_ahead = behind,
                 marker = marker.name(),
-                "far back in the queue: watching the waiter Lease ahead instead of the semaphore"
+                "far back in the queue: watching one waiter's Lease ahead (the marker) instead of the semaphore until it leaves the queue"
             );
             // Its watch is not opened, or stops here: the semaphore is read again when the
             // marker moves.
