@@ -98,6 +98,7 @@ scenarios!(
     a_wait_whose_start_is_gone_lists_the_pause_again,
     the_pause_comes_with_the_waiters_list_and_watch,
     a_waiter_far_back_watches_one_lease_ahead_not_the_semaphore,
+    a_marker_watch_gone_410_watches_from_now_without_a_read,
     dead_waiters_ahead_hold_back_no_live_waiter,
 );
 
@@ -326,6 +327,99 @@ where
         }
     })
     .await
+}
+
+/// The query strings of `user`'s Lease watches, in order.
+fn watch_queries(env: &Env, user: &str) -> Vec<String> {
+    env.api
+        .cluster()
+        .requests()
+        .all()
+        .into_iter()
+        .filter(|r| r.user.as_deref() == Some(user) && is_lease_watch(r))
+        .map(|r| r.query)
+        .collect()
+}
+
+/// A waiter `w` far back: `h` holds the one slot, the `AHEAD` waiters queue in order, then `w`
+/// (17 ahead), which watches its marker `o08` (max 1: 1 + 8 places ahead; o16 is the first).
+struct FarQueue {
+    admin: KubeLeaseSemaphore,
+    h: Option<Acquirer>,
+    acquirers: Vec<Acquirer>,
+    acquired: tokio::sync::mpsc::UnboundedReceiver<&'static str>,
+}
+
+impl FarQueue {
+    const MARKER: &'static str = "reboot-waiter-node-o08";
+
+    /// Queued as above, once `w` has opened its marker's watch.
+    async fn start(env: &mut Env) -> FarQueue {
+        for x in ["h", "w"].iter().chain(AHEAD.iter()) {
+            add_node(env, x);
+        }
+        let admin = sem(env, "admin").await;
+        let (tx, mut acquired) = tokio::sync::mpsc::unbounded_channel();
+        let h = spawn_acquirer(env, "h", timeouts(), tx.clone()).await;
+        assert_eq!(within("h", acquired.recv()).await, Some("h"));
+        let mut acquirers = Vec::new();
+        for x in AHEAD {
+            acquirers.push(spawn_acquirer(env, x, timeouts(), tx.clone()).await);
+            queued(&mut env.logs, x, &[], &mut std::future::pending::<()>()).await;
+        }
+        acquirers.push(spawn_acquirer(env, "w", timeouts(), tx).await);
+        let line = next_place(&mut env.logs, "w").await;
+        assert!(line.contains("waiters_ahead=17"), "{line}");
+        within("w watches its marker", async {
+            while !watch_queries(env, "node-w")
+                .iter()
+                .any(|q| q.contains(Self::MARKER))
+                || requests_by(env, "node-w", |r| is_lease_watch(r) && r.status == 200) == 0
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        FarQueue {
+            admin,
+            h: Some(h),
+            acquirers,
+            acquired,
+        }
+    }
+
+    /// `h` releases, `o00` takes the slot and leaves the queue.
+    async fn hand_off(mut self, env: &Env) -> FarQueue {
+        if let Some(h) = self.h.take() {
+            h.release().await;
+        }
+        assert_eq!(within("o00", self.acquired.recv()).await, Some("o00"));
+        within("o00 leaves the queue", async {
+            while waiter_lease(env, "node-o00").is_some() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        self
+    }
+
+    /// Room for all: the waiters near the front take slots, o08 among them; `w` reads again
+    /// when o08's Lease goes, and takes a slot.
+    async fn let_all_in(&mut self, env: &mut Env) {
+        let max = u64::try_from(AHEAD.len()).unwrap() + 2;
+        self.admin.set_max(max, false).await.unwrap();
+        let line = next_place(&mut env.logs, "w").await;
+        assert!(
+            line.contains("took a slot"),
+            "w's next word on its place is its take: {line}"
+        );
+    }
+
+    fn stop(self) {
+        for a in self.acquirers.into_iter().chain(self.h) {
+            a.task.abort();
+        }
+    }
 }
 
 /// An outside observer: watches the semaphore's slot Leases over HTTP (every event, in order)
@@ -1664,77 +1758,68 @@ mod scenarios {
     /// slot once a larger max lets every waiter in), the waiter reads the semaphore again and
     /// takes a slot.
     pub async fn a_waiter_far_back_watches_one_lease_ahead_not_the_semaphore(mut env: Env) {
-        for x in ["h", "w"].iter().chain(AHEAD.iter()) {
-            add_node(&env, x);
-        }
-        let admin = sem(&env, "admin").await;
-        let (tx, mut acquired) = tokio::sync::mpsc::unbounded_channel();
-        let h = spawn_acquirer(&env, "h", timeouts(), tx.clone()).await;
-        assert_eq!(within("h", acquired.recv()).await, Some("h"));
-        let mut acquirers = Vec::new();
-        for x in AHEAD {
-            acquirers.push(spawn_acquirer(&env, x, timeouts(), tx.clone()).await);
-            queued(&mut env.logs, x, &[], &mut std::future::pending::<()>()).await;
-        }
-        acquirers.push(spawn_acquirer(&env, "w", timeouts(), tx.clone()).await);
-        let line = next_place(&mut env.logs, "w").await;
-        assert!(line.contains("waiters_ahead=17"), "{line}");
-        // max 1: the marker is 1 + 8 places ahead of w, o08 (o16 is the first).
-        let marker = format!("{NAME}-waiter-node-o08");
-        let watches = || {
-            env.api
-                .cluster()
-                .requests()
-                .all()
-                .into_iter()
-                .filter(|r| r.user.as_deref() == Some("node-w") && is_lease_watch(r))
-                .map(|r| r.query)
-                .collect::<Vec<String>>()
-        };
-        within("w watches its marker", async {
-            while watches().is_empty() {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-        .await;
-        let only = watches();
+        let q = FarQueue::start(&mut env).await;
+        let only = watch_queries(&env, "node-w");
         assert!(
             only.len() == 1
                 && only[0].contains("fieldSelector")
-                && only[0].contains(&marker)
+                && only[0].contains(FarQueue::MARKER)
                 && !only[0].contains("labelSelector"),
             "w's one watch is of its marker's Lease, by name: {only:?}"
         );
         let reads = || requests_by(&env, "node-w", |r| r.method == "GET");
         let before = reads();
-
-        h.release().await;
-        assert_eq!(within("o00", acquired.recv()).await, Some("o00"));
-        within("o00 leaves the queue", async {
-            while waiter_lease(&env, "node-o00").is_some() {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-        .await;
+        let mut q = q.hand_off(&env).await;
         assert_eq!(reads(), before, "the hand-off ahead costs w no read");
-        // Room for all: the waiters near the front take slots, o08 among them; w reads again
-        // when o08's Lease goes, and takes a slot behind those still ahead.
-        let max = u64::try_from(AHEAD.len()).unwrap() + 2;
-        admin.set_max(max, false).await.unwrap();
-        let line = next_place(&mut env.logs, "w").await;
-        assert!(
-            line.contains("took a slot"),
-            "w's next word on its place is its take: {line}"
-        );
+        q.let_all_in(&mut env).await;
         assert_eq!(
             requests_by(&env, "node-w", is_lease_list),
             2,
             "w listed the semaphore when it started and when its marker left"
         );
-        assert_eq!(watches().len(), 1, "and watched nothing else");
-        for a in acquirers {
-            a.task.abort();
-        }
+        assert_eq!(
+            watch_queries(&env, "node-w").len(),
+            1,
+            "and watched nothing else"
+        );
+        q.stop();
+    }
+
+    /// A marker's watch whose history no longer reaches the marker's `resourceVersion` (410
+    /// Gone: a dead waiter's Lease unchanged for longer than the server keeps, or a slow
+    /// server) is opened again from the current state, without reading the semaphore (which
+    /// would pick the same marker again); the waiter still follows its marker out of the queue.
+    pub async fn a_marker_watch_gone_410_watches_from_now_without_a_read(mut env: Env) {
+        let marker = format!("metadata.name%3D{}", FarQueue::MARKER);
+        env.api
+            .cluster()
+            .faults()
+            .inject(FaultRule::status("/leases", 410, 1).query_contains(&marker));
+        let q = FarQueue::start(&mut env).await;
+        let watches = watch_queries(&env, "node-w");
+        let statuses: Vec<u16> = env
+            .api
+            .cluster()
+            .requests()
+            .all()
+            .into_iter()
+            .filter(|r| r.user.as_deref() == Some("node-w") && is_lease_watch(r))
+            .map(|r| r.status)
+            .collect();
+        assert_eq!(statuses, vec![410, 200], "{watches:?}");
+        assert!(
+            watches.iter().all(|w| w.contains(&marker)) && watches[1].ends_with("resourceVersion="),
+            "both of the marker, the second from now: {watches:?}"
+        );
+        assert_eq!(
+            requests_by(&env, "node-w", is_lease_list),
+            1,
+            "no read again"
+        );
+        let mut q = q.hand_off(&env).await;
+        q.let_all_in(&mut env).await;
+        assert_eq!(requests_by(&env, "node-w", is_lease_list), 2);
+        q.stop();
     }
 
     /// Waiter Leases ahead whose waiters are gone (never renewed again) do not keep a waiter

@@ -25,6 +25,9 @@ pub struct FaultRule {
     pub path_contains: String,
     /// Only requests whose body contains this string (e.g. one phase of a PATCH); `None` = any.
     pub body_contains: Option<String>,
+    /// Only requests whose query string, as sent (percent-encoded), contains this string (e.g.
+    /// one watch's field selector); `None` = any.
+    pub query_contains: Option<String>,
     /// How many matching requests it applies to.
     pub times: usize,
     pub action: FaultAction,
@@ -37,6 +40,7 @@ impl FaultRule {
             method: None,
             path_contains: path_contains.to_string(),
             body_contains: None,
+            query_contains: None,
             times,
             action: FaultAction::Status(code),
         }
@@ -48,6 +52,7 @@ impl FaultRule {
             method: None,
             path_contains: path_contains.to_string(),
             body_contains: None,
+            query_contains: None,
             times,
             action: FaultAction::Hang(d),
         }
@@ -62,6 +67,12 @@ impl FaultRule {
     /// Restrict to requests whose body contains `text`.
     pub fn body_contains(mut self, text: &str) -> Self {
         self.body_contains = Some(text.to_string());
+        self
+    }
+
+    /// Restrict to requests whose query string (percent-encoded, as sent) contains `text`.
+    pub fn query_contains(mut self, text: &str) -> Self {
+        self.query_contains = Some(text.to_string());
         self
     }
 }
@@ -93,12 +104,21 @@ impl Faults {
     }
 
     /// The action for this request, using up one count of the first matching rule.
-    pub(crate) fn take(&self, method: &str, path: &str, body: &[u8]) -> Option<FaultAction> {
+    pub(crate) fn take(
+        &self,
+        method: &str,
+        path: &str,
+        query: &str,
+        body: &[u8],
+    ) -> Option<FaultAction> {
         let mut rules = lock(&self.rules);
         let i = rules.iter().position(|r| {
             r.times > 0
                 && r.method.as_deref().is_none_or(|m| m == method)
                 && path.contains(&r.path_contains)
+                && r.query_contains
+                    .as_deref()
+                    .is_none_or(|t| query.contains(t))
                 && r.body_contains
                     .as_deref()
                     .is_none_or(|t| body.windows(t.len().max(1)).any(|w| w == t.as_bytes()))
@@ -172,15 +192,16 @@ mod tests {
             f.take(
                 "GET",
                 "/apis/coordination.k8s.io/v1/namespaces/a/leases/x",
+                "",
                 b""
             ),
             None
         );
         let p = "/apis/coordination.k8s.io/v1/namespaces/a/leases/x";
-        assert_eq!(f.take("PUT", p, b""), Some(FaultAction::Status(500)));
+        assert_eq!(f.take("PUT", p, "", b""), Some(FaultAction::Status(500)));
         assert_eq!(f.pending(), 1);
-        assert_eq!(f.take("PUT", p, b""), Some(FaultAction::Status(500)));
-        assert_eq!(f.take("PUT", p, b""), None);
+        assert_eq!(f.take("PUT", p, "", b""), Some(FaultAction::Status(500)));
+        assert_eq!(f.take("PUT", p, "", b""), None);
     }
 
     #[test]
@@ -191,9 +212,30 @@ mod tests {
         let p = "/api/v1/nodes/n";
         let uncordoning = br#"{"metadata":{"annotations":{"rebootd.io/phase":"uncordoning"}}}"#;
         let releasing = br#"{"metadata":{"annotations":{"rebootd.io/phase":"releasing"}}}"#;
-        assert_eq!(f.take("PATCH", p, uncordoning), None);
-        assert_eq!(f.take("PATCH", p, b""), None);
-        assert_eq!(f.take("PATCH", p, releasing), Some(FaultAction::Hang(d)));
+        assert_eq!(f.take("PATCH", p, "", uncordoning), None);
+        assert_eq!(f.take("PATCH", p, "", b""), None);
+        assert_eq!(
+            f.take("PATCH", p, "", releasing),
+            Some(FaultAction::Hang(d))
+        );
+        assert_eq!(f.pending(), 0);
+    }
+
+    #[test]
+    fn a_rule_can_match_one_query() {
+        let f = Faults::default();
+        f.inject(FaultRule::status("/leases", 410, 1).query_contains("metadata.name%3Dw-a"));
+        let p = "/apis/coordination.k8s.io/v1/namespaces/a/leases";
+        assert_eq!(f.take("GET", p, "watch=true&labelSelector=x", b""), None);
+        assert_eq!(
+            f.take(
+                "GET",
+                p,
+                "watch=true&fieldSelector=metadata.name%3Dw-a",
+                b""
+            ),
+            Some(FaultAction::Status(410))
+        );
         assert_eq!(f.pending(), 0);
     }
 }

@@ -241,7 +241,10 @@ impl App {
                     body,
                     user: user.clone(),
                 };
-                match self.faults.take(method.as_str(), &path, &r.body) {
+                match self
+                    .faults
+                    .take(method.as_str(), &path, &query_str, &r.body)
+                {
                     Some(FaultAction::Status(code)) => Err(ApiError::injected(code)),
                     Some(FaultAction::Hang(d)) => {
                         tokio::time::sleep(d).await;

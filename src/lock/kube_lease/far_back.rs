@@ -15,9 +15,9 @@
 
 use std::collections::BTreeSet;
 
-use super::super::acquire::FAR_BACK;
 use k8s_openapi::api::coordination::v1::Lease;
 
+use super::super::acquire::FAR_BACK;
 use super::objects::annotation;
 use super::queue::{self, ANNOTATION_WAITER_NODE};
 use super::snapshot::{lease_ticket, ticket, Snapshot};

@@ -8,9 +8,10 @@
 //! The marker is the waiter Lease `max + FAR_BACK / 2` places ahead of mine (counting every
 //! waiter Lease ahead, live or not). While it is there I cannot act: it goes before me, and it
 //! takes a slot only with fewer than `max` waiters ahead of it. When it leaves the queue (its
-//! Lease deleted: it took a slot, left, or was deleted as dead) or the watch loses its place
-//! (410 Gone), the waiter reads the semaphore again and is placed again, near the front by then
-//! (it then watches the whole semaphore) or far back still (a new marker). A marker whose
+//! Lease deleted: it took a slot, left, or was deleted as dead), the waiter reads the semaphore
+//! again and is placed again, near the front by then (it then watches the whole semaphore) or
+//! far back still (a new marker). A watch that lost its place (410 Gone) is opened again from
+//! the current state, not from a read of the semaphore. A marker whose
 //! Lease does not change for twice the waiter time-out, as this waiter's own clock sees it on
 //! the watch, is a dead waiter's: its Lease is deleted (precondition: the `resourceVersion`
 //! watched, so a renewal the watch missed keeps it) and the waiter reads again.
@@ -28,19 +29,11 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{WatchEvent, WatchParams};
 
 use super::super::acquire::FAR_BACK;
+use super::calls::CallError;
 use super::snapshot::{ticket, Snapshot};
 use super::{KubeLeaseSemaphore, LockError};
 
 type Events = BoxStream<'static, Result<WatchEvent<Lease>, kube::Error>>;
-
-/// How a marker's watch ended the wait.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Moved {
-    /// Its Lease was deleted: it left the queue.
-    Left,
-    /// The watch's history expired (410 Gone): where it stands is not known.
-    Lost,
-}
 
 /// The waiter Lease a far waiter watches.
 pub(super) struct Marker {
@@ -115,36 +108,42 @@ impl Marker {
         self.changed_at + timeout.saturating_mul(2)
     }
 
-    /// The next change of the marker that ends the wait (`None`: the watch ended, to be
-    /// resumed, or brought a renewal or a bookmark). Opens the watch (from the last
-    /// `resourceVersion` seen, field selector on its name) when it is not open. Cancel-safe:
-    /// dropped while opening, it opens again on the next call.
-    pub(super) async fn next(
-        &mut self,
-        store: &KubeLeaseSemaphore,
-    ) -> Result<Option<Moved>, LockError> {
+    /// Whether the marker left the queue (its Lease deleted), after the next event of its watch
+    /// (`false`: a renewal, a bookmark, or the watch ended or lost its place and is opened again
+    /// on the next call). Opens the watch (from the last `resourceVersion` seen, field selector
+    /// on its name) when it is not open. Cancel-safe: dropped while opening, it opens again on
+    /// the next call.
+    pub(super) async fn next(&mut self, store: &KubeLeaseSemaphore) -> Result<bool, LockError> {
+        const WHAT: &str = "watching the waiter Lease ahead";
         let events = match self.events.as_mut() {
             Some(events) => events,
             None => {
                 let wp = WatchParams::default()
                     .fields(&format!("metadata.name={}", self.name()))
                     .timeout(store.timeouts.watch.as_secs().clamp(1, 290 * 60) as u32);
-                let open = store.leases.watch(&wp, &self.resume);
-                let events = store
-                    .call("watching the waiter Lease ahead", open)
+                match store
+                    .call(WHAT, store.leases.watch(&wp, &self.resume))
                     .await
-                    .map_err(|e| e.error)?;
-                self.events.insert(events.boxed())
+                {
+                    Ok(events) => self.events.insert(events.boxed()),
+                    Err(CallError {
+                        code: Some(410), ..
+                    }) => {
+                        self.expired();
+                        return Ok(false);
+                    }
+                    Err(e) => return Err(e.error),
+                }
             }
         };
         let event = match events.next().await {
             None => {
                 self.events = None;
-                return Ok(None);
+                return Ok(false);
             }
             Some(Err(e)) => {
                 self.events = None;
-                return Err(store.classify("watching the waiter Lease ahead", e).error);
+                return Err(store.classify(WHAT, e).error);
             }
             Some(Ok(event)) => event,
         };
@@ -157,19 +156,33 @@ impl Marker {
                     self.resume = rv;
                 }
                 self.lease = l;
-                Ok(None)
+                Ok(false)
             }
-            WatchEvent::Deleted(_) => Ok(Some(Moved::Left)),
+            WatchEvent::Deleted(_) => Ok(true),
             WatchEvent::Bookmark(b) => {
                 self.resume = b.metadata.resource_version;
-                Ok(None)
+                Ok(false)
             }
-            WatchEvent::Error(s) if s.code == 410 => Ok(Some(Moved::Lost)),
+            WatchEvent::Error(s) if s.code == 410 => {
+                self.expired();
+                Ok(false)
+            }
             WatchEvent::Error(s) => {
                 self.events = None;
-                Err(store.status_error("watching the waiter Lease ahead", &s))
+                Err(store.status_error(WHAT, &s))
             }
         }
+    }
+
+    /// The watch's history no longer reaches the `resourceVersion` to resume from (410 Gone):
+    /// a dead waiter's Lease, unchanged for longer than the server keeps, is one. The watch is
+    /// opened again from the current state (an `ADDED` of the Lease as it is; its deletion in
+    /// between is then seen only as silence, which ends at [`Marker::dead_at`]). Reading the
+    /// semaphore again instead would pick the same marker and be told the same.
+    fn expired(&mut self) {
+        tracing::debug!(lease = self.name(), resume = %self.resume, "the watch history no longer reaches the waiter Lease ahead (410 Gone); watching it from now");
+        self.events = None;
+        self.resume = String::new();
     }
 
     /// Delete its Lease as a dead waiter's, unless it changed since last seen. Whether it was
@@ -183,8 +196,6 @@ impl Marker {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use k8s_openapi::api::coordination::v1::LeaseSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 
@@ -211,12 +222,6 @@ mod tests {
             let w = Waiter::from_lease(lease);
             snap.waiters.insert(w.name.clone(), w);
         }
-        snap.waiters
-            .get_mut("w-0")
-            .unwrap()
-            .lease
-            .metadata
-            .annotations = Some(BTreeMap::new());
         snap
     }
 

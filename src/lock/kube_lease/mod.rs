@@ -95,8 +95,8 @@
 //! and deciding nothing. When the marker's Lease is deleted (it took a slot or left) it lists
 //! the semaphore again and is placed again; a marker not renewed for twice the waiter
 //! time-out, as its own clock sees it, is deleted as a dead waiter's (resourceVersion
-//! precondition) before that list. A far waiter sees a pause or a new `max` at that list (see
-//! [`marker`]).
+//! precondition) before that list; a marker's watch answered 410 Gone is opened again from the
+//! current state. A far waiter sees a pause or a new `max` at that list (see [`marker`]).
 //!
 //! # Reclaim
 //!

@@ -31,7 +31,7 @@ use super::super::view::View;
 use super::super::{Acquired, GroupPause};
 use super::calls::{CallError, NodeLookup};
 use super::far_back::{self, FarBack};
-use super::marker::{Marker, Moved};
+use super::marker::Marker;
 use super::objects::Slot;
 use super::snapshot::Snapshot;
 use super::*;
@@ -380,17 +380,12 @@ impl LeaseWaiting<'_> {
                     tracing::info!(lease = marker.name(), deleted, "the waiter Lease ahead that this waiter watched was not renewed for twice the waiter time-out: deleted as a dead waiter's (unless it changed); reading the queue again");
                     return Ok(Wake::Reread);
                 }
-                moved = marker.next(self.store) => match moved? {
-                    None => {}
-                    Some(Moved::Left) => {
+                left = marker.next(self.store) => {
+                    if left? {
                         tracing::debug!(lease = marker.name(), "the waiter Lease ahead left the queue; reading it again");
                         return Ok(Wake::Reread);
                     }
-                    Some(Moved::Lost) => {
-                        tracing::debug!(lease = marker.name(), "watch history expired (410 Gone); reading the queue again");
-                        return Ok(Wake::Reread);
-                    }
-                },
+                }
             }
         }
     }
