@@ -96,13 +96,11 @@ pub(super) fn behind_me(snap: &Snapshot, mine: &str, name: &str, new: Option<&Le
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
-    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 
     use super::super::objects::{Slot, SlotHolder};
     use super::super::queue::Waiter;
+    use super::super::snapshot::fixtures::queue;
     use super::*;
 
     fn me() -> Identity {
@@ -112,32 +110,6 @@ mod tests {
             boot_id: "b".into(),
             token: "t".into(),
         }
-    }
-
-    /// A snapshot with waiters `node-0`.. `node-{n-1}` queued in that order, then mine.
-    fn queue(n: usize) -> Snapshot {
-        let mut snap = Snapshot::empty();
-        for i in 0..=n {
-            let node = if i == n {
-                "node-me".to_owned()
-            } else {
-                format!("node-{i}")
-            };
-            let mut lease = Lease::default();
-            lease.metadata.name = Some(format!("w-{node}"));
-            lease.metadata.annotations = Some(BTreeMap::from([(
-                ANNOTATION_WAITER_NODE.to_owned(),
-                node.clone(),
-            )]));
-            let at = jiff::Timestamp::from_second(1_000 + i as i64).unwrap();
-            lease.spec = Some(LeaseSpec {
-                acquire_time: Some(MicroTime(at)),
-                ..LeaseSpec::default()
-            });
-            let w = Waiter::from_lease(lease);
-            snap.waiters.insert(w.name.clone(), w);
-        }
-        snap
     }
 
     fn hold(snap: &mut Snapshot, index: u64, node: &str) {

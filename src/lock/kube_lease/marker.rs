@@ -196,42 +196,18 @@ impl Marker {
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::coordination::v1::LeaseSpec;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-
-    use super::super::queue::Waiter;
+    use super::super::snapshot::fixtures::queue;
     use super::*;
 
-    /// Waiters `w-0`.. `w-{n-1}` queued in that order, then `w-me`.
-    fn queue(n: usize) -> Snapshot {
-        let mut snap = Snapshot::empty();
-        for i in 0..=n {
-            let name = if i == n {
-                "w-me".to_owned()
-            } else {
-                format!("w-{i}")
-            };
-            let mut lease = Lease::default();
-            lease.metadata.name = Some(name);
-            lease.metadata.resource_version = Some(format!("{}", 100 + i));
-            let at = jiff::Timestamp::from_second(1_000 + i as i64).unwrap();
-            lease.spec = Some(LeaseSpec {
-                acquire_time: Some(MicroTime(at)),
-                ..LeaseSpec::default()
-            });
-            let w = Waiter::from_lease(lease);
-            snap.waiters.insert(w.name.clone(), w);
-        }
-        snap
-    }
+    const MINE: &str = "w-node-me";
 
     #[test]
     fn a_waiter_is_far_from_max_plus_far_back_live_waiters_ahead() {
         let snap = queue(40);
-        assert!(Marker::pick(&snap, "w-me", far(3) - 1, 3).is_none());
-        let s = Marker::pick(&snap, "w-me", far(3), 3).unwrap();
-        // max + FAR_BACK / 2 = 11 places ahead of mine (w-39 is the first).
-        assert_eq!(s.name(), "w-29");
+        assert!(Marker::pick(&snap, MINE, far(3) - 1, 3).is_none());
+        let s = Marker::pick(&snap, MINE, far(3), 3).unwrap();
+        // max + FAR_BACK / 2 = 11 places ahead of mine (w-node-39 is the first).
+        assert_eq!(s.name(), "w-node-29");
         assert_eq!(s.resume, "129");
     }
 
@@ -239,17 +215,17 @@ mod tests {
     fn the_marker_counts_every_lease_ahead_and_needs_a_queue_entry() {
         // The arbiter counted 19 live of 20 Leases ahead: the marker is still 11 places ahead.
         let snap = queue(20);
-        assert_eq!(Marker::pick(&snap, "w-me", 19, 3).unwrap().name(), "w-9");
+        assert_eq!(Marker::pick(&snap, MINE, 19, 3).unwrap().name(), "w-node-9");
         assert!(Marker::pick(&snap, "w-none", 19, 3).is_none());
         // Fewer Leases ahead than the distance (the arbiter's count cannot exceed them, but a
         // view may change): no marker.
         let short = queue(5);
-        assert!(Marker::pick(&short, "w-me", 30, 3).is_none());
+        assert!(Marker::pick(&short, MINE, 30, 3).is_none());
     }
 
     #[test]
     fn dead_after_twice_the_waiter_timeout_since_the_last_change() {
-        let s = Marker::pick(&queue(40), "w-me", 40, 3).unwrap();
+        let s = Marker::pick(&queue(40), MINE, 40, 3).unwrap();
         let t = Duration::from_secs(32);
         assert_eq!(s.dead_at(t) - s.changed_at, Duration::from_secs(64));
     }

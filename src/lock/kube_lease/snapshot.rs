@@ -223,6 +223,46 @@ impl KubeLeaseSemaphore {
     }
 }
 
+/// The queues the waiting helpers' unit tests start from.
+#[cfg(test)]
+pub(super) mod fixtures {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+    use super::super::queue::{Waiter, ANNOTATION_WAITER_NODE};
+    use super::Snapshot;
+
+    /// Waiter Leases `w-node-0`.. `w-node-{n-1}` queued in that order (`acquireTime` 1000 + i
+    /// s, `resourceVersion` 100 + i), then mine, `w-node-me`.
+    pub(in crate::lock::kube_lease) fn queue(n: usize) -> Snapshot {
+        let mut snap = Snapshot::empty();
+        for i in 0..=n {
+            let node = if i == n {
+                "node-me".to_owned()
+            } else {
+                format!("node-{i}")
+            };
+            let mut lease = Lease::default();
+            lease.metadata.name = Some(format!("w-{node}"));
+            lease.metadata.resource_version = Some(format!("{}", 100 + i));
+            lease.metadata.annotations = Some(BTreeMap::from([(
+                ANNOTATION_WAITER_NODE.to_owned(),
+                node.clone(),
+            )]));
+            let at = jiff::Timestamp::from_second(1_000 + i as i64).unwrap();
+            lease.spec = Some(LeaseSpec {
+                acquire_time: Some(MicroTime(at)),
+                ..LeaseSpec::default()
+            });
+            let w = Waiter::from_lease(lease);
+            snap.waiters.insert(w.name.clone(), w);
+        }
+        snap
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
