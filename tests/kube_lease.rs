@@ -329,14 +329,21 @@ where
     .await
 }
 
-/// The query strings of `user`'s Lease watches, in order.
-fn watch_queries(env: &Env, user: &str) -> Vec<String> {
+/// `user`'s Lease watches, in order.
+fn lease_watches(env: &Env, user: &str) -> Vec<rebootd_lab::kube_api::RequestRecord> {
     env.api
         .cluster()
         .requests()
         .all()
         .into_iter()
         .filter(|r| r.user.as_deref() == Some(user) && is_lease_watch(r))
+        .collect()
+}
+
+/// The query strings of `user`'s Lease watches, in order.
+fn watch_queries(env: &Env, user: &str) -> Vec<String> {
+    lease_watches(env, user)
+        .into_iter()
         .map(|r| r.query)
         .collect()
 }
@@ -1797,13 +1804,8 @@ mod scenarios {
             .inject(FaultRule::status("/leases", 410, 1).query_contains(&marker));
         let q = FarQueue::start(&mut env).await;
         let watches = watch_queries(&env, "node-w");
-        let statuses: Vec<u16> = env
-            .api
-            .cluster()
-            .requests()
-            .all()
-            .into_iter()
-            .filter(|r| r.user.as_deref() == Some("node-w") && is_lease_watch(r))
+        let statuses: Vec<u16> = lease_watches(&env, "node-w")
+            .iter()
             .map(|r| r.status)
             .collect();
         assert_eq!(statuses, vec![410, 200], "{watches:?}");

@@ -160,13 +160,10 @@ fn beat(lease: &Lease) -> Beat {
 /// A waiter's place: when it started waiting (`acquireTime`, the waiter's clock: it orders the
 /// queue, it never decides who is alive), then its name.
 pub(super) fn ticket(w: &Waiter) -> Ticket {
-    Ticket {
-        order: (w.since.as_microsecond(), 0),
-        name: w.name.clone(),
-    }
+    lease_ticket(&w.lease)
 }
 
-/// The place of waiter Lease `lease` (as [`ticket`] of its [`Waiter`]).
+/// The place of waiter Lease `lease` (as [`ticket`] of its [`Waiter`], before it is one).
 pub(super) fn lease_ticket(lease: &Lease) -> Ticket {
     Ticket {
         order: (super::queue::since(lease).as_microsecond(), 0),
