@@ -99,6 +99,7 @@ scenarios!(
     the_pause_comes_with_the_waiters_list_and_watch,
     a_waiter_far_back_watches_one_lease_ahead_not_the_semaphore,
     a_marker_watch_gone_410_watches_from_now_without_a_read,
+    a_far_waiter_renews_half_as_often,
     dead_waiters_ahead_hold_back_no_live_waiter,
 );
 
@@ -362,19 +363,24 @@ impl FarQueue {
 
     /// Queued as above, once `w` has opened its marker's watch.
     async fn start(env: &mut Env) -> FarQueue {
+        FarQueue::start_with(env, timeouts()).await
+    }
+
+    /// The same, every waiter with time limits `t`.
+    async fn start_with(env: &mut Env, t: Timeouts) -> FarQueue {
         for x in ["h", "w"].iter().chain(AHEAD.iter()) {
             add_node(env, x);
         }
         let admin = sem(env, "admin").await;
         let (tx, mut acquired) = tokio::sync::mpsc::unbounded_channel();
-        let h = spawn_acquirer(env, "h", timeouts(), tx.clone()).await;
+        let h = spawn_acquirer(env, "h", t, tx.clone()).await;
         assert_eq!(within("h", acquired.recv()).await, Some("h"));
         let mut acquirers = Vec::new();
         for x in AHEAD {
-            acquirers.push(spawn_acquirer(env, x, timeouts(), tx.clone()).await);
+            acquirers.push(spawn_acquirer(env, x, t, tx.clone()).await);
             queued(&mut env.logs, x, &[], &mut std::future::pending::<()>()).await;
         }
-        acquirers.push(spawn_acquirer(env, "w", timeouts(), tx).await);
+        acquirers.push(spawn_acquirer(env, "w", t, tx).await);
         let line = next_place(&mut env.logs, "w").await;
         assert!(line.contains("waiters_ahead=17"), "{line}");
         within("w watches its marker", async {
@@ -427,6 +433,33 @@ impl FarQueue {
             a.task.abort();
         }
     }
+}
+
+/// When `node`'s renewals of its own waiter Lease reached the stand-in, in order.
+fn renewals(env: &Env, node: &str) -> Vec<std::time::SystemTime> {
+    let user = format!("node-{node}");
+    let path = format!("/leases/{NAME}-waiter-node-{node}");
+    env.api
+        .cluster()
+        .requests()
+        .all()
+        .into_iter()
+        .filter(|r| {
+            r.user.as_deref() == Some(user.as_str())
+                && r.method == "PUT"
+                && r.path.ends_with(&path)
+                && r.status == 200
+        })
+        .map(|r| r.at)
+        .collect()
+}
+
+/// The times between consecutive `times`.
+fn gaps(times: &[std::time::SystemTime]) -> Vec<Duration> {
+    times
+        .windows(2)
+        .map(|p| p[1].duration_since(p[0]).unwrap_or_default())
+        .collect()
 }
 
 /// An outside observer: watches the semaphore's slot Leases over HTTP (every event, in order)
@@ -1789,6 +1822,45 @@ mod scenarios {
             1,
             "and watched nothing else"
         );
+        q.stop();
+    }
+
+    /// A far waiter renews its Lease every two thirds of its TTL, half as often as a waiter
+    /// near the front (every third): with a 3 s TTL, `w` (17 ahead, far) renews 2 s apart while
+    /// `o16` (16 ahead, near) renews 1 s apart in the same queue. Its Lease still changes
+    /// within the arbiter's time-out (TTL + 2 s), so nobody takes it for dead.
+    pub async fn a_far_waiter_renews_half_as_often(mut env: Env) {
+        let t = Timeouts {
+            waiter_ttl: Duration::from_secs(3),
+            ..timeouts()
+        };
+        let q = FarQueue::start_with(&mut env, t).await;
+        within("w renews three times", async {
+            while renewals(&env, "w").len() < 3 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        let far = gaps(&renewals(&env, "w"));
+        let near = gaps(&renewals(&env, "o16"));
+        // Each renewal is due two thirds of the TTL after the last one's renewTime; the
+        // requests' arrival spreads a little around that.
+        assert!(
+            far.iter().all(|g| *g >= Duration::from_millis(1800)),
+            "w, far back, renews every 2 s: {far:?}"
+        );
+        assert!(
+            near.len() >= 3
+                && near
+                    .iter()
+                    .filter(|g| **g < Duration::from_millis(1500))
+                    .count()
+                    * 2
+                    > near.len(),
+            "o16, near the front, renews every second: {near:?}"
+        );
+        assert!(waiter_lease(&env, "node-w").is_some());
+        assert_eq!(watch_queries(&env, "node-w").len(), 1, "w stayed far back");
         q.stop();
     }
 

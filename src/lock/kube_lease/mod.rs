@@ -68,10 +68,11 @@
 //! carrying the `resourceVersion` read (or a create), and waits by watch. Waiters queue first
 //! come, first served. A waiter that finds no slot for itself creates its waiter Lease (after a
 //! restart it finds and adopts it, keeping its place) and renews it every third of its TTL while
-//! it waits. The queue is ordered by (`acquireTime`, name). A waiter is *live* while its Lease's
-//! `resourceVersion` changes (renewals) as the observer's own clock sees it: unchanged for its
-//! TTL plus 2 s, it no longer counts, and one unchanged for twice that is deleted
-//! (resourceVersion precondition) by the next waiter that takes a slot. A waiter's *rank* is the
+//! it waits (every two thirds while far back, below). The queue is ordered by (`acquireTime`,
+//! name). A waiter is *live* while its Lease's `resourceVersion` changes (renewals) as the
+//! observer's own clock sees it: unchanged for its TTL plus 2 s, it no longer counts, and one
+//! unchanged for twice that is deleted (resourceVersion precondition) by the next waiter that
+//! takes a slot. A waiter's *rank* is the
 //! number of live waiters ahead of it; it goes for a slot only while the free slots outnumber its
 //! rank (and then for the rank-th free slot, so that the eligible waiters do not race for one
 //! Lease). The taker deletes its own waiter Lease right after taking the slot. Waiters of older
@@ -92,10 +93,10 @@
 //! the semaphore: each waiter's renewals would be events for every other waiter, the square of
 //! the queue. It watches one waiter Lease `max + 8` places ahead of it, its *marker* (field
 //! selector `metadata.name=<it>`, from the `resourceVersion` listed), renewing its own meanwhile
-//! and deciding nothing. When the marker's Lease is deleted (it took a slot or left) it lists
-//! the semaphore again and is placed again; a marker not renewed for twice the waiter
-//! time-out, as its own clock sees it, is deleted as a dead waiter's (resourceVersion
-//! precondition) before that list; a marker's watch answered 410 Gone is opened again from the
+//! every two thirds of its TTL and deciding nothing. When the marker's Lease is deleted (it took
+//! a slot or left) it lists the semaphore again and is placed again; a marker not renewed for
+//! twice the waiter time-out, as its own clock sees it, is deleted as a dead waiter's
+//! (resourceVersion precondition) before that list; a marker's watch answered 410 Gone is opened again from the
 //! current state. A far waiter sees a pause or a new `max` at that list (see [`marker`]).
 //!
 //! # Reclaim
@@ -213,7 +214,7 @@ pub struct Timeouts {
     pub backoff_min: Duration,
     pub backoff_max: Duration,
     /// `leaseDurationSeconds` of a waiter Lease (whole seconds, at least 1); the waiter renews
-    /// it every third of that. A waiter not renewed for this (plus a little clock slack) is
+    /// it every third of that (two thirds while far back in a long queue). A waiter not renewed for this (plus a little clock slack) is
     /// dead and no longer holds its place in the queue.
     pub waiter_ttl: Duration,
 }

@@ -2,9 +2,10 @@
 //! Leases are read and then kept up to date by one kube-runtime watcher (its initial list is the
 //! read; it resumes its watch from the last `resourceVersion` and bookmark when the server ends
 //! it, and a 410 Gone reads again): each change is applied to the snapshot and the arbiter decides
-//! again without a request. A waiter queues as its waiter Lease, renewed every third of its TTL.
-//! The head of the queue also watches the Node of each holder that recorded one (a watcher on
-//! `metadata.name=<node>`), so a deleted or re-registered Node makes that holder gone.
+//! again without a request. A waiter queues as its waiter Lease, renewed every third of its TTL
+//! (far back, every two thirds). The head of the queue also watches the Node of each holder that
+//! recorded one (a watcher on `metadata.name=<node>`), so a deleted or re-registered Node makes
+//! that holder gone.
 //!
 //! Every decision is committed by a replace carrying the `resourceVersion` read (or a create);
 //! a lost race (409) waits for the change of that Lease that beat it on the watch, deciding
@@ -31,7 +32,7 @@ use super::super::view::View;
 use super::super::{Acquired, GroupPause};
 use super::calls::{CallError, NodeLookup};
 use super::far_back::{self, FarBack};
-use super::marker::Marker;
+use super::marker::{self, Marker};
 use super::objects::Slot;
 use super::snapshot::Snapshot;
 use super::*;
@@ -228,12 +229,18 @@ impl LeaseWaiting<'_> {
     }
 
     /// When our waiter Lease is due for renewal: a third of its TTL after its last renewal
-    /// (written by this host).
+    /// (written by this host), or two thirds while far back ([`marker::FAR_RENEWAL_THIRDS`]).
     fn renew_at(&self) -> Option<Instant> {
         let lease = &self.snap.as_ref()?.waiters.get(&self.my_waiter)?.lease;
         let spec = lease.spec.as_ref()?;
         let renewed = spec.renew_time.as_ref().or(spec.acquire_time.as_ref())?.0;
-        let every = jiff::SignedDuration::from_secs(i64::from(self.store.waiter_ttl_secs())) / 3;
+        let thirds = if self.marker.is_some() {
+            marker::FAR_RENEWAL_THIRDS
+        } else {
+            1
+        };
+        let every =
+            jiff::SignedDuration::from_secs(i64::from(self.store.waiter_ttl_secs())) * thirds / 3;
         let due = renewed
             .saturating_add(every)
             .unwrap_or(jiff::Timestamp::MAX);
