@@ -100,6 +100,7 @@ scenarios!(
     a_waiter_far_back_watches_one_lease_ahead_not_the_semaphore,
     a_marker_watch_gone_410_watches_from_now_without_a_read,
     a_far_waiter_renews_half_as_often,
+    a_waiter_queued_ahead_of_fast_clocks_takes_the_free_slot_at_once,
     dead_waiters_ahead_hold_back_no_live_waiter,
 );
 
@@ -433,6 +434,29 @@ impl FarQueue {
             a.task.abort();
         }
     }
+}
+
+/// A waiter Lease of `node` whose clock runs far ahead: it joined the queue in 2100.
+fn fast_clock_waiter(env: &Env, node: &str) {
+    let lease = json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": format!("{NAME}-waiter-node-{node}"),
+            "namespace": NS,
+            "labels": {
+                kube_lease::LABEL_SEMAPHORE: NAME,
+                kube_lease::LABEL_ROLE: kube_lease::ROLE_WAITER,
+            },
+            "annotations": {"rebootd.io/waiter-node": format!("node-{node}")},
+        },
+        "spec": {
+            "acquireTime": "2100-01-01T00:00:00.000000Z",
+            "renewTime": "2100-01-01T00:00:00.000000Z",
+            "leaseDurationSeconds": 30,
+        },
+    });
+    env.api.cluster().create(Kind::Lease, lease).unwrap();
 }
 
 /// When `node`'s renewals of its own waiter Lease reached the stand-in, in order.
@@ -1862,6 +1886,26 @@ mod scenarios {
         assert!(waiter_lease(&env, "node-w").is_some());
         assert_eq!(watch_queries(&env, "node-w").len(), 1, "w stayed far back");
         q.stop();
+    }
+
+    /// A waiter whose Lease goes ahead of waiters already queued (their clocks run ahead of
+    /// its own: a later `acquireTime`) decides on its place at once, without a request: it
+    /// takes the free slot now, not when the waiter it counted ahead before it queued would
+    /// time out (32 s).
+    pub async fn a_waiter_queued_ahead_of_fast_clocks_takes_the_free_slot_at_once(env: Env) {
+        add_node(&env, "b");
+        fast_clock_waiter(&env, "late");
+        let b = sem(&env, "b").await;
+        within("b takes the free slot", b.acquire(&me("b")))
+            .await
+            .unwrap();
+        assert_eq!(holders(&env)[&slot(0)], "node-b");
+        assert_eq!(
+            requests_by(&env, "node-b", is_lease_list),
+            2,
+            "the first use's two reads (before and after creating the control Lease)"
+        );
+        assert!(waiter_lease(&env, "node-late").is_some());
     }
 
     /// A marker's watch whose history no longer reaches the marker's `resourceVersion` (410

@@ -34,7 +34,7 @@ use super::calls::{CallError, NodeLookup};
 use super::far_back::{self, FarBack};
 use super::marker::{self, Marker};
 use super::objects::Slot;
-use super::snapshot::Snapshot;
+use super::snapshot::{lease_ticket, ticket, Snapshot};
 use super::*;
 
 type LeaseEvents = BoxStream<'static, Result<watcher::Event<Lease>, watcher::Error>>;
@@ -103,6 +103,7 @@ pub(in crate::lock) fn waiting<'a>(
         own_node_uid: None,
         node_access_warned: false,
         reread: false,
+        decide_again: false,
         lost_race: LostRace::default(),
         far_back: None,
         marker: None,
@@ -137,6 +138,10 @@ pub(in crate::lock) struct LeaseWaiting<'a> {
     node_access_warned: bool,
     /// The view cannot be right (or a waiter Lease of ours exists unseen): read again at once.
     reread: bool,
+    /// My waiter Lease, just created, went ahead of waiters already queued (their clocks run
+    /// ahead of mine: a later `acquireTime`): the decision made before it counted them ahead
+    /// of me. Decide again, without a request, before placing or waiting.
+    decide_again: bool,
     /// The Lease a write of mine lost on (409), until the watch brings its change.
     lost_race: LostRace,
     /// Where the arbiter last placed me in the queue, for passing over changes while far back.
@@ -523,6 +528,8 @@ impl Waiting for LeaseWaiting<'_> {
             Some(created) => {
                 tracing::debug!(lease = %self.my_waiter, "joined the queue of waiters");
                 if let Some(snap) = self.snap.as_mut() {
+                    let mine = lease_ticket(&created);
+                    self.decide_again = snap.waiters.values().any(|w| ticket(w) > mine);
                     self.store.put_lease(snap, created);
                 }
             }
@@ -535,6 +542,10 @@ impl Waiting for LeaseWaiting<'_> {
     async fn wait(&mut self, until: Option<Instant>, head: bool) -> Result<Wake, LockError> {
         if std::mem::take(&mut self.reread) {
             return Ok(Wake::Reread);
+        }
+        if std::mem::take(&mut self.decide_again) {
+            tracing::debug!(lease = %self.my_waiter, "joined the queue ahead of waiters with later acquire times (their clocks run ahead): deciding again on my place");
+            return Ok(Wake::Changed);
         }
         self.sync_node_watches(head)?;
         if self.marker.is_some() {
@@ -635,6 +646,11 @@ impl Waiting for LeaseWaiting<'_> {
     }
 
     fn placed(&mut self, behind: Option<usize>) {
+        if self.decide_again {
+            // Counted before my Lease went ahead of some: placed at the next decision.
+            self.far_back = None;
+            return;
+        }
         self.far_back = match (behind, &self.snap) {
             (Some(behind), Some(snap)) => FarBack::placed(snap, &self.my_waiter, behind),
             _ => None,
