@@ -100,6 +100,7 @@ scenarios!(
     a_waiter_far_back_watches_one_lease_ahead_not_the_semaphore,
     a_marker_watch_gone_410_watches_from_now_without_a_read,
     a_far_waiter_renews_half_as_often,
+    a_read_of_a_long_queue_is_one_request,
     a_waiter_queued_ahead_of_fast_clocks_takes_the_free_slot_at_once,
     dead_waiters_ahead_hold_back_no_live_waiter,
 );
@@ -1906,6 +1907,35 @@ mod scenarios {
             "the first use's two reads (before and after creating the control Lease)"
         );
         assert!(waiter_lease(&env, "node-late").is_some());
+    }
+
+    /// A read of a long queue is one request: 600 waiter Leases (queued behind `b`: they
+    /// joined in the future) and the semaphore's own come in one list, not pages of 500.
+    pub async fn a_read_of_a_long_queue_is_one_request(env: Env) {
+        for x in ["a", "b"] {
+            add_node(&env, x);
+        }
+        let a = sem(&env, "a").await;
+        within("a", a.acquire(&me("a"))).await.unwrap();
+        a.unlock("m-a").await.unwrap();
+        for i in 0..600 {
+            fast_clock_waiter(&env, &format!("late{i:03}"));
+        }
+        assert_eq!(waiter_leases(&env).len(), 600);
+        let b = sem(&env, "b").await;
+        within("b", b.acquire(&me("b"))).await.unwrap();
+        assert_eq!(holders(&env)[&slot(0)], "node-b");
+        let lists: Vec<String> = env
+            .api
+            .cluster()
+            .requests()
+            .all()
+            .into_iter()
+            .filter(|r| r.user.as_deref() == Some("node-b") && is_lease_list(r))
+            .map(|r| r.query)
+            .collect();
+        assert_eq!(lists.len(), 1, "one list: {lists:?}");
+        assert!(!lists[0].contains("limit="), "{lists:?}");
     }
 
     /// A marker's watch whose history no longer reaches the marker's `resourceVersion` (410

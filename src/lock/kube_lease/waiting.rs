@@ -731,11 +731,17 @@ fn watch_error(store: &KubeLeaseSemaphore, e: watcher::Error) -> LockError {
     }
 }
 
-/// A new watcher of the semaphore's Leases; its first events are a list.
+/// A new watcher of the semaphore's Leases; its first events are a list, in one request
+/// however long the queue: not in pages of 500 (kube-runtime's default), which made each read
+/// of a 1000-node queue two or three requests where one answer serves. A real API server
+/// answers the watcher's list (`resourceVersion=0`) from its watch cache, whole, whatever the
+/// limit (Kubernetes 1.13 and later); a server that honours the limit now sends the whole list
+/// too.
 fn lease_watcher(store: &KubeLeaseSemaphore) -> LeaseEvents {
-    let config = watcher::Config::default()
+    let mut config = watcher::Config::default()
         .labels(&store.selector)
         .timeout(store.timeouts.watch.as_secs().clamp(1, 290 * 60) as u32);
+    config.page_size = None;
     watcher::watcher(store.leases.clone(), config).boxed()
 }
 
