@@ -72,11 +72,11 @@
 //! name). A waiter is *live* while its Lease's `resourceVersion` changes (renewals) as the
 //! observer's own clock sees it: unchanged for its TTL plus 2 s, it no longer counts, and one
 //! unchanged for twice that is deleted (resourceVersion precondition) by the next waiter that
-//! takes a slot. A waiter's *rank* is the
-//! number of live waiters ahead of it; it goes for a slot only while the free slots outnumber its
-//! rank (and then for the rank-th free slot, so that the eligible waiters do not race for one
-//! Lease). The taker deletes its own waiter Lease right after taking the slot. Waiters of older
-//! rebootd (no waiter Lease) race for free slots as before, which stays safe: every take is a CAS.
+//! takes a slot. A waiter's *rank* is the number of live waiters ahead of it; it goes for a slot
+//! only while the free slots outnumber its rank (and then for the rank-th free slot, so that the
+//! eligible waiters do not race for one Lease). The taker deletes its own waiter Lease right
+//! after taking the slot. Waiters of older rebootd (no waiter Lease) race for free slots as
+//! before, which stays safe: every take is a CAS.
 //! A lost race (409) waits for the change that beat it, which the watch brings (a list again only
 //! if none comes within the request time limit).
 //!
@@ -96,8 +96,9 @@
 //! every two thirds of its TTL and deciding nothing. When the marker's Lease is deleted (it took
 //! a slot or left) it lists the semaphore again and is placed again; a marker not renewed for
 //! twice the waiter time-out, as its own clock sees it, is deleted as a dead waiter's
-//! (resourceVersion precondition) before that list; a marker's watch answered 410 Gone is opened again from the
-//! current state. A far waiter sees a pause or a new `max` at that list (see [`marker`]).
+//! (resourceVersion precondition) before that list; a marker's watch answered 410 Gone is opened
+//! again from the current state. A far waiter sees a pause or a new `max` at that list (see
+//! [`marker`]).
 //!
 //! # Reclaim
 //!
@@ -214,8 +215,8 @@ pub struct Timeouts {
     pub backoff_min: Duration,
     pub backoff_max: Duration,
     /// `leaseDurationSeconds` of a waiter Lease (whole seconds, at least 1); the waiter renews
-    /// it every third of that (two thirds while far back in a long queue). A waiter not renewed for this (plus a little clock slack) is
-    /// dead and no longer holds its place in the queue.
+    /// it every third of that (two thirds while far back in a long queue). A waiter not renewed
+    /// for this (plus a little clock slack) is dead and no longer holds its place in the queue.
     pub waiter_ttl: Duration,
 }
 
