@@ -449,7 +449,7 @@ fn fast_clock_waiter(env: &Env, node: &str) {
                 kube_lease::LABEL_SEMAPHORE: NAME,
                 kube_lease::LABEL_ROLE: kube_lease::ROLE_WAITER,
             },
-            "annotations": {"rebootd.io/waiter-node": format!("node-{node}")},
+            "annotations": {kube_lease::ANNOTATION_WAITER_NODE: format!("node-{node}")},
         },
         "spec": {
             "acquireTime": "2100-01-01T00:00:00.000000Z",
