@@ -24,6 +24,15 @@ pub struct Inhibitor {
     pub pid: u32,
 }
 
+impl Inhibitor {
+    /// Its texts (from logind, written by whoever took it) bounded and escaped.
+    pub fn clean(&mut self) {
+        for t in [&mut self.what, &mut self.who, &mut self.why, &mut self.mode] {
+            *t = crate::text::clean(t);
+        }
+    }
+}
+
 /// `ListInhibitors`' element type.
 pub type Listed = (String, String, String, String, u32, u32);
 

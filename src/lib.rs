@@ -27,6 +27,7 @@ pub mod reboot;
 pub mod runtime;
 pub mod state;
 pub mod status;
+pub mod text;
 pub mod trigger;
 pub mod users;
 pub mod window;

@@ -171,6 +171,26 @@ pub struct Pause {
 }
 
 impl State {
+    /// A copy whose texts from outside (`waiting_for`, `last_error`, the gate's answer, the
+    /// inhibitors) are bounded and escaped ([`crate::text::clean`]).
+    pub fn cleaned(&self) -> State {
+        use crate::text::clean;
+        let mut s = self.clone();
+        for t in [&mut s.waiting_for, &mut s.last_error]
+            .into_iter()
+            .flatten()
+        {
+            *t = clean(t);
+        }
+        if let Some(g) = s.gate.as_mut() {
+            g.why = clean(&g.why);
+        }
+        for i in &mut s.inhibited_by {
+            i.clean();
+        }
+        s
+    }
+
     /// The state of a node that has never needed a reboot.
     pub fn new(boot_id: &str, now: Timestamp) -> State {
         State {
@@ -318,8 +338,10 @@ impl StateStore {
     }
 
     /// Write the state atomically and durably.
+    /// Texts that came from outside (errors, gate answers, inhibitors) are written bounded and
+    /// escaped ([`State::cleaned`]).
     pub fn save(&self, state: &State) -> Result<(), StateError> {
-        let bytes = serde_json::to_vec_pretty(state).map_err(|e| StateError::Write {
+        let bytes = serde_json::to_vec_pretty(&state.cleaned()).map_err(|e| StateError::Write {
             path: self.path(),
             source: std::io::Error::other(e),
         })?;

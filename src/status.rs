@@ -55,6 +55,53 @@ pub struct Status {
     pub group_paused: Option<crate::lock::GroupPause>,
 }
 
+impl Status {
+    /// Every text that came from outside (a store, logind, a gate, a command, an error) bounded
+    /// and escaped ([`crate::text::clean`]), so that neither `status` nor `--json` can carry a
+    /// terminal escape sequence or an unbounded value to the operator.
+    pub fn cleaned(mut self) -> Status {
+        use crate::text::clean;
+        let opt = |o: &mut Option<String>| {
+            if let Some(v) = o.as_mut() {
+                *v = clean(v);
+            }
+        };
+        opt(&mut self.reason);
+        opt(&mut self.waiting_for);
+        opt(&mut self.last_error);
+        opt(&mut self.boot_id);
+        opt(&mut self.semaphore_error);
+        if let Some(sem) = self.semaphore.as_mut() {
+            sem.group = clean(&sem.group);
+            for h in &mut sem.holders {
+                h.id = clean(&h.id);
+                opt(&mut h.node);
+                opt(&mut h.phase);
+                opt(&mut h.boot_id);
+                opt(&mut h.foreign);
+            }
+        }
+        for i in &mut self.inhibited_by {
+            i.clean();
+        }
+        if let Some(g) = self.gate.as_mut() {
+            g.name = clean(&g.name);
+            g.why = clean(&g.why);
+        }
+        for w in &mut self.warnings {
+            *w = clean(w);
+        }
+        if let Some(p) = self.paused.as_mut() {
+            opt(&mut p.reason);
+        }
+        if let Some(p) = self.group_paused.as_mut() {
+            opt(&mut p.reason);
+            opt(&mut p.by);
+        }
+        self
+    }
+}
+
 /// Gather the local part of the status.
 pub fn local(
     config: &Config,
@@ -149,6 +196,9 @@ pub fn describe_holder(h: &crate::lock::Holder, now: Timestamp) -> String {
     }
     if h.node.is_some() {
         line.push_str(&format!(" ({})", h.id));
+    }
+    if let Some(why) = &h.foreign {
+        line.push_str(&format!(" [foreign, counted as held: {why}]"));
     }
     line
 }
@@ -316,6 +366,7 @@ mod tests {
             phase: Some("draining".into()),
             since: Some(Timestamp::from_second(1000 - 4 * 60).unwrap()),
             boot_id: None,
+            foreign: None,
         };
         assert_eq!(
             describe_holder(&h, now),

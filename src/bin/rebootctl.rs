@@ -182,7 +182,7 @@ async fn gather(config: &Config, store: &StateStore) -> Result<status::Status, F
 }
 
 async fn show(config: &Config, store: &StateStore, json: bool) -> Result<(), Failure> {
-    let report = gather(config, store).await?;
+    let report = gather(config, store).await?.cleaned();
     if json {
         let text = serde_json::to_string_pretty(&report).map_err(op)?;
         println!("{text}");

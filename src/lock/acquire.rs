@@ -11,7 +11,7 @@ use async_trait::async_trait;
 
 use super::arbiter::{self, Decision, Policy};
 use super::retry::{self, Backoff};
-use super::view::{HolderView, Me, Observations, View};
+use super::view::{HolderView, Observations, View};
 use super::{Acquired, GroupPause, Identity, LockError};
 
 /// How many live waiters ahead (and at least `max`) make a waiter far back in a long queue:
@@ -193,11 +193,7 @@ async fn round(
     follow_pause: bool,
 ) -> Result<RoundEnd, LockError> {
     w.read().await?;
-    let who = Me {
-        id: &me.id,
-        node: &me.node,
-        token: &me.token,
-    };
+    let who = me.as_me();
     loop {
         if let Some(pause) = w.paused().filter(|_| follow_pause) {
             tracing::debug!(target = %settings.target, id = %me.id, "the group is paused ({}): not waiting for a slot", pause.describe());

@@ -4,11 +4,14 @@
 //!
 //! # Rules
 //!
-//! - **Mine.** A holder with my id and my token is me: [`Decision::Held`]. With my id and no
-//!   token (locksmith, an older rebootd, a holder written by hand for this machine), or, where
-//!   node names identify hosts, with my node name and another id (a reinstalled node): mine to
-//!   adopt ([`Decision::Adopt`]). With my id and **another token**, another host runs with my
-//!   machine id: [`Decision::Duplicate`], reported and never admitted while it holds.
+//! - **Mine.** Only a holder the store could have written for me counts: never a foreign one
+//!   ([`HolderView::foreign`]) and, where the store authenticated each holder's node
+//!   ([`View::node_is_identity`]), only one under my node name. Among those, one with my id
+//!   and my token is me: [`Decision::Held`]. With my id and no token (locksmith, an older
+//!   rebootd, a holder written by hand for this machine), or, where node names identify hosts,
+//!   with my node name and another id (a reinstalled node): mine to adopt
+//!   ([`Decision::Adopt`]). With my id and **another token**, another host runs with my machine
+//!   id: [`Decision::Duplicate`], reported and never admitted while it holds.
 //! - **Queue.** Waiters are served in ticket order. A waiter that is also a holder, or whose
 //!   beat is a revision unchanged for `waiter_timeout` (as this observer saw it), does not
 //!   count. `behind` = the live waiters ahead of me (all of them while I have no entry).
@@ -140,33 +143,56 @@ pub fn decide(
     Decision::Wait { until, behind }
 }
 
-/// Whether I hold (or should adopt) a slot, or another host holds one under my id.
-fn mine(view: &View, me: &Me<'_>) -> Option<Decision> {
-    let by_id: Vec<&HolderView> = view.holders.iter().filter(|h| h.id == me.id).collect();
-    if by_id.iter().any(|h| h.token.as_deref() == Some(me.token)) {
-        return Some(Decision::Held);
+/// Whether I hold (or should adopt) a slot, or another host holds one under my id. Only holders
+/// that could be mine are looked at: never a foreign one and, where the store authenticated
+/// holders' nodes, only those under my node name (a machine id or token any node may write).
+pub fn mine(view: &View, me: &Me<'_>) -> Option<Decision> {
+    whose(&view.holders, view.node_is_identity, me).map(|(_, d)| d)
+}
+
+/// [`mine`] over `holders` (of a view with `node_is_identity`): the index of the holder it is
+/// about, and the decision.
+pub fn whose(
+    holders: &[HolderView],
+    node_is_identity: bool,
+    me: &Me<'_>,
+) -> Option<(usize, Decision)> {
+    let could_be_mine: Vec<(usize, &HolderView)> = holders
+        .iter()
+        .enumerate()
+        .filter(|(_, h)| h.foreign.is_none())
+        .filter(|(_, h)| !node_is_identity || h.node.as_deref() == Some(me.node))
+        .collect();
+    let by_id: Vec<(usize, &HolderView)> = could_be_mine
+        .iter()
+        .copied()
+        .filter(|(_, h)| h.id == me.id)
+        .collect();
+    if let Some((i, _)) = by_id
+        .iter()
+        .find(|(_, h)| h.token.as_deref() == Some(me.token))
+    {
+        return Some((*i, Decision::Held));
     }
-    if let Some(h) = by_id.iter().find(|h| h.token.is_none()) {
-        return Some(Decision::Adopt {
-            holder: h.id.clone(),
-        });
-    }
-    if let Some(h) = by_id.first() {
-        return Some(Decision::Duplicate {
-            holder: h.id.clone(),
-            token: h.token.clone().unwrap_or_default(),
-        });
-    }
-    if view.node_is_identity {
-        if let Some(h) = view
-            .holders
-            .iter()
-            .find(|h| h.node.as_deref() == Some(me.node))
-        {
-            return Some(Decision::Adopt {
+    let adopt = |(i, h): (usize, &HolderView)| {
+        (
+            i,
+            Decision::Adopt {
                 holder: h.id.clone(),
-            });
-        }
+            },
+        )
+    };
+    if let Some(found) = by_id.iter().copied().find(|(_, h)| h.token.is_none()) {
+        return Some(adopt(found));
+    }
+    if let Some((i, h)) = by_id.first() {
+        let token = h.token.clone().unwrap_or_default();
+        let holder = h.id.clone();
+        return Some((*i, Decision::Duplicate { holder, token }));
+    }
+    // My node under another machine id: this node reinstalled.
+    if node_is_identity {
+        return could_be_mine.first().copied().map(adopt);
     }
     None
 }

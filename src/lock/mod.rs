@@ -57,6 +57,17 @@ pub struct Identity {
     pub token: String,
 }
 
+impl Identity {
+    /// Who is asking, as the lock core's rules take it.
+    pub fn as_me(&self) -> view::Me<'_> {
+        view::Me {
+            id: &self.id,
+            node: &self.node,
+            token: &self.token,
+        }
+    }
+}
+
 /// One holder of a slot, with what the backend knows about it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Holder {
@@ -70,6 +81,10 @@ pub struct Holder {
     pub since: Option<jiff::Timestamp>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_id: Option<String>,
+    /// Why this holder is not one rebootd would have written (a slot Lease past `max`, or
+    /// without the slot role): it counts as held, and is nobody's to hold or adopt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub foreign: Option<String>,
 }
 
 /// What `rebootctl status` shows about the semaphore.

@@ -32,12 +32,23 @@ pub struct GroupPause {
 impl GroupPause {
     /// Parse what a store holds. Something that does not parse still pauses the group (someone
     /// meant to): its text becomes the reason.
+    /// Its text is bounded and escaped ([`crate::text::clean`]): it is shown to operators.
     pub fn parse(value: &str) -> GroupPause {
-        serde_json::from_str(value).unwrap_or_else(|_| GroupPause {
-            since: Timestamp::UNIX_EPOCH,
-            reason: Some(format!("unreadable pause record: {value}")),
-            by: None,
-        })
+        match serde_json::from_str::<GroupPause>(value) {
+            Ok(p) => GroupPause {
+                since: p.since,
+                reason: p.reason.as_deref().map(crate::text::clean),
+                by: p.by.as_deref().map(crate::text::clean),
+            },
+            Err(_) => GroupPause {
+                since: Timestamp::UNIX_EPOCH,
+                reason: Some(format!(
+                    "unreadable pause record: {}",
+                    crate::text::clean(value)
+                )),
+                by: None,
+            },
+        }
     }
 
     pub fn to_json(&self) -> String {

@@ -47,6 +47,10 @@ pub struct HolderView {
     /// What the store knows for certain about it being gone (e.g. its Kubernetes Node was
     /// deleted), in words. Such a holder may be reclaimed without `max_hold`.
     pub gone: Option<String>,
+    /// Why this holder is not one rebootd would have written (a slot past `max`, an object
+    /// without the semaphore's role), if it is not: it counts as held, and is never anyone's
+    /// to hold or adopt.
+    pub foreign: Option<String>,
 }
 
 /// A waiter's place in the queue. Smaller is earlier. The parts are what the store orders by
@@ -78,8 +82,11 @@ pub struct View {
     pub max: u64,
     pub holders: Vec<HolderView>,
     pub waiters: Vec<WaiterView>,
-    /// Whether node names identify holders in this store (Kubernetes: a Node name is unique in
-    /// a cluster, so a slot held under my node name by another machine id is mine, reinstalled).
+    /// Whether the store authenticated each holder's node (Kubernetes: a slot Lease's
+    /// `holderIdentity`, bound to the writer by the admission policy). Then only a holder under
+    /// my node name can be mine; its machine id and token only tell two boots or two installs
+    /// of that node apart, since any node may write them. Elsewhere (etcd) the machine id is
+    /// the identity.
     pub node_is_identity: bool,
 }
 
@@ -174,6 +181,7 @@ mod tests {
             token: None,
             beat,
             gone: None,
+            foreign: None,
         }
     }
 

@@ -61,6 +61,7 @@ pub fn check_bytes(data: &[u8]) {
             },
             beat: b.beat(),
             gone: (b.next() % 4 == 0).then(|| "its Node is gone".to_owned()),
+            foreign: (b.next() % 5 == 0).then(|| "a slot past max".to_owned()),
         })
         .collect();
     let mut seen_ids = std::collections::HashSet::new();
@@ -108,15 +109,21 @@ pub fn check_bytes(data: &[u8]) {
         d,
         "not deterministic"
     );
-    let by_id: Vec<&HolderView> = view.holders.iter().filter(|h| h.id == ME.id).collect();
+    // Only a holder that is not foreign and, where nodes are authenticated, under my node.
+    let could_be_mine: Vec<&HolderView> = view
+        .holders
+        .iter()
+        .filter(|h| h.foreign.is_none())
+        .filter(|h| !view.node_is_identity || h.node.as_deref() == Some(ME.node))
+        .collect();
+    let by_id: Vec<&HolderView> = could_be_mine
+        .iter()
+        .copied()
+        .filter(|h| h.id == ME.id)
+        .collect();
     let mine = by_id.iter().any(|h| h.token.as_deref() == Some(ME.token));
     let adoptable = by_id.iter().any(|h| h.token.is_none())
-        || (by_id.is_empty()
-            && view.node_is_identity
-            && view
-                .holders
-                .iter()
-                .any(|h| h.node.as_deref() == Some(ME.node)));
+        || (by_id.is_empty() && view.node_is_identity && !could_be_mine.is_empty());
     let my_ticket = view.my_ticket();
     let ahead = view
         .waiters

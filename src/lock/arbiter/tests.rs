@@ -26,6 +26,7 @@ fn holder(id: &str, token: Option<&str>, beat: &str) -> HolderView {
             rev => Beat::Revision(rev.into()),
         },
         gone: None,
+        foreign: None,
     }
 }
 
@@ -122,6 +123,56 @@ fn mine_held_adopted_or_duplicate() {
                 }],
                 vec![],
             ),
+            Decision::Wait {
+                until: None,
+                behind: 0,
+            },
+        ),
+        (
+            "my id and no token under another node where nodes are authenticated: a forgery",
+            View {
+                node_is_identity: true,
+                ..view(1, vec![holder("m-me", None, "3")], vec![])
+            },
+            Decision::Wait {
+                until: None,
+                behind: 0,
+            },
+        ),
+        (
+            "my id and my token under another node where nodes are authenticated: a forgery",
+            View {
+                node_is_identity: true,
+                ..view(2, vec![holder("m-me", Some("t-me"), "3")], vec![])
+            },
+            Decision::Take { rank: 0 },
+        ),
+        (
+            "my id and token on a foreign slot (past max): counted, never mine",
+            view(
+                2,
+                vec![HolderView {
+                    foreign: Some("slot 7 is past max 2".into()),
+                    ..holder("m-me", Some("t-me"), "3")
+                }],
+                vec![],
+            ),
+            Decision::Take { rank: 0 },
+        ),
+        (
+            "my node on a foreign slot where nodes are authenticated: never mine",
+            View {
+                node_is_identity: true,
+                ..view(
+                    1,
+                    vec![HolderView {
+                        node: Some("node-me".into()),
+                        foreign: Some("no role label".into()),
+                        ..holder("m-me", Some("t-me"), "3")
+                    }],
+                    vec![],
+                )
+            },
             Decision::Wait {
                 until: None,
                 behind: 0,

@@ -557,6 +557,7 @@ impl Admin for EtcdSemaphore {
                     phase: record.as_ref().and_then(|r| r.phase.clone()),
                     since: record.as_ref().map(|r| r.since),
                     boot_id: record.map(|r| r.boot_id),
+                    foreign: None,
                 }
             })
             .collect();

@@ -272,6 +272,7 @@ impl Snapshot {
                         None => Beat::Silent,
                     },
                     gone: None,
+                    foreign: None,
                 }
             })
             .collect();

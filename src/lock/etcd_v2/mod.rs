@@ -632,6 +632,7 @@ impl Admin for EtcdV2Semaphore {
                     phase: r.as_ref().and_then(|r| r.phase.clone()),
                     since: r.as_ref().map(|r| r.since),
                     boot_id: r.map(|r| r.boot_id),
+                    foreign: None,
                 }
             })
             .collect();

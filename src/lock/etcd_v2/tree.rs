@@ -338,6 +338,7 @@ impl Snapshot {
                     gone: record
                         .and_then(|r| r.reclaimed_by.as_ref())
                         .map(|by| format!("its slot was claimed by {by}")),
+                    foreign: None,
                 }
             })
             .collect();

@@ -115,7 +115,7 @@ impl KubeLeaseSemaphore {
                 "Lease {}/{} annotation {ANNOTATION_MAX}",
                 self.namespace, self.name
             ),
-            value: value.to_owned(),
+            value: crate::text::clean(value),
             reason,
         }
     }

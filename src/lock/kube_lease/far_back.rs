@@ -101,6 +101,7 @@ mod tests {
     use super::super::objects::{Slot, SlotHolder};
     use super::super::queue::Waiter;
     use super::super::snapshot::fixtures::queue;
+    use super::super::{LABEL_ROLE, ROLE_SLOT};
     use super::*;
 
     fn me() -> Identity {
@@ -126,10 +127,20 @@ mod tests {
             index,
             Slot {
                 index,
-                lease: Lease::default(),
+                lease: slot_lease(),
                 holder: Some(holder),
             },
         );
+    }
+
+    /// A slot Lease as rebootd labels one.
+    fn slot_lease() -> Lease {
+        let mut lease = Lease::default();
+        lease.metadata.labels = Some(std::collections::BTreeMap::from([(
+            LABEL_ROLE.to_owned(),
+            ROLE_SLOT.to_owned(),
+        )]));
+        lease
     }
 
     const MINE: &str = "w-node-me";

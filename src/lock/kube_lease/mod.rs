@@ -151,6 +151,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::Api;
 
+use super::arbiter::Decision;
 use super::{
     Acquired, Admin, Fence, GroupPause, Holder, Identity, LockError, Reported, Semaphore,
     SemaphoreStatus,
@@ -252,7 +253,13 @@ pub struct KubeLeaseSemaphore {
     written: report::Written,
     /// The pause as `group_pause` last listed it, for the wait that follows ([`pause`]).
     last_pause: super::pause::LastRead<String>,
+    /// The last valid `max` the control Lease said ([`NO_MAX`]: none yet), used while the
+    /// control Lease cannot be read, so that a broken one does not stall the group.
+    known_max: std::sync::atomic::AtomicU64,
 }
+
+/// [`KubeLeaseSemaphore::known_max`] before any valid `max` was read.
+const NO_MAX: u64 = u64::MAX;
 
 impl std::fmt::Debug for KubeLeaseSemaphore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -290,6 +297,7 @@ impl KubeLeaseSemaphore {
             timeouts: Timeouts::default(),
             written: report::Written::default(),
             last_pause: super::pause::LastRead::default(),
+            known_max: std::sync::atomic::AtomicU64::new(NO_MAX),
         }
     }
 
@@ -344,27 +352,41 @@ impl KubeLeaseSemaphore {
 }
 
 impl KubeLeaseSemaphore {
+    /// Free every slot held under node `node`, first on `first`.
+    async fn release_node(&self, node: &str, first: Snapshot) -> Result<(), LockError> {
+        self.update_from("release", Some(first), |snap| async move {
+            let mine: Vec<&Slot> = snap.held_by_node(node).map(|(s, _)| s).collect();
+            self.free_slots(&mine, snap.max, node).await
+        })
+        .await
+    }
+
+    /// Free `slots` (each deleted when at or above `max`); `false` when one was lost to a race.
+    async fn free_slots(&self, slots: &[&Slot], max: u64, who: &str) -> Result<bool, LockError> {
+        if slots.is_empty() {
+            tracing::debug!(%who, "holding no slot; nothing to release");
+            return Ok(true);
+        }
+        let mut done = true;
+        for slot in slots {
+            if self.free_slot(slot, max).await? {
+                tracing::info!(namespace = %self.namespace, lease = slot.name(), %who, deleted = slot.index >= max, "released");
+            } else {
+                done = false;
+            }
+        }
+        Ok(done)
+    }
+
     /// Free every slot held by `id`, first on `first` when given.
     async fn unlock_from(&self, id: &str, first: Option<Snapshot>) -> Result<(), LockError> {
         self.update_from("release", first, |snap| async move {
-            let mine: Vec<&Slot> = snap
+            let theirs: Vec<&Slot> = snap
                 .held()
                 .filter(|(_, h)| h.is(id))
                 .map(|(s, _)| s)
                 .collect();
-            if mine.is_empty() {
-                tracing::debug!(%id, "holding no slot; nothing to release");
-                return Ok(true);
-            }
-            let mut done = true;
-            for slot in mine {
-                if self.free_slot(slot, snap.max).await? {
-                    tracing::info!(namespace = %self.namespace, lease = slot.name(), %id, deleted = slot.index >= snap.max, "released");
-                } else {
-                    done = false;
-                }
-            }
-            Ok(done)
+            self.free_slots(&theirs, snap.max, id).await
         })
         .await
     }
@@ -412,7 +434,7 @@ impl Semaphore for KubeLeaseSemaphore {
                 let f = self.fence_of(&snap, me);
                 let held = f == Fence::Held;
                 *fence.lock().unwrap_or_else(|p| p.into_inner()) = f;
-                let Some((slot, _)) = snap.mine(me).filter(|_| held) else {
+                let Some((slot, _, _)) = snap.mine(me).filter(|_| held) else {
                     return Ok(true);
                 };
                 let mut lease = slot.lease.clone();
@@ -436,14 +458,13 @@ impl Semaphore for KubeLeaseSemaphore {
             Some(snap) => snap,
             None => self.read().await?,
         };
-        if let Some((slot, h)) = snap.mine(me) {
-            if h.token.as_deref().is_some_and(|t| t != me.token) {
-                tracing::error!(lease = slot.name(), id = %me.id, "not releasing a slot another host holds under this machine id");
-                return Ok(());
-            }
+        if let Some((slot, _, Decision::Duplicate { .. })) = snap.mine(me) {
+            tracing::error!(lease = slot.name(), id = %me.id, "not releasing a slot another host holds under this node and machine id");
+            return Ok(());
         }
-        // That read serves the first attempt (it was one request per release more).
-        self.unlock_from(&me.id, Some(snap)).await
+        // Only the slots held under my node (`holderIdentity`): a slot another node wrote my
+        // machine id on is not mine to free (and the admission policy would refuse it).
+        self.release_node(&me.node, snap).await
     }
 
     /// Records the phase (and boot id) on the held slot and renews `renewTime`; `since` moves
@@ -494,12 +515,13 @@ impl Admin for KubeLeaseSemaphore {
         let snap = self.read().await?;
         let holders = snap
             .held()
-            .map(|(_, h)| Holder {
+            .map(|(slot, h)| Holder {
                 id: h.id().to_owned(),
                 node: Some(h.node.clone()),
                 phase: h.phase.clone(),
                 since: h.since,
                 boot_id: h.boot_id.clone(),
+                foreign: slot.foreign(snap.max),
             })
             .collect();
         Ok(SemaphoreStatus {

@@ -70,8 +70,31 @@ pub(super) struct Slot {
 }
 
 impl Slot {
+    pub(super) fn new(index: u64, lease: Lease) -> Slot {
+        let holder = SlotHolder::from_lease(&lease);
+        Slot {
+            index,
+            lease,
+            holder,
+        }
+    }
+
     pub(super) fn name(&self) -> &str {
         self.lease.metadata.name.as_deref().unwrap_or("")
+    }
+
+    /// Why this slot is not one rebootd would hold, with `max` slots: its index is at or past
+    /// `max`, or it lacks the slot's role label. Such a slot counts as held (fail closed) and
+    /// is never anyone's to hold or adopt; its own holder may still free it.
+    pub(super) fn foreign(&self, max: u64) -> Option<String> {
+        let role = label(&self.lease.metadata, LABEL_ROLE);
+        if role != Some(ROLE_SLOT) {
+            return Some(format!(
+                "Lease {:?} is named as a slot but its label {LABEL_ROLE} is {role:?}",
+                self.name()
+            ));
+        }
+        (self.index >= max).then(|| format!("slot Lease {:?} is past max {max}", self.name()))
     }
 }
 

@@ -2,8 +2,9 @@
 //! `rebootd.io/paused` holds the pause (see [`crate::lock::pause`]); no such Lease, no pause. It
 //! carries the semaphore's label (role `pause`), so the waiters' one list and watch of the
 //! semaphore's Leases bring it (`acquire_unless_paused`); a paused node watches it by name.
-//! A pause Lease without the label (written before it had one) is still read and watched by
-//! name here, but a waiter does not see it: `group_pause` warns, and pausing again labels it.
+//! Only a Lease with the semaphore's label and role `pause` is a pause: one found by name
+//! without them (a forgery, or written by a rebootctl older than the labels) pauses nothing;
+//! `group_pause` warns, and pausing again labels it.
 //!
 //! `group_pause` reads it by a list of that one name, whose resourceVersion says where the read
 //! was even when there is no such Lease; a wait for the pause right after it watches from there
@@ -20,7 +21,7 @@ use kube::runtime::watcher;
 use super::super::pause::{self, GroupPause};
 use super::super::LockError;
 use super::calls::CallError;
-use super::{KubeLeaseSemaphore, LABEL_SEMAPHORE, ROLE_PAUSE};
+use super::{KubeLeaseSemaphore, LABEL_ROLE, LABEL_SEMAPHORE, ROLE_PAUSE};
 
 /// The annotation on `<name>-paused` holding the pause (JSON).
 pub const ANNOTATION_PAUSED: &str = "rebootd.io/paused";
@@ -40,6 +41,19 @@ impl KubeLeaseSemaphore {
         super::objects::label(&lease.metadata, LABEL_SEMAPHORE) == Some(self.name.as_str())
     }
 
+    /// The pause `lease` says, if it is this group's pause Lease: labelled as this semaphore's,
+    /// with role `pause` (a node identity may write neither, see the admission policy). By name
+    /// alone, a Lease any node may create would do: the control Lease of a semaphore named
+    /// `<name>-paused`.
+    pub(super) fn pause_in(&self, lease: &Lease) -> Option<GroupPause> {
+        let role = super::objects::label(&lease.metadata, LABEL_ROLE);
+        if self.labelled(lease) && role == Some(ROLE_PAUSE) {
+            pause_of(lease)
+        } else {
+            None
+        }
+    }
+
     /// The field selector of the pause Lease.
     fn pause_selector(&self) -> String {
         format!("metadata.name={}", self.pause_name())
@@ -53,9 +67,9 @@ impl KubeLeaseSemaphore {
             .call("reading the group's pause", self.leases.list(&lp))
             .await?;
         let found = list.items.first();
-        let pause = found.and_then(pause_of);
-        if let Some(lease) = found.filter(|l| pause.is_some() && !self.labelled(l)) {
-            tracing::warn!(namespace = %self.namespace, lease = ?lease.metadata.name, label = %self.selector, "the group's pause Lease lacks the semaphore's label (written by an older rebootctl): waiting nodes do not see it; run `rebootctl pause --group` again to label it");
+        let pause = found.and_then(|l| self.pause_in(l));
+        if let Some(lease) = found.filter(|l| pause.is_none() && pause_of(l).is_some()) {
+            tracing::warn!(namespace = %self.namespace, lease = ?lease.metadata.name, labels = ?lease.metadata.labels, "ignoring a pause on a Lease without this semaphore's labels ({LABEL_SEMAPHORE}={}, {LABEL_ROLE}={ROLE_PAUSE}): not written by rebootctl, or by one older than its labels; run `rebootctl pause --group` again to pause the group", self.name);
         }
         if let Some(rv) = list.metadata.resource_version.filter(|rv| !rv.is_empty()) {
             self.last_pause.set((pause.clone(), rv));
@@ -89,7 +103,7 @@ impl KubeLeaseSemaphore {
         let mut events = events.boxed();
         while let Some(event) = events.next().await {
             let now = match event {
-                Ok(WatchEvent::Added(l) | WatchEvent::Modified(l)) => pause_of(&l),
+                Ok(WatchEvent::Added(l) | WatchEvent::Modified(l)) => self.pause_in(&l),
                 Ok(WatchEvent::Deleted(_)) => None,
                 Ok(WatchEvent::Bookmark(_)) => continue,
                 Ok(WatchEvent::Error(s)) if s.code == 410 => return Ok(None),
@@ -197,11 +211,11 @@ impl KubeLeaseSemaphore {
                     continue;
                 }
                 Ok(watcher::Event::InitApply(l)) => {
-                    listed = Some(pause_of(&l));
+                    listed = Some(self.pause_in(&l));
                     continue;
                 }
                 Ok(watcher::Event::InitDone) => listed.take().flatten(),
-                Ok(watcher::Event::Apply(l)) => pause_of(&l),
+                Ok(watcher::Event::Apply(l)) => self.pause_in(&l),
                 Ok(watcher::Event::Delete(_)) => None,
                 Err(e) => {
                     return Err(self.unreachable(format!("watching Lease {name}: {e}")));

@@ -92,7 +92,8 @@ impl KubeLeaseSemaphore {
     pub(super) async fn report(&self, me: &Identity, phase: &str) -> Result<Reported, LockError> {
         if let Some(slot) = self.written.get() {
             let mine = SlotHolder::from_lease(&slot).filter(|h| {
-                h.machine_id.as_deref() == Some(me.id.as_str())
+                h.node == me.node
+                    && h.machine_id.as_deref() == Some(me.id.as_str())
                     && h.token.as_deref() == Some(me.token.as_str())
             });
             if let Some(h) = mine {
@@ -111,7 +112,7 @@ impl KubeLeaseSemaphore {
         self.update("report phase", |snap| {
             let proof = &proof;
             async move {
-                let Some((slot, h)) = snap.mine(me) else {
+                let Some((slot, h, _)) = snap.mine(me) else {
                     tracing::debug!(id = %me.id, phase, "not holding a slot; phase not recorded");
                     return Ok(true);
                 };

@@ -10,12 +10,14 @@ use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::coordination::v1::Lease;
 
+use super::super::arbiter::{self, Decision};
 use super::super::view::{Beat, HolderView, Ticket, View, WaiterView};
 use super::super::GroupPause;
-use super::objects::{annotation, Slot, SlotHolder};
+use super::objects::{annotation, label, Slot, SlotHolder};
 use super::pause::pause_of;
 use super::queue::{Waiter, ANNOTATION_WAITER_NODE};
 use super::*;
+use crate::text::clean;
 
 /// The semaphore's Leases, as listed (and watched).
 #[derive(Debug, Clone)]
@@ -40,11 +42,44 @@ impl Snapshot {
         self.held().count()
     }
 
-    /// The slot `me` holds: by machine id first, else by node name.
-    pub(super) fn mine(&self, me: &Identity) -> Option<(&Slot, &SlotHolder)> {
-        self.held()
-            .find(|(_, h)| h.machine_id.as_deref() == Some(me.id.as_str()))
-            .or_else(|| self.held().find(|(_, h)| h.node == me.node))
+    /// The slot that is `me`'s by the lock core's rule ([`arbiter::whose`]): held under my
+    /// node name (`holderIdentity`, the one field the admission policy binds to the writer),
+    /// not foreign; with the decision (held, to adopt, or another host's under my machine id).
+    pub(super) fn mine(&self, me: &Identity) -> Option<(&Slot, &SlotHolder, Decision)> {
+        let held: Vec<(&Slot, &SlotHolder)> = self.held().collect();
+        let views: Vec<HolderView> = held
+            .iter()
+            .map(|(slot, h)| self.holder_view(slot, h, None))
+            .collect();
+        let (i, decision) = arbiter::whose(&views, true, &me.as_me())?;
+        held.get(i).map(|(slot, h)| (*slot, *h, decision))
+    }
+
+    /// The slots held under node `node` (`holderIdentity`): the ones it may free.
+    pub(super) fn held_by_node<'a>(
+        &'a self,
+        node: &'a str,
+    ) -> impl Iterator<Item = (&'a Slot, &'a SlotHolder)> + 'a {
+        self.held().filter(move |(_, h)| h.node == node)
+    }
+
+    /// What the lock core sees of holder `h` of `slot`; `gone`: why its Node is known gone.
+    pub(super) fn holder_view(
+        &self,
+        slot: &Slot,
+        h: &SlotHolder,
+        gone: Option<String>,
+    ) -> HolderView {
+        HolderView {
+            id: h.id().to_owned(),
+            node: Some(h.node.clone()),
+            boot_id: h.boot_id.clone(),
+            phase: h.phase.clone(),
+            token: h.token.clone(),
+            beat: beat(&slot.lease),
+            gone,
+            foreign: slot.foreign(self.max),
+        }
     }
 
     pub(super) fn free(&self) -> i64 {
@@ -59,27 +94,20 @@ impl KubeLeaseSemaphore {
     /// waiter; anything else is ignored. `snap.max` is not recomputed.
     pub(super) fn put_lease(&self, snap: &mut Snapshot, lease: Lease) {
         let lease_name = lease.metadata.name.clone().unwrap_or_default();
-        if lease_name == self.name {
+        let role = label(&lease.metadata, LABEL_ROLE);
+        if lease_name == self.name && role == Some(ROLE_CONTROL) {
             snap.control = Some(lease);
-        } else if lease_name == self.pause_name() {
+        } else if lease_name == self.pause_name() && role == Some(ROLE_PAUSE) {
             snap.pause = pause_of(&lease).map(|p| {
                 let rv = lease.metadata.resource_version.clone().unwrap_or_default();
                 (p, rv)
             });
         } else if let Some(index) = self.slot_index(&lease_name) {
-            let holder = SlotHolder::from_lease(&lease);
-            snap.slots.insert(
-                index,
-                Slot {
-                    index,
-                    lease,
-                    holder,
-                },
-            );
-        } else if lease_name.starts_with(&self.waiter_prefix) {
+            snap.slots.insert(index, Slot::new(index, lease));
+        } else if lease_name.starts_with(&self.waiter_prefix) && role == Some(ROLE_WAITER) {
             snap.waiters.insert(lease_name, Waiter::from_lease(lease));
         } else {
-            tracing::debug!(lease = %lease_name, selector = %self.selector, "ignoring a Lease that is neither the control Lease, a slot, a waiter nor the pause");
+            tracing::warn!(lease = ?lease_name, role = ?role, selector = %self.selector, "ignoring a Lease of the semaphore whose name and role label do not agree (not written by rebootd)");
         }
     }
 
@@ -96,10 +124,12 @@ impl KubeLeaseSemaphore {
         }
     }
 
-    /// The number of slots `snap` says. A control Lease whose max does not parse is
-    /// [`LockError::Corrupt`].
+    /// The number of slots `snap` says. A control Lease whose max does not parse is reported
+    /// by name and the last valid max this process read is used; without one it is
+    /// [`LockError::Corrupt`] (wait: the slot count is unknown).
     pub(super) fn max_of(&self, snap: &Snapshot) -> Result<u64, LockError> {
-        match &snap.control {
+        use std::sync::atomic::Ordering::Relaxed;
+        let read = match &snap.control {
             None => Ok((snap.slots.len() as u64).max(DEFAULT_MAX)),
             Some(c) => match annotation(c, ANNOTATION_MAX) {
                 None => Err(self.corrupt(
@@ -111,29 +141,43 @@ impl KubeLeaseSemaphore {
                     .parse::<u64>()
                     .map_err(|e| self.corrupt(v, format!("not a number of slots: {e}"))),
             },
+        };
+        match read {
+            Ok(max) => {
+                if snap.control.is_some() {
+                    self.known_max.store(max, Relaxed);
+                }
+                Ok(max)
+            }
+            Err(e) => match self.known_max.load(Relaxed) {
+                NO_MAX => Err(e),
+                known => {
+                    tracing::warn!(namespace = %self.namespace, lease = %self.name, error = %e, max = known, "the control Lease is unreadable; going on with the last max read from it (an administrator fixes it with `rebootctl set-max`)");
+                    Ok(known)
+                }
+            },
         }
     }
 
-    /// Whether `me` holds a slot in `snap`: one with its machine id (or node name) whose token,
-    /// if it has one, is `me`'s.
+    /// Whether `me` holds a slot in `snap`, by the lock core's rule (held, or to adopt: a slot
+    /// of my node without a token); another host's under my machine id is lost.
     pub(super) fn fence_of(&self, snap: &Snapshot, me: &Identity) -> Fence {
         match snap.mine(me) {
             None => Fence::Lost {
                 why: format!(
-                    "no slot of Leases {}/{}* is held by {} ({})",
+                    "no slot of Leases {}/{}* is held by node {} ({})",
                     self.namespace, self.name, me.node, me.id
                 ),
             },
-            Some((slot, h)) => match h.token.as_deref() {
-                Some(t) if t != me.token => Fence::Lost {
-                    why: format!(
-                        "slot Lease {} is held by another host under this machine id or node \
-                         name (holder token {t}, ours {})",
-                        slot.name(),
-                        me.token
-                    ),
-                },
-                _ => Fence::Held,
+            Some((_, _, Decision::Held | Decision::Adopt { .. })) => Fence::Held,
+            Some((slot, h, _)) => Fence::Lost {
+                why: format!(
+                    "slot Lease {} is held by another host under this node and machine id \
+                     (holder token {}, ours {})",
+                    slot.name(),
+                    clean(h.token.as_deref().unwrap_or("")),
+                    me.token
+                ),
             },
         }
     }
@@ -185,17 +229,14 @@ impl KubeLeaseSemaphore {
         let max = self.max_of(snap)?;
         let holders = snap
             .held()
-            .map(|(slot, h): (&Slot, &SlotHolder)| HolderView {
-                id: h.id().to_owned(),
-                node: Some(h.node.clone()),
-                boot_id: h.boot_id.clone(),
-                phase: h.phase.clone(),
-                token: h.token.clone(),
-                beat: beat(&slot.lease),
-                gone: gone
+            .map(|(slot, h): (&Slot, &SlotHolder)| {
+                let gone = gone
                     .get(&h.node)
                     .filter(|(uid, _)| h.node_uid.as_ref() == Some(uid))
-                    .map(|(_, why)| why.clone()),
+                    .map(|(_, why)| why.clone());
+                let mut v = snap.holder_view(slot, h, gone);
+                v.foreign = slot.foreign(max);
+                v
             })
             .collect();
         let mut waiters: Vec<WaiterView> = snap
@@ -316,7 +357,8 @@ mod tests {
         assert_eq!(order, vec![("node-b", false), ("node-c", true)]);
         assert_eq!(v.waiters[0].beat, Beat::Revision("8".into()));
 
-        // A holder without a node uid is never gone; a corrupt max is an error.
+        // A holder without a node uid is never gone; a corrupt max is the last valid one read,
+        // or an error when none was.
         let ghost = KubeLeaseSemaphore::taken(&s.free_slot_lease(1), &me("g"), t0, None);
         s.put_lease(&mut snap, with_rv(ghost, "10"));
         let gone = HashMap::from([
@@ -331,9 +373,83 @@ mod tests {
         let mut bad = s.control_lease(2);
         bad.metadata.annotations = None;
         s.put_lease(&mut snap, bad);
+        assert_eq!(s.view(&snap, "", &gone).unwrap().max, 2);
+        let fresh = KubeLeaseSemaphore::new(s.leases.clone().into_client(), &settings, None);
         assert!(matches!(
-            s.view(&snap, "", &gone),
+            fresh.view(&snap, "", &gone),
             Err(LockError::Corrupt { .. })
         ));
+    }
+
+    /// What rebootd did not write is never mine: a slot past max or without the slot role
+    /// (counted as held), a pause or control Lease without its role; ownership is the
+    /// `holderIdentity`, whatever machine id or token a Lease carries.
+    #[tokio::test]
+    async fn only_what_the_api_server_authenticated_makes_a_slot_mine() {
+        let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        let settings = config::KubeLease {
+            namespace: "ns".into(),
+            name: "reboot".into(),
+            kubeconfig: None,
+        };
+        let s = KubeLeaseSemaphore::new(client, &settings, None);
+        let t0 = jiff::Timestamp::from_second(1_700_000_000).unwrap();
+        let victim = me("v");
+        let mut snap = Snapshot::empty();
+        s.put_lease(&mut snap, with_rv(s.control_lease(1), "1"));
+        snap.max = 1;
+        // Node x writes the victim's machine id and token on slots it holds: one below max, one
+        // past it.
+        let forged = |index: u64| {
+            let mut l = KubeLeaseSemaphore::taken(&s.free_slot_lease(index), &victim, t0, None);
+            l.spec.as_mut().unwrap().holder_identity = Some("node-x".into());
+            l
+        };
+        s.put_lease(&mut snap, with_rv(forged(0), "2"));
+        s.put_lease(&mut snap, with_rv(forged(7), "3"));
+        assert!(snap.mine(&victim).is_none());
+        assert!(matches!(s.fence_of(&snap, &victim), Fence::Lost { .. }));
+        let v = s.view(&snap, "", &HashMap::new()).unwrap();
+        assert_eq!(v.holders.len(), 2, "both count as held");
+        let foreign: Vec<Option<&str>> = v.holders.iter().map(|h| h.foreign.as_deref()).collect();
+        assert_eq!(foreign[0], None);
+        assert!(foreign[1].unwrap().contains("past max 1"), "{foreign:?}");
+        assert_eq!(v.free(), -1);
+
+        // My own node's slot is mine (held, or to adopt without a token), even past max it is
+        // not: there it only counts.
+        let mut mine = s.free_slot_lease(0);
+        mine = KubeLeaseSemaphore::taken(&mine, &victim, t0, None);
+        s.put_lease(&mut snap, with_rv(mine, "4"));
+        assert!(matches!(snap.mine(&victim), Some((_, _, Decision::Held))));
+        assert_eq!(s.fence_of(&snap, &victim), Fence::Held);
+        let mut unlabelled = KubeLeaseSemaphore::taken(&s.free_slot_lease(0), &victim, t0, None);
+        unlabelled
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .remove(LABEL_ROLE);
+        s.put_lease(&mut snap, with_rv(unlabelled, "5"));
+        assert!(snap.mine(&victim).is_none(), "a slot without its role");
+
+        // A control Lease or a pause without its role is neither.
+        let mut snap = Snapshot::empty();
+        let mut control = s.control_lease(3);
+        control.metadata.labels.as_mut().unwrap().remove(LABEL_ROLE);
+        s.put_lease(&mut snap, control);
+        assert!(snap.control.is_none());
+        let mut pause = s.control_lease(1);
+        pause.metadata.name = Some(s.pause_name());
+        pause.metadata.annotations.as_mut().unwrap().insert(
+            super::super::pause::ANNOTATION_PAUSED.to_owned(),
+            r#"{"since":"2026-01-01T00:00:00Z","reason":"forged"}"#.to_owned(),
+        );
+        s.put_lease(&mut snap, pause.clone());
+        assert!(snap.pause.is_none(), "a pause Lease with role control");
+        assert!(s.pause_in(&pause).is_none());
+        pause.metadata.labels = Some(s.labels(ROLE_PAUSE, None));
+        assert!(s.pause_in(&pause).is_some());
     }
 }
