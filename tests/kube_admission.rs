@@ -400,6 +400,10 @@ fn the_slot_count_is_never_a_nodes() {
     let p = Policy::load();
     allowed(&p, &create(me(), LEASES, &control("1")));
     denied(&p, &create(me(), LEASES, &control("5")), "rebootd.io/max");
+    // A control Lease without a max would make the group read as broken.
+    let mut no_max = control("1");
+    no_max["metadata"]["annotations"] = json!({});
+    denied(&p, &create(me(), LEASES, &no_max), "rebootd.io/max 1");
     denied(
         &p,
         &update(me(), LEASES, &control("1"), &control("9")),
@@ -555,31 +559,11 @@ fn events_and_pod_deletes_only_about_its_own_node() {
 
 // --- End to end: what rebootd really sends, through the policy -------------------------------
 
+use admission::enforcing;
 use common::{drain_opts, kube_cluster, ready_fleet, web_under_budget};
 use rebootd_lab::fleet::{FleetLock, FleetOptions};
-use rebootd_lab::kube_api::Admission;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-/// Every AdmissionRequest the stand-in saw, with the policy's answer.
-type Reviewed = Arc<Mutex<Vec<(Value, Result<bool, String>)>>>;
-
-/// An admission hook that enforces the policy and records what it decided.
-fn enforcing() -> (Admission, Reviewed) {
-    let seen: Reviewed = Arc::default();
-    let log = seen.clone();
-    // The CEL programs are not shared across threads: one compiled policy per thread.
-    thread_local! {
-        static POLICY: Policy = Policy::load();
-    }
-    let hook = Admission::new(move |req: &Value| {
-        let verdict = POLICY.with(|p| p.admit(req));
-        log.lock().unwrap().push((req.clone(), verdict.clone()));
-        verdict.map(|_| ())
-    });
-    (hook, seen)
-}
 
 /// Three nodes, each its own identity, roll a reboot through the Lease semaphore (max 1) with
 /// ReplicaSet pods under a PodDisruptionBudget, with the policy enforced on every write: every

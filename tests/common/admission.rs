@@ -254,3 +254,22 @@ pub fn request(
         "options": {},
     })
 }
+
+/// Every AdmissionRequest the stand-in saw, with the policy's answer.
+pub type Reviewed = Arc<std::sync::Mutex<Vec<(Value, Result<bool, String>)>>>;
+
+/// An admission hook for the API stand-in that enforces the policy and records what it decided.
+pub fn enforcing() -> (rebootd_lab::kube_api::Admission, Reviewed) {
+    let seen: Reviewed = Arc::default();
+    let log = seen.clone();
+    // The CEL programs are not shared across threads: one compiled policy per thread.
+    thread_local! {
+        static POLICY: Policy = Policy::load();
+    }
+    let hook = rebootd_lab::kube_api::Admission::new(move |req: &Value| {
+        let verdict = POLICY.with(|p| p.admit(req));
+        log.lock().unwrap().push((req.clone(), verdict.clone()));
+        verdict.map(|_| ())
+    });
+    (hook, seen)
+}
