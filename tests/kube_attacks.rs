@@ -247,3 +247,61 @@ async fn a_node_cannot_create_a_control_lease_without_a_max() {
         .await
         .expect("a control Lease with max 1, as the first rebootd writes it");
 }
+
+/// Every test the threat table in `deploy/kubernetes/README.md` names exists, so the table
+/// cannot point at nothing.
+#[test]
+fn the_threat_table_names_tests_that_exist() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("deploy/kubernetes/README.md")).unwrap();
+    let table: Vec<&str> = readme
+        .lines()
+        .skip_while(|l| !l.starts_with("## What a stolen node credential"))
+        .take_while(|l| !l.starts_with("### "))
+        .filter(|l| l.starts_with("| "))
+        .collect();
+    assert!(table.len() > 10, "the table is gone");
+    let mut named = 0;
+    for cell in table
+        .iter()
+        .filter_map(|l| l.trim_end_matches('|').rsplit('|').next())
+    {
+        for reference in cell.split('`').skip(1).step_by(2) {
+            let parts: Vec<&str> = reference.split("::").collect();
+            let (file, name) = match parts.as_slice() {
+                [f @ ("kube_admission" | "kube_attacks"), n] => (format!("tests/{f}.rs"), *n),
+                ["arbiter", "tests", n] => ("src/lock/arbiter/tests.rs".to_owned(), *n),
+                ["kube_lease", "snapshot", "tests", n] => {
+                    ("src/lock/kube_lease/snapshot.rs".to_owned(), *n)
+                }
+                ["text", "tests"] => ("src/text.rs".to_owned(), "mod tests"),
+                [n] if !n.contains(' ')
+                    && n.chars().all(|c| c.is_ascii_lowercase() || c == '_') =>
+                {
+                    // A bare name continues the file named before it in the cell.
+                    let file = cell
+                        .split('`')
+                        .skip(1)
+                        .step_by(2)
+                        .filter_map(|r| r.split_once("::").map(|(f, _)| f))
+                        .next()
+                        .unwrap_or("kube_admission");
+                    (format!("tests/{file}.rs"), *n)
+                }
+                _ => panic!("unknown reference `{reference}` in the threat table"),
+            };
+            let text = std::fs::read_to_string(root.join(&file)).unwrap();
+            let needle = if name == "mod tests" {
+                name.to_owned()
+            } else {
+                format!("fn {name}(")
+            };
+            assert!(
+                text.contains(&needle),
+                "the threat table names {name} in {file}: no such test"
+            );
+            named += 1;
+        }
+    }
+    assert!(named >= 12, "only {named} tests named");
+}

@@ -303,17 +303,21 @@ fn log_waiting(
     if logged.as_ref() == Some(&state) {
         return;
     }
-    let nodes: Vec<(&str, Option<&str>)> = view
+    // What the store says of each holder, bounded: any node may write it.
+    let nodes: Vec<(String, Option<String>)> = view
         .holders
         .iter()
-        .map(|h| (h.node.as_deref().unwrap_or(&h.id), h.phase.as_deref()))
+        .map(|h| {
+            let who = crate::text::clean(h.node.as_deref().unwrap_or(&h.id));
+            (who, h.phase.as_deref().map(crate::text::clean))
+        })
         .collect();
     tracing::info!(
         target = %settings.target,
         id = %me.id,
         free = view.free(),
         max = view.max,
-        holders = ?state.1,
+        holders = ?state.1.iter().map(|id| crate::text::clean(id)).collect::<Vec<_>>(),
         nodes = ?nodes,
         waiters_ahead = behind,
         position = behind + 1,

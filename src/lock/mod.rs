@@ -34,6 +34,8 @@ pub mod recent;
 pub mod retry;
 pub mod view;
 
+use crate::text::clean;
+
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -98,17 +100,20 @@ pub struct SemaphoreStatus {
     pub holders: Vec<Holder>,
 }
 
-/// Errors of every lock backend. Each names what it was talking to.
+/// Errors of every lock backend. Each names what it was talking to. What a store or server
+/// said (reasons, values) is shown bounded and escaped ([`crate::text::clean`]).
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
-    #[error("cannot reach {backend} at {target}: {reason}")]
+    #[error("cannot reach {backend} at {target}: {}", clean(.reason))]
     Unreachable {
         backend: &'static str,
         target: String,
         reason: String,
     },
     #[error(
-        "semaphore document at {key} does not parse ({reason}); refusing to touch it: {value}"
+        "semaphore document at {key} does not parse ({}); refusing to touch it: {}",
+        clean(.reason),
+        clean(.value)
     )]
     Corrupt {
         key: String,
@@ -117,9 +122,9 @@ pub enum LockError {
     },
     #[error("set-max {requested} refused: {holders} holders hold slots now (use --force)")]
     MaxBelowHolders { requested: u64, holders: usize },
-    #[error("{0}")]
+    #[error("{}", clean(.0))]
     Refused(String),
-    #[error("{backend} error: {reason}")]
+    #[error("{backend} error: {}", clean(.reason))]
     Backend {
         backend: &'static str,
         reason: String,
