@@ -319,8 +319,8 @@ mod tests {
         l
     }
 
-    #[tokio::test]
-    async fn the_view_beats_by_resource_version_and_queues_by_acquire_time() {
+    /// Semaphore `reboot` in namespace `ns`, on a client that is never called.
+    fn semaphore() -> KubeLeaseSemaphore {
         let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
         let client = kube::Client::try_from(config).unwrap();
         let settings = config::KubeLease {
@@ -328,7 +328,12 @@ mod tests {
             name: "reboot".into(),
             kubeconfig: None,
         };
-        let s = KubeLeaseSemaphore::new(client, &settings, None);
+        KubeLeaseSemaphore::new(client, &settings, None)
+    }
+
+    #[tokio::test]
+    async fn the_view_beats_by_resource_version_and_queues_by_acquire_time() {
+        let s = semaphore();
         let t0 = jiff::Timestamp::from_second(1_700_000_000).unwrap();
         let mut snap = Snapshot::empty();
         s.put_lease(&mut snap, with_rv(s.control_lease(2), "1"));
@@ -374,7 +379,7 @@ mod tests {
         bad.metadata.annotations = None;
         s.put_lease(&mut snap, bad);
         assert_eq!(s.view(&snap, "", &gone).unwrap().max, 2);
-        let fresh = KubeLeaseSemaphore::new(s.leases.clone().into_client(), &settings, None);
+        let fresh = semaphore();
         assert!(matches!(
             fresh.view(&snap, "", &gone),
             Err(LockError::Corrupt { .. })
@@ -386,14 +391,7 @@ mod tests {
     /// `holderIdentity`, whatever machine id or token a Lease carries.
     #[tokio::test]
     async fn only_what_the_api_server_authenticated_makes_a_slot_mine() {
-        let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
-        let client = kube::Client::try_from(config).unwrap();
-        let settings = config::KubeLease {
-            namespace: "ns".into(),
-            name: "reboot".into(),
-            kubeconfig: None,
-        };
-        let s = KubeLeaseSemaphore::new(client, &settings, None);
+        let s = semaphore();
         let t0 = jiff::Timestamp::from_second(1_700_000_000).unwrap();
         let victim = me("v");
         let mut snap = Snapshot::empty();
