@@ -40,6 +40,10 @@ const DEFAULT_REBOOT_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 const DEFAULT_REBOOT_RETRY: Duration = Duration::from_secs(60);
 /// Locksmith gives logged-in users 5 minutes; Zincati postpones up to 10.
 const DEFAULT_USERS_WARNING: Duration = Duration::from_secs(300);
+/// How long a host is down in a reboot: bare-metal firmware (memory training, RAID and network
+/// option ROMs) takes minutes, then the boot and rebootd's start. Nothing beats meanwhile, so
+/// `lock.max_hold` must cover it.
+const DEFAULT_BOOT_TIME: Duration = Duration::from_secs(10 * 60);
 
 /// Errors that stop rebootd before it does anything. Each names the file, key and value.
 #[derive(Debug, thiserror::Error)]
@@ -240,6 +244,9 @@ pub struct Reboot {
     /// When people are logged in, the time between logind's announcement and the reboot
     /// (zero: no warning, no wait). See `users`.
     pub users_warning: Duration,
+    /// How long the host may be down, from going down until rebootd runs again (firmware,
+    /// boot, start); counted in `lock.max_hold`.
+    pub boot_time: Duration,
 }
 
 impl Config {
@@ -542,6 +549,10 @@ fn validate(
             .users_warning
             .map(|d| d.0)
             .unwrap_or(DEFAULT_USERS_WARNING),
+        boot_time: reboot_in
+            .boot_time
+            .map(|d| d.0)
+            .unwrap_or(DEFAULT_BOOT_TIME),
         coordinator_file: match reboot_in.coordinator_file {
             Some(p) if p.as_os_str().is_empty() => None,
             Some(p) => Some(p),
@@ -665,7 +676,8 @@ fn validate_lock(
 }
 
 /// `lock.max_hold` must outlast everything a live holder may do without beating: the drain,
-/// the reboot (the host is down, nothing beats), the wait for Ready and the settle time.
+/// the reboot and the boot (the host is down, nothing beats), the wait for Ready and the settle
+/// time.
 /// Shorter, a slow but live holder could lose its slot to a waiter.
 fn check_max_hold(
     lock: &Lock,
@@ -679,6 +691,9 @@ fn check_max_hold(
     };
     let fmt = |d: Duration| humantime::format_duration(d).to_string();
     let mut parts = vec![("reboot.timeout", reboot.timeout)];
+    if !reboot.boot_time.is_zero() {
+        parts.push(("reboot.boot_time", reboot.boot_time));
+    }
     if !reboot.users_warning.is_zero() {
         parts.insert(0, ("reboot.users_warning", reboot.users_warning));
     }
@@ -705,8 +720,9 @@ fn check_max_hold(
         key: "lock.max_hold".into(),
         value: format!("\"{}\"", fmt(max_hold)),
         reason: format!(
-            "must be at least {sum} = {}: a holder that is draining, rebooting or waiting for \
-             Ready is alive, and a shorter max_hold would let another node take its slot",
+            "must be at least {sum} = {}: a holder that is draining, rebooting, booting or \
+             waiting for Ready is alive, and a shorter max_hold would let another node take its \
+             slot",
             fmt(total)
         ),
     })

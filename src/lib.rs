@@ -7,6 +7,7 @@
 pub mod agent;
 pub mod app_id;
 pub mod check;
+pub mod child;
 pub mod config;
 pub mod control;
 pub mod coordinator;

@@ -397,6 +397,9 @@ impl Runtime {
         self,
         shutdown: impl std::future::Future<Output = ()>,
     ) -> Result<(), RuntimeError> {
+        // When the slot's record was last made fresh, across actions (see `heartbeat`).
+        let last_beat = std::sync::Mutex::new(None);
+        let mut state = self.load_and_beat(&last_beat).await?;
         let (tx, mut needs) = mpsc::channel(16);
         let triggers = trigger::spawn_all(&self.config.triggers, &self.store.request_path(), tx);
         let listening = futures_util::future::join_all(triggers.ready);
@@ -406,17 +409,6 @@ impl Runtime {
         {
             warn!("not every trigger listens after {TRIGGERS_READY:?}; starting anyway");
         }
-        let now = Timestamp::now();
-        let mut state = match self.store.load()? {
-            Some(state) => state,
-            None => {
-                let state = State::new(&self.me.boot_id, now);
-                let path = self.store.path().display().to_string();
-                info!(%path, "no state file yet at {path}; starting idle");
-                self.store.save(&state)?;
-                state
-            }
-        };
         state = self
             .apply(
                 state,
@@ -430,8 +422,6 @@ impl Runtime {
         let mut inbox = control::Inbox::open(&self.store);
         tokio::pin!(shutdown);
         let mut last_noted: Option<String> = None;
-        // When the slot's record was last made fresh, across actions (see `heartbeat`).
-        let last_beat = std::sync::Mutex::new(None);
         let result = 'run: loop {
             // The loop came round: it is alive. While an action waits the watchdog is fed from
             // here too; a call that hangs is not fed, so systemd restarts the daemon.
@@ -514,6 +504,31 @@ impl Runtime {
             t.abort();
         }
         result
+    }
+
+    /// The state on record (idle when there is none), and a holder's first act: a beat. The
+    /// host was down, or rebootd stopped, since the last one, and every waiter's count of
+    /// `lock.max_hold` ran meanwhile; nothing that can take long (the triggers' start, the Node's
+    /// annotations, the wait for Ready, the checks after the boot) comes before it.
+    async fn load_and_beat(
+        &self,
+        last_beat: &std::sync::Mutex<Option<std::time::Instant>>,
+    ) -> Result<State, RuntimeError> {
+        let state = match self.store.load()? {
+            Some(state) => state,
+            None => {
+                let state = State::new(&self.me.boot_id, Timestamp::now());
+                let path = self.store.path().display().to_string();
+                info!(%path, "no state file yet at {path}; starting idle");
+                self.store.save(&state)?;
+                state
+            }
+        };
+        if state.slot_held && self.semaphore.heartbeat_every().is_some() {
+            info!("holding a slot: showing the lock store this node is alive first");
+            self.beat(last_beat).await;
+        }
+        Ok(state)
     }
 
     /// Step, log, persist, publish.

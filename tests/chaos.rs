@@ -135,7 +135,7 @@ async fn chaos_trials_etcd_v2() {
 }
 
 /// One trial of the hard faults: 4 nodes, max 1, `max_hold` 16 s (drain 7 s + reboot 4 s +
-/// ready 4 s = 15 s, as rebootd requires) and one node's clock hours off (libfaketime); with
+/// boot 0.3 s + ready 4 s = 15.3 s, as rebootd requires) and one node's clock hours off (libfaketime); with
 /// `cut_off`, one node's store traffic is cut by a lab proxy (blackhole or reset) too.
 async fn hard_trial(backend: Backend, seed: u64, cut_off: bool) -> chaos::Stats {
     let opts = ChaosOptions {
@@ -213,7 +213,8 @@ fn a_max_hold_shorter_than_drain_reboot_and_ready_is_refused_before_any_trial() 
     };
     let e = opts.check().unwrap_err();
     assert!(e.contains("--max-hold 14s is shorter than"), "{e}");
-    assert!(e.contains("= 15s"), "{e}");
+    assert!(e.contains("--reboot-time 300ms"), "{e}");
+    assert!(e.contains("= 15.3s"), "{e}");
 }
 
 /// Not a test by itself: the tests below run this test binary again with only this test and

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Node as KubeNode;
 use kube::api::{Api, WatchEvent, WatchParams};
 use rebootd::state::Phase;
 use rebootd_lab::etcd::EtcdVersion;
-use rebootd_lab::fleet::{Fleet, FleetLock};
+use rebootd_lab::fleet::{Fleet, FleetEvent, FleetLock};
 use rebootd_lab::kube_api::{FaultRule, Kind};
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -148,6 +148,68 @@ async fn a_node_patch_without_an_answer_is_given_up_and_the_cycle_ends() {
         "{st}"
     );
     assert!(!unschedulable(&fleet, "node-1"));
+}
+
+/// The mod revision of `key` in the fleet's etcd (`None`: no such key).
+async fn revision(etcd: &mut etcd_client::Client, key: &str) -> Option<i64> {
+    let got = etcd.get(key, None).await.expect("etcd get");
+    got.kvs().first().map(|kv| kv.mod_revision())
+}
+
+/// After the boot, a holder's first act is a beat: its record in the lock store gets a new
+/// revision before anything that can take long. Here the first Kubernetes call after the boot,
+/// the Node annotation of the step to `waiting_for_healthy`, gets no answer (rebootd gives it up
+/// after its 10 s limit), and the wait for Ready comes after it; with `max_hold`, every waiter
+/// has been counting since the beat before the reboot, the host's whole time down.
+#[tokio::test]
+async fn after_the_boot_a_holder_beats_before_anything_that_can_take_long() {
+    let mut opts = drain_opts(1, 1, FleetLock::Etcd(EtcdVersion::V34));
+    // A beat every 7.5 min: within the test, none comes by the timer.
+    opts.lock_config = "max_hold = \"1h\"\n".into();
+    // Down long enough to read the record as the reboot left it.
+    opts.reboot_time = Duration::from_secs(2);
+    let fleet = ready_fleet(opts).await;
+    let cluster = kube_cluster(&fleet);
+    cluster.faults().inject(
+        FaultRule::hang("/api/v1/nodes/node-1", Duration::from_secs(120), 1)
+            .method("PATCH")
+            .body_contains("\"waiting_for_healthy\""),
+    );
+    let (log, key) = {
+        let node = fleet.nodes[0].lock().await;
+        let key = rebootd::lock::document::holder_record_key("default", &node.machine_id);
+        (node.log_path(), key)
+    };
+    let endpoint = fleet.etcd.as_ref().unwrap().endpoint();
+    let mut etcd = etcd_client::Client::connect([endpoint], None)
+        .await
+        .unwrap();
+    let mut events = fleet.subscribe();
+    need_reboot(&fleet, 0, "1").await;
+    tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            match events.recv().await {
+                Ok(FleetEvent::RebootRequested { node, .. }) if node == "node-1" => return,
+                Ok(_) => continue,
+                Err(e) => panic!("fleet events: {e}"),
+            }
+        }
+    })
+    .await
+    .expect("node-1 asks for its reboot");
+    let before = revision(&mut etcd, &key).await.expect("node-1's record");
+    // Logged right before the step's annotation, the call that hangs.
+    log_line_at("node-1", &log, &["rebooting → waiting_for_healthy"], WAIT).await;
+    let after = revision(&mut etcd, &key).await.expect("node-1's record");
+    assert!(
+        after > before,
+        "node-1's record unchanged (mod revision {before}) when it went on after the boot"
+    );
+    fleet
+        .wait_rolled(Duration::from_secs(60))
+        .await
+        .expect("node-1 completes its reboot");
+    assert_eq!(cluster.faults().pending(), 0, "the annotation was held");
 }
 
 #[tokio::test]

@@ -132,9 +132,11 @@ impl Node {
         std::fs::write(dir.path().join("boot_id"), format!("{}\n", random_id()))
             .map_err(|e| io("boot_id", e))?;
         std::fs::create_dir_all(dir.path().join("state")).map_err(|e| io("state dir", e))?;
+        // A lab "reboot" restarts rebootd: the node is down well under the boot time said
+        // (which counts in lock.max_hold); a trial that keeps nodes down longer says so.
         let lab_config = format!(
             "[identity]\nnode_name = {name:?}\nmachine_id_file = {mid:?}\nboot_id_file = {bid:?}\n\n\
-             [reboot]\nretry_interval = \"1s\"\ncoordinator_file = {cf:?}\n",
+             [reboot]\nretry_interval = \"1s\"\ncoordinator_file = {cf:?}\nboot_time = \"1s\"\n",
             name = opts.name,
             mid = dir.path().join("machine-id"),
             bid = dir.path().join("boot_id"),

@@ -179,4 +179,5 @@ pub(super) struct RebootInput {
     pub retry_interval: Option<HumanDuration>,
     pub coordinator_file: Option<PathBuf>,
     pub users_warning: Option<HumanDuration>,
+    pub boot_time: Option<HumanDuration>,
 }

@@ -183,6 +183,40 @@ fn durations_under_their_bounds_name_file_key_and_value() {
 }
 
 #[test]
+fn a_boot_time_over_two_hours_is_refused_naming_file_key_and_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = write(&dir, "b.toml", "[reboot]\nboot_time = \"3h\"\n");
+    let err = Config::load(std::slice::from_ref(&a))
+        .unwrap_err()
+        .to_string();
+    for needle in [
+        &a.display().to_string(),
+        "reboot.boot_time",
+        "\"3h\"",
+        "must be at most 2h",
+    ] {
+        assert!(err.contains(needle), "{needle}: {err}");
+    }
+    for ok in ["0s", "2h"] {
+        let a = write(
+            &dir,
+            "ok.toml",
+            &format!("[reboot]\nboot_time = \"{ok}\"\n"),
+        );
+        assert_eq!(
+            Config::load(&[a]).unwrap().reboot.boot_time,
+            humantime::parse_duration(ok).unwrap()
+        );
+    }
+    let none = write(&dir, "none.toml", "");
+    assert_eq!(
+        Config::load(&[none]).unwrap().reboot.boot_time,
+        Duration::from_secs(600),
+        "10 minutes unless configured"
+    );
+}
+
+#[test]
 fn etcd_api_is_v3_unless_v2_is_asked_for() {
     let dir = tempfile::tempdir().unwrap();
     let base = "[lock]\nbackend = \"etcd\"\n[lock.etcd]\nendpoints = [\"http://127.0.0.1:2379\"]\n";
@@ -229,7 +263,7 @@ fn the_backend_carries_its_settings() {
 }
 
 #[test]
-fn max_hold_shorter_than_drain_reboot_and_ready_is_refused_naming_them() {
+fn max_hold_shorter_than_drain_reboot_boot_and_ready_is_refused_naming_them() {
     let dir = tempfile::tempdir().unwrap();
     let a = write(
         &dir,
@@ -247,7 +281,9 @@ fn max_hold_shorter_than_drain_reboot_and_ready_is_refused_naming_them() {
         "kubernetes.ready_timeout (15m)",
         // Logged-in users are given 5 minutes by default: a holder waiting for them is alive.
         "reboot.users_warning (5m)",
-        "= 1h",
+        // The host is down meanwhile (10 minutes by default): nothing beats.
+        "reboot.boot_time (10m)",
+        "= 1h 10m",
         &a.display().to_string(),
     ] {
         assert!(err.contains(needle), "{needle}: {err}");
@@ -255,20 +291,30 @@ fn max_hold_shorter_than_drain_reboot_and_ready_is_refused_naming_them() {
     let ok = write(
         &dir,
         "n.toml",
-        "[lock]\nmax_hold = \"1h\"\n[kubernetes]\ndrain_timeout = \"30m\"\nready_timeout = \"15m\"\n[reboot]\ntimeout = \"10m\"\n",
+        "[lock]\nmax_hold = \"70m\"\n[kubernetes]\ndrain_timeout = \"30m\"\nready_timeout = \"15m\"\n[reboot]\ntimeout = \"10m\"\n",
     );
     assert!(Config::load(&[ok]).is_ok());
+    let fast_boot = write(
+        &dir,
+        "q.toml",
+        "[lock]\nmax_hold = \"1h\"\n[kubernetes]\ndrain_timeout = \"30m\"\nready_timeout = \"15m\"\n[reboot]\ntimeout = \"10m\"\nboot_time = \"0s\"\n",
+    );
+    assert!(
+        Config::load(&[fast_boot]).is_ok(),
+        "no boot time, none counted"
+    );
     let off = write(
         &dir,
         "p.toml",
-        "[lock]\nmax_hold = \"55m\"\n[kubernetes]\ndrain_timeout = \"30m\"\nready_timeout = \"15m\"\n[reboot]\ntimeout = \"10m\"\nusers_warning = \"0s\"\n",
+        "[lock]\nmax_hold = \"65m\"\n[kubernetes]\ndrain_timeout = \"30m\"\nready_timeout = \"15m\"\n[reboot]\ntimeout = \"10m\"\nusers_warning = \"0s\"\n",
     );
     assert!(Config::load(&[off]).is_ok(), "no warning, no time for it");
     // Without [kubernetes] there is no drain and no wait for Ready: the reboot timeout only.
     let a = write(&dir, "o.toml", "[lock]\nmax_hold = \"5m\"\n");
     let err = Config::load(&[a]).unwrap_err().to_string();
     assert!(
-        err.contains("reboot.timeout (10m)") && !err.contains("drain_timeout"),
+        err.contains("reboot.timeout (10m) + reboot.boot_time (10m)")
+            && !err.contains("drain_timeout"),
         "{err}"
     );
 }
@@ -554,7 +600,7 @@ fn checks_after_the_boot_and_the_settle_time() {
     let d = write(
         &dir,
         "d.toml",
-        "[lock]\nmax_hold = \"11m\"\n[gates]\nsettle = \"2m\"\n",
+        "[lock]\nmax_hold = \"21m\"\n[gates]\nsettle = \"2m\"\n",
     );
     let err = Config::load(&[d]).unwrap_err().to_string();
     assert!(err.contains("gates.settle (2m)"), "{err}");

@@ -15,24 +15,57 @@ pub async fn run(cmd: Vec<String>, interval: Duration, tx: mpsc::Sender<Need>, r
     loop {
         ticker.tick().await;
         // A command that hangs must not stop later checks: give it one interval at most.
-        let child = tokio::process::Command::new(&cmd[0])
-            .args(&cmd[1..])
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .status();
-        match tokio::time::timeout(interval, child).await {
-            Ok(Ok(status)) if status.success() => {
+        match crate::child::run(&cmd, interval).await {
+            Ok(out) if out.status.success() => {
                 let need = Need::new(TriggerSource::SentinelCommand, format!("{cmd:?} exited 0"));
                 if tx.send(need).await.is_err() {
                     return;
                 }
             }
-            Ok(Ok(status)) => debug!(command = ?cmd, %status, "sentinel command: no reboot needed"),
-            Ok(Err(e)) => warn!(command = ?cmd, error = %e, "cannot run the sentinel command"),
-            Err(_) => {
-                warn!(command = ?cmd, timeout = ?interval, "sentinel command timed out; killed")
-            }
+            Ok(out) => debug!(
+                command = ?cmd, status = %out.status, stderr = %out.first_stderr_line(),
+                "sentinel command: no reboot needed"
+            ),
+            Err(e) => warn!(command = ?cmd, error = %e, "sentinel command: {e}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::child::testing::{ended, with_grandchild};
+
+    #[tokio::test]
+    async fn a_command_that_runs_past_its_interval_is_killed_with_what_it_started() {
+        let dir = tempfile::tempdir().unwrap();
+        // The command writes its grandchild's pid into a FIFO: reading it waits for the write.
+        let fifo = dir.path().join("pid");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let (tx, mut rx) = mpsc::channel(1);
+        let (ready, _) = tokio::sync::oneshot::channel();
+        let interval = Duration::from_secs(2);
+        let cmd = with_grandchild("exec sleep 300", &fifo);
+        let trigger = tokio::spawn(run(cmd, interval, tx, ready));
+        let read = fifo.clone();
+        let pid = tokio::task::spawn_blocking(move || std::fs::read_to_string(read))
+            .await
+            .unwrap()
+            .unwrap();
+        let pid: i32 = pid.trim().parse().unwrap();
+        // Killed at the end of its interval, the grandchild too.
+        assert!(
+            ended(pid, Duration::from_secs(20)).await,
+            "the grandchild lives"
+        );
+        assert!(
+            rx.try_recv().is_err(),
+            "a killed command said a reboot is needed"
+        );
+        trigger.abort();
     }
 }

@@ -209,16 +209,22 @@ pub async fn rebootctl(node: &Node, args: &[&str]) -> (i32, String, String) {
 /// Wait until the node's log has a line containing every one of `needles` (inotify on the log
 /// file, no polling); returns that line.
 pub async fn log_line(node: &Node, needles: &[&str], within: Duration) -> String {
+    log_line_at(&node.name, &node.log_path(), needles, within).await
+}
+
+/// [`log_line`] by the log's path (`name`: the node's, for the message), for a test that must
+/// not hold the node meanwhile (the fleet reboots it).
+pub async fn log_line_at(name: &str, path: &Path, needles: &[&str], within: Duration) -> String {
     use futures_util::StreamExt;
-    let path = node.log_path();
+    let log = || std::fs::read_to_string(path).unwrap_or_default();
     let inotify = inotify::Inotify::init().expect("inotify");
     inotify
         .watches()
-        .add(&path, inotify::WatchMask::MODIFY)
+        .add(path, inotify::WatchMask::MODIFY)
         .expect("watch the log");
     let mut events = inotify.into_event_stream(vec![0u8; 1024]).expect("stream");
     let find = || {
-        node.log()
+        log()
             .lines()
             .find(|l| needles.iter().all(|n| l.contains(n)))
             .map(str::to_string)
@@ -234,9 +240,8 @@ pub async fn log_line(node: &Node, needles: &[&str], within: Duration) -> String
     .await;
     found.unwrap_or_else(|_| {
         panic!(
-            "node {}: no log line with {needles:?} within {within:?}\n--- rebootd log ---\n{}",
-            node.name,
-            node.log()
+            "node {name}: no log line with {needles:?} within {within:?}\n--- rebootd log ---\n{}",
+            log()
         )
     })
 }

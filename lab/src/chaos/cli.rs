@@ -33,6 +33,7 @@ struct Cli {
     /// etcd version: 3.4 or 3.5.
     #[arg(long, default_value = "3.4")]
     etcd: String,
+    /// How long a simulated reboot keeps a node down (rebootd's reboot.boot_time).
     #[arg(long, default_value = "300ms", value_parser = rebootd::config::parse_duration)]
     reboot_time: Duration,
     /// rebootd's reboot.timeout in the trial (rebootd's own default is 10m).
@@ -52,8 +53,8 @@ struct Cli {
     /// The rebootd binary (default: $REBOOTD_BIN, else beside this program).
     #[arg(long)]
     rebootd: Option<PathBuf>,
-    /// rebootd's lock.max_hold (off by default); it must be at least drain + reboot + ready
-    /// timeouts, as rebootd requires.
+    /// rebootd's lock.max_hold (off by default); it must be at least drain + reboot timeouts +
+    /// reboot time + ready timeout, as rebootd requires.
     #[arg(long, value_parser = rebootd::config::parse_duration)]
     max_hold: Option<Duration>,
     /// rebootd's kubernetes.drain_timeout in the trial.

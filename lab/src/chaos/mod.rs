@@ -100,7 +100,7 @@ pub struct ChaosOptions {
     pub max: u64,
     pub backend: Backend,
     pub etcd: EtcdVersion,
-    /// How long a simulated reboot keeps a node down.
+    /// How long a simulated reboot keeps a node down; rebootd's `reboot.boot_time`.
     pub reboot_time: Duration,
     /// After the simulated reboot, until the Node is Ready again.
     pub ready_delay: Duration,
@@ -121,8 +121,8 @@ pub struct ChaosOptions {
     /// fail.
     pub inject: Option<Violation>,
     /// rebootd's `lock.max_hold`: holders silent this long may be reclaimed. rebootd refuses a
-    /// `max_hold` shorter than `drain_timeout + reboot_timeout + ready_timeout` (checked by
-    /// [`ChaosOptions::check`]).
+    /// `max_hold` shorter than `drain_timeout + reboot_timeout + reboot_time + ready_timeout`
+    /// (checked by [`ChaosOptions::check`]).
     pub max_hold: Option<Duration>,
     /// rebootd's `kubernetes.drain_timeout`.
     pub drain_timeout: Duration,
@@ -165,16 +165,17 @@ impl ChaosOptions {
     }
 
     /// rebootd's own rule, said before any trial starts: `max_hold` must outlast a live
-    /// holder's drain, reboot and wait for Ready.
+    /// holder's drain, reboot, boot and wait for Ready.
     pub fn check(&self) -> Result<(), String> {
         let Some(max_hold) = self.max_hold else {
             return Ok(());
         };
-        let total = self.drain_timeout + self.reboot_timeout + self.ready_timeout;
+        let total =
+            self.drain_timeout + self.reboot_timeout + self.reboot_time + self.ready_timeout;
         if max_hold < total {
             return Err(format!(
-                "--max-hold {max_hold:?} is shorter than --drain-timeout {:?} + --reboot-timeout {:?} + --ready-timeout {:?} = {total:?}: rebootd refuses such a lock.max_hold",
-                self.drain_timeout, self.reboot_timeout, self.ready_timeout
+                "--max-hold {max_hold:?} is shorter than --drain-timeout {:?} + --reboot-timeout {:?} + --reboot-time {:?} + --ready-timeout {:?} = {total:?}: rebootd refuses such a lock.max_hold",
+                self.drain_timeout, self.reboot_timeout, self.reboot_time, self.ready_timeout
             ));
         }
         Ok(())

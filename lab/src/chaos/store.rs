@@ -50,11 +50,13 @@ pub(super) fn node_config(
     } else {
         ""
     };
+    // The boot time is how long a simulated reboot keeps the node down; it counts in max_hold.
     format!(
-        "[identity]\ngroup = \"default\"\n\n{lock_config}\n[kubernetes]\nkubeconfig = {kubeconfig:?}\ndrain_timeout = \"{}ms\"\nready_timeout = \"{}ms\"\n\n[reboot]\ntimeout = \"{}ms\"\n{users_warning}",
+        "[identity]\ngroup = \"default\"\n\n{lock_config}\n[kubernetes]\nkubeconfig = {kubeconfig:?}\ndrain_timeout = \"{}ms\"\nready_timeout = \"{}ms\"\n\n[reboot]\ntimeout = \"{}ms\"\nboot_time = \"{}ms\"\n{users_warning}",
         opts.drain_timeout.as_millis(),
         opts.ready_timeout.as_millis(),
-        opts.reboot_timeout.as_millis()
+        opts.reboot_timeout.as_millis(),
+        opts.reboot_time.as_millis()
     )
 }
 
