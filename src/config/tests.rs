@@ -327,6 +327,8 @@ timeout = "5s"
 prometheus_url = "https://prometheus:9090/"
 alerts = ['severity="critical"', 'alertname!~"Watchdog|Info.*"']
 alertmanager_url = "http://alertmanager:9093"
+ca_file = "/etc/rebootd/prometheus-ca.pem"
+bearer_token_file = "/etc/rebootd/prometheus-token"
 "#,
     );
     let g = Config::load(&[a]).unwrap().gates;
@@ -338,12 +340,22 @@ alertmanager_url = "http://alertmanager:9093"
     );
     assert_eq!(g.before_reboot[0].timeout, Duration::from_secs(30));
     assert_eq!(g.before_reboot[1].timeout, Duration::from_secs(5));
+    assert_eq!(g.before_reboot[1].key, "gates.before_reboot[2]");
     match &g.before_reboot[2].check {
         GateCheck::Alerts {
+            prometheus,
             alertmanager_url,
             selector,
-            ..
         } => {
+            assert_eq!(prometheus.url, "https://prometheus:9090/");
+            assert_eq!(
+                prometheus.ca_file.as_deref(),
+                Some(Path::new("/etc/rebootd/prometheus-ca.pem"))
+            );
+            assert_eq!(
+                prometheus.bearer_token_file.as_deref(),
+                Some(Path::new("/etc/rebootd/prometheus-token"))
+            );
             assert_eq!(
                 alertmanager_url.as_deref(),
                 Some("http://alertmanager:9093")
@@ -408,6 +420,17 @@ fn bad_gates_name_file_key_and_value() {
             "[[gates.before_reboot]]\nname = \" \"\ncommand = [\"true\"]\n".to_string(),
             "gates.before_reboot[1].name",
             "\" \"",
+        ),
+        (
+            "[[gates.before_reboot]]\ncommand = [\"true\"]\nbearer_token_file = \"/t\"\n"
+                .to_string(),
+            "gates.before_reboot[1].bearer_token_file",
+            "\"/t\"",
+        ),
+        (
+            "[[gates.before_reboot]]\ncommand = [\"true\"]\nca_file = \"/ca.pem\"\n".to_string(),
+            "gates.before_reboot[1].ca_file",
+            "\"/ca.pem\"",
         ),
     ] {
         let a = write(&dir, "g.toml", &text);
