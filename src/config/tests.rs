@@ -623,3 +623,47 @@ fn reboot_labels_taint_and_load_balancer_exclusion() {
         assert!(err.contains("b.toml") && err.contains(needle), "{err}");
     }
 }
+
+#[test]
+fn a_webhook_has_url_or_url_file_and_errors_keep_the_url_secret() {
+    use crate::notify_webhook::WebhookUrl;
+    let dir = tempfile::tempdir().unwrap();
+    let a = write(
+        &dir,
+        "w.toml",
+        "[webhook]\nurl_file = \"/etc/rebootd/webhook-url\"\n",
+    );
+    let w = Config::load(&[a]).unwrap().webhook.unwrap();
+    assert_eq!(
+        w.url,
+        WebhookUrl::File(PathBuf::from("/etc/rebootd/webhook-url"))
+    );
+    let both = write(
+        &dir,
+        "w.toml",
+        "[webhook]\nurl = \"https://hooks.slack.com/services/s3cret\"\nurl_file = \"/u\"\n",
+    );
+    let err = Config::load(std::slice::from_ref(&both))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("webhook.url_file") && err.contains("not both"),
+        "{err}"
+    );
+    assert!(!err.contains("s3cret"), "{err}");
+    let no_scheme = write(
+        &dir,
+        "w.toml",
+        "[webhook]\nurl = \"hooks.slack.com/services/s3cret\"\n",
+    );
+    let err = Config::load(std::slice::from_ref(&no_scheme))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("webhook.url") && !err.contains("s3cret"),
+        "{err}"
+    );
+    let neither = write(&dir, "w.toml", "[webhook]\ntimeout = \"1s\"\n");
+    let err = Config::load(&[neither]).unwrap_err().to_string();
+    assert!(err.contains("url_file"), "{err}");
+}
