@@ -6,9 +6,9 @@
 mod common;
 
 use common::*;
+use rebootd::notify_webhook::{Webhook, WebhookSettings, WebhookUrl};
 use rebootd::state::Phase;
 use rebootd_lab::fleet::{FleetLock, FleetOptions};
-use rebootd::notify_webhook::{Webhook, WebhookSettings, WebhookUrl};
 use rebootd_lab::http_stub::HttpStub;
 use rebootd_lab::webhook::{Answer, WebhookReceiver};
 use std::time::Duration;
@@ -141,7 +141,10 @@ async fn failures_never_log_the_url_path_and_answers_are_capped() {
     let line = logs
         .expect(&["webhook notification failed: HTTP 500", &host])
         .await;
-    assert!(!line.contains("s3cret") && !line.contains("token"), "{line}");
+    assert!(
+        !line.contains("s3cret") && !line.contains("token"),
+        "{line}"
+    );
     assert_eq!(stub.seen()[0].path, secret_path, "sent to the whole URL");
 
     stub.answer(200, vec![b'x'; rebootd::notify_webhook::BODY_MAX + 1]);
@@ -159,7 +162,10 @@ async fn failures_never_log_the_url_path_and_answers_are_capped() {
     let line = logs
         .expect(&["webhook notification failed", &host, "healthy"])
         .await;
-    assert!(!line.contains("s3cret") && !line.contains("token"), "{line}");
+    assert!(
+        !line.contains("s3cret") && !line.contains("token"),
+        "{line}"
+    );
 
     // The URL from a private file.
     use std::os::unix::fs::PermissionsExt;
@@ -180,5 +186,8 @@ async fn failures_never_log_the_url_path_and_answers_are_capped() {
     assert_eq!(seen[0].path, secret_path);
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
     let e = Webhook::start(&from_file).unwrap_err();
-    assert!(e.0.contains("webhook.url_file") && e.0.contains("0644"), "{e}");
+    assert!(
+        e.0.contains("webhook.url_file") && e.0.contains("0644"),
+        "{e}"
+    );
 }
