@@ -163,9 +163,9 @@ where
 fn size(cap: usize) -> String {
     const KIB: usize = 1024;
     const MIB: usize = 1024 * KIB;
-    if cap >= MIB && cap % MIB == 0 {
+    if cap >= MIB && cap.is_multiple_of(MIB) {
         format!("{} MiB", cap / MIB)
-    } else if cap >= KIB && cap % KIB == 0 {
+    } else if cap >= KIB && cap.is_multiple_of(KIB) {
         format!("{} KiB", cap / KIB)
     } else {
         format!("{cap} bytes")
