@@ -7,6 +7,10 @@
 //!   match; regexes are anchored as in PromQL). With `alertmanager_url`, alerts covered by an
 //!   active silence (`GET {am}/api/v2/silences`, state `active`) do not count, so an operator can
 //!   silence an alert to let reboots through, as they would to quiet its notifications.
+//!
+//! Answers are read strictly: a `status` other than `success`, a `data` (or `data.alerts`, or a
+//! query's `result`) of another type, or a body over [`BODY_MAX`] is a wait that says why, never
+//! "no alerts". [`Access`] carries the CA file and the bearer token file.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
