@@ -510,24 +510,10 @@ fn validate(
         }
     }
 
-    let webhook = match input.webhook {
-        None => None,
-        Some(w) => Some(crate::notify_webhook::WebhookSettings {
-            url: match w.url {
-                Some(u) if u.starts_with("http://") || u.starts_with("https://") => u,
-                other => {
-                    return Err(ConfigError::Invalid {
-                        path: file_of(origin, "webhook.url"),
-                        key: "webhook.url".into(),
-                        value: format!("{:?}", other.unwrap_or_default()),
-                        reason: "[webhook] needs an http:// or https:// url".into(),
-                    })
-                }
-            },
-            ca_file: w.ca_file,
-            timeout: w.timeout.map(|d| d.0).unwrap_or(Duration::from_secs(10)),
-        }),
-    };
+    let webhook = input
+        .webhook
+        .map(|w| validate_webhook(w, origin))
+        .transpose()?;
 
     let gates = gates::validate(input.gates, kubernetes.is_some(), origin)?;
 
@@ -580,6 +566,45 @@ fn validate(
         origin,
     )?;
     Ok(config)
+}
+
+/// `[webhook]`: exactly one of `url` (http:// or https://) and `url_file`. A URL is a secret:
+/// errors show its scheme and host only.
+fn validate_webhook(
+    w: input::WebhookInput,
+    origin: &BTreeMap<String, PathBuf>,
+) -> Result<crate::notify_webhook::WebhookSettings, ConfigError> {
+    use crate::notify_webhook::{WebhookSettings, WebhookUrl};
+    let url = match (w.url, w.url_file) {
+        (Some(_), Some(file)) => {
+            return Err(ConfigError::Invalid {
+                path: file_of(origin, "webhook.url_file"),
+                key: "webhook.url_file".into(),
+                value: format!("{:?}", file.display().to_string()),
+                reason: "set either url or url_file, not both".into(),
+            })
+        }
+        (None, Some(file)) => WebhookUrl::File(file),
+        (Some(u), None) if u.starts_with("http://") || u.starts_with("https://") => {
+            WebhookUrl::Inline(u)
+        }
+        (other, None) => {
+            return Err(ConfigError::Invalid {
+                path: file_of(origin, "webhook.url"),
+                key: "webhook.url".into(),
+                value: match other {
+                    Some(u) => crate::http::redact(&u),
+                    None => "\"\"".into(),
+                },
+                reason: "[webhook] needs an http:// or https:// url, or a url_file".into(),
+            })
+        }
+    };
+    Ok(WebhookSettings {
+        url,
+        ca_file: w.ca_file,
+        timeout: w.timeout.map(|d| d.0).unwrap_or(Duration::from_secs(10)),
+    })
 }
 
 fn validate_lock(

@@ -1,16 +1,20 @@
 //! The binary's one HTTP client stack (hyper 1 over rustls with the ring provider, HTTP/1.1),
-//! shared by every client that speaks HTTP: the FleetLock client and the etcd v2 keys client.
-//! (etcd v3 speaks gRPC through `etcd-client`, Kubernetes goes through kube-rs.)
+//! shared by every client that speaks HTTP: the FleetLock client, the etcd v2 keys client, the
+//! Prometheus gates and the webhook sender. (etcd v3 speaks gRPC through `etcd-client`,
+//! Kubernetes goes through kube-rs.)
 //!
 //! [`client`] builds a pooled client from [`TlsFiles`]: the CA(s) to trust instead of the
 //! system roots, and optionally a client certificate. Errors name the setting and the file.
+//! [`read_body`] reads an answer up to a cap: every body rebootd reads goes through it, so no
+//! server can make rebootd hold more than the cap in memory. [`redact`] is how a URL that is a
+//! secret (a webhook's) is shown.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full, Limited};
 use hyper_rustls::{ConfigBuilderExt, HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -131,6 +135,56 @@ fn tls_config(https: bool, tls: &TlsFiles) -> Result<rustls::ClientConfig, Setup
     }
 }
 
+/// Why an answer's body could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BodyError {
+    /// Longer than the cap: the rest was not read.
+    #[error("the answer is longer than {} (the most rebootd reads)", size(*cap))]
+    TooLong { cap: usize },
+    /// The connection broke (or the server misbehaved) before the end.
+    #[error("{0}")]
+    Broken(String),
+}
+
+/// The whole body, or an error when it is longer than `cap` bytes (not read past the cap).
+pub async fn read_body<B>(body: B, cap: usize) -> Result<Bytes, BodyError>
+where
+    B: hyper::body::Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    match Limited::new(body, cap).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(BodyError::TooLong { cap }),
+        Err(e) => Err(BodyError::Broken(error_chain(&*e))),
+    }
+}
+
+/// `cap` bytes for people: `64 KiB`, `16 MiB`, `300 bytes`.
+fn size(cap: usize) -> String {
+    const KIB: usize = 1024;
+    const MIB: usize = 1024 * KIB;
+    if cap >= MIB && cap.is_multiple_of(MIB) {
+        format!("{} MiB", cap / MIB)
+    } else if cap >= KIB && cap.is_multiple_of(KIB) {
+        format!("{} KiB", cap / KIB)
+    } else {
+        format!("{cap} bytes")
+    }
+}
+
+/// A URL that is a secret as it may be shown: scheme, host and port only
+/// (`https://hooks.slack.com/…`); the user, path, query and fragment are left out.
+pub fn redact(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(u) => {
+            let host = u.host_str().unwrap_or("");
+            let port = u.port().map(|p| format!(":{p}")).unwrap_or_default();
+            format!("{}://{host}{port}/…", u.scheme())
+        }
+        Err(_) => "(a URL that does not parse; not shown, it may be a secret)".into(),
+    }
+}
+
 /// An error and its causes, e.g. "client error (Connect): tcp connect error: Connection refused
 /// (os error 111)".
 pub fn error_chain(e: &dyn std::error::Error) -> String {
@@ -190,6 +244,36 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.0.contains("lock.etcd.cert_file"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn bodies_are_read_up_to_the_cap_and_an_over_cap_one_says_the_cap() {
+        let body = |n: usize| Full::new(Bytes::from(vec![b'x'; n]));
+        assert_eq!(
+            read_body(body(64 * 1024), 64 * 1024).await.unwrap().len(),
+            64 * 1024
+        );
+        let e = read_body(body(64 * 1024 + 1), 64 * 1024).await.unwrap_err();
+        assert_eq!(e, BodyError::TooLong { cap: 64 * 1024 });
+        assert!(e.to_string().contains("longer than 64 KiB"), "{e}");
+        let e = read_body(body(17 << 20), 16 << 20).await.unwrap_err();
+        assert!(e.to_string().contains("16 MiB"), "{e}");
+        let e = read_body(body(301), 300).await.unwrap_err();
+        assert!(e.to_string().contains("300 bytes"), "{e}");
+    }
+
+    #[test]
+    fn redacted_urls_keep_the_scheme_and_host_only() {
+        assert_eq!(
+            redact("https://hooks.slack.com/services/T0/B0/s3cret?x=1#f"),
+            "https://hooks.slack.com/…"
+        );
+        assert_eq!(
+            redact("http://user:pw@127.0.0.1:8080/hook?token=s3cret"),
+            "http://127.0.0.1:8080/…"
+        );
+        let bad = redact("hooks.slack.com/services/s3cret");
+        assert!(!bad.contains("s3cret"), "{bad}");
     }
 
     #[test]

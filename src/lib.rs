@@ -26,6 +26,7 @@ pub mod notify;
 pub mod notify_webhook;
 pub mod reboot;
 pub mod runtime;
+pub mod secrets;
 pub mod state;
 pub mod status;
 pub mod text;

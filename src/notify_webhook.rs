@@ -10,11 +10,16 @@
 //! it, logged) and one task POSTs them in order over the binary's one HTTP client
 //! ([`crate::http`]), each within `timeout`. A failure is logged at warn and dropped: a
 //! notification is never retried and never delays a reboot.
+//!
+//! The URL is a secret (whoever has a Slack or Teams webhook URL can post to the channel): it
+//! is shown only as scheme and host ([`crate::http::redact`]), in logs and in errors alike,
+//! and `url_file` keeps it out of the configuration, in a file only root may read.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper::header::{HeaderValue, CONTENT_TYPE, USER_AGENT};
 use hyper::{Method, Request, Uri};
 use serde_json::{json, Value};
@@ -27,6 +32,9 @@ use crate::state::{Phase, State};
 const QUEUE: usize = 64;
 /// The longest [`Webhook::flush`] waits before a reboot.
 pub const FLUSH_MAX: Duration = Duration::from_secs(2);
+/// Largest answer read: its content does not matter (Slack says `ok`), it is read only so the
+/// connection can be used again; a receiver must not make rebootd hold more.
+pub const BODY_MAX: usize = 64 * 1024;
 
 /// What the sending task is given.
 enum Job {
@@ -130,13 +138,65 @@ pub fn body(notice: &Notice, node: &str, group: &str, state: &State) -> Value {
     })
 }
 
+/// Where the URL is configured.
+#[derive(Clone, PartialEq, Eq)]
+pub enum WebhookUrl {
+    /// `webhook.url`.
+    Inline(String),
+    /// `webhook.url_file`: a file holding the URL, mode 0600 or stricter, read at start.
+    File(PathBuf),
+}
+
+impl std::fmt::Debug for WebhookUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WebhookUrl::Inline(u) => f.debug_tuple("Inline").field(&http::redact(u)).finish(),
+            WebhookUrl::File(p) => f.debug_tuple("File").field(p).finish(),
+        }
+    }
+}
+
 /// Where and how to send.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WebhookSettings {
-    pub url: String,
+    pub url: WebhookUrl,
     pub ca_file: Option<std::path::PathBuf>,
     /// Per request, connecting included.
     pub timeout: Duration,
+}
+
+/// The URL in a `url_file`: refused when group or others may read the file (the URL is the
+/// secret), when it cannot be read, or when it is empty. Errors name the key and the file,
+/// never the content.
+pub fn read_url_file(path: &Path) -> Result<String, SetupError> {
+    use std::os::unix::fs::PermissionsExt;
+    let shown = path.display();
+    let meta = std::fs::metadata(path)
+        .map_err(|e| SetupError(format!("cannot read webhook.url_file {shown}: {e}")))?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(SetupError(format!(
+            "webhook.url_file {shown} has mode {mode:04o}: it holds a secret, make it 0600 \
+             (chmod 600 {shown})"
+        )));
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| SetupError(format!("cannot read webhook.url_file {shown}: {e}")))?;
+    let url = text.trim();
+    if url.is_empty() {
+        return Err(SetupError(format!("webhook.url_file {shown} is empty")));
+    }
+    Ok(url.to_string())
+}
+
+impl WebhookUrl {
+    /// The URL and the key it came from.
+    fn resolve(&self) -> Result<(String, &'static str), SetupError> {
+        match self {
+            WebhookUrl::Inline(u) => Ok((u.clone(), "webhook.url")),
+            WebhookUrl::File(p) => Ok((read_url_file(p)?, "webhook.url_file")),
+        }
+    }
 }
 
 /// A running sender (see the module documentation).
@@ -148,17 +208,17 @@ pub struct Webhook {
 impl Webhook {
     /// Checks the settings, builds the client and starts the sending task.
     pub fn start(settings: &WebhookSettings) -> Result<Webhook, SetupError> {
-        let uri: Uri = settings
-            .url
+        let (url, key) = settings.url.resolve()?;
+        let shown = http::redact(&url);
+        let uri: Uri = url
             .parse()
-            .map_err(|e| SetupError(format!("webhook.url {:?}: {e}", settings.url)))?;
+            .map_err(|e| SetupError(format!("{key} {shown}: {e}")))?;
         let https = match uri.scheme_str() {
             Some("https") => true,
             Some("http") => false,
             _ => {
                 return Err(SetupError(format!(
-                    "webhook.url {:?}: not an http:// or https:// URL",
-                    settings.url
+                    "{key} {shown}: not an http:// or https:// URL"
                 )))
             }
         };
@@ -215,12 +275,18 @@ async fn deliver(client: HttpClient, uri: Uri, timeout: Duration, mut rx: mpsc::
             }
         };
         let event = body["event"].as_str().unwrap_or("").to_string();
+        let url = http::redact(&uri.to_string());
         match tokio::time::timeout(timeout, post(&client, &uri, &body)).await {
-            Ok(Ok(())) => tracing::debug!(event, "webhook notification sent"),
-            Ok(Err(e)) => tracing::warn!(event, url = %uri, "webhook notification failed: {e}"),
+            Ok(Ok(())) => tracing::debug!(event, url, "webhook notification sent"),
+            Ok(Err(e)) => tracing::warn!(
+                event,
+                url,
+                "webhook notification failed: {}",
+                scrub(&e, &uri)
+            ),
             Err(_) => tracing::warn!(
                 event,
-                url = %uri,
+                url,
                 "webhook notification failed: no answer within {}",
                 humantime::format_duration(timeout)
             ),
@@ -240,12 +306,25 @@ async fn post(client: &HttpClient, uri: &Uri, body: &Value) -> Result<(), String
     let resp = client.request(req).await.map_err(|e| error_chain(&e))?;
     let status = resp.status();
     // Read the answer so the connection can be reused; its content does not matter.
-    let _ = resp.into_body().collect().await;
-    if status.is_success() {
-        Ok(())
-    } else {
-        Err(format!("HTTP {status}"))
+    let read = http::read_body(resp.into_body(), BODY_MAX).await;
+    if !status.is_success() {
+        return Err(format!("HTTP {status}"));
     }
+    read.map(|_| ()).map_err(|e| format!("HTTP {status}: {e}"))
+}
+
+/// `text` with the URL's path and query taken out, should an error quote them: they are the
+/// secret.
+fn scrub(text: &str, uri: &Uri) -> String {
+    let mut text = text.replace(&uri.to_string(), &http::redact(&uri.to_string()));
+    if let Some(pq) = uri
+        .path_and_query()
+        .map(|pq| pq.as_str())
+        .filter(|pq| pq.len() > 1)
+    {
+        text = text.replace(pq, "/…");
+    }
+    text
 }
 
 #[cfg(test)]
@@ -256,6 +335,64 @@ mod tests {
         let mut s = State::new("boot-1", jiff::Timestamp::UNIX_EPOCH);
         s.phase = phase;
         s
+    }
+
+    #[test]
+    fn the_url_is_never_shown_whole() {
+        let secret = "https://hooks.slack.com/services/T0/B0/s3cret";
+        let settings = WebhookSettings {
+            url: WebhookUrl::Inline(secret.into()),
+            ca_file: None,
+            timeout: Duration::from_secs(1),
+        };
+        let debug = format!("{settings:?}");
+        assert!(!debug.contains("s3cret"), "{debug}");
+        assert!(debug.contains("https://hooks.slack.com"), "{debug}");
+        let uri: Uri = secret.parse().unwrap();
+        let e = scrub(
+            &format!("error sending {secret}: /services/T0/B0/s3cret"),
+            &uri,
+        );
+        assert!(!e.contains("s3cret"), "{e}");
+        let bad = WebhookSettings {
+            url: WebhookUrl::Inline("ftp://files.example/s3cret".into()),
+            ..settings
+        };
+        let e = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async { Webhook::start(&bad).unwrap_err() });
+        assert!(
+            e.0.contains("ftp://files.example") && !e.0.contains("s3cret"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_url_file_must_be_private_and_is_exclusive_with_url() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("hook");
+        std::fs::write(&file, "https://hooks.slack.com/services/s3cret\n").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let e = read_url_file(&file).unwrap_err();
+        assert!(
+            e.0.contains("webhook.url_file") && e.0.contains("0640") && !e.0.contains("s3cret"),
+            "{e}"
+        );
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(
+            read_url_file(&file).unwrap(),
+            "https://hooks.slack.com/services/s3cret"
+        );
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o400)).unwrap();
+        assert!(read_url_file(&file).is_ok(), "stricter is fine");
+        std::fs::write(&file, "\n").unwrap();
+        assert!(read_url_file(&file).unwrap_err().0.contains("empty"));
+        let missing = dir.path().join("missing");
+        let e = read_url_file(&missing).unwrap_err();
+        assert!(e.0.contains(&missing.display().to_string()), "{e}");
     }
 
     #[test]

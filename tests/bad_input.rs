@@ -394,3 +394,118 @@ fn fuzz_regressions_config() {
         }
     }
 }
+
+/// Secret files group or others may read (etcd password file, kubeconfig, its token file, a
+/// gate's bearer token file) and passwords or tokens sent over plain http:// are warned about by
+/// `rebootd --check-config`, each naming the key and the file (exit 0: warnings, not errors),
+/// and logged when rebootd starts. Private files over https:// get no warning.
+#[tokio::test]
+async fn loose_secret_files_and_clear_text_credentials_are_warned_about() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let file = |name: &str, text: &str, mode: u32| {
+        let p = d.join(name);
+        std::fs::write(&p, text).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        p.display().to_string()
+    };
+    let password = file("etcd-password", "s3cret\n", 0o644);
+    let token = file("prom-token", "t0ken\n", 0o640);
+    let kube_token = file("kube-token", "k8s-t0ken\n", 0o644);
+    let kubeconfig = file(
+        "kubeconfig",
+        &format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters:\n- name: k\n  cluster:\n    \
+             server: http://127.0.0.1:1\ncontexts:\n- name: c\n  context:\n    cluster: k\n    \
+             user: u\nusers:\n- name: u\n  user:\n    tokenFile: {kube_token}\n"
+        ),
+        0o644,
+    );
+    let config = format!(
+        "[identity]\nmachine_id_file = \"/etc/machine-id\"\n\
+         [lock]\nbackend = \"etcd\"\n[lock.etcd]\nendpoints = [\"http://127.0.0.1:2379\"]\n\
+         username = \"u\"\npassword_file = {password:?}\n\
+         [kubernetes]\nkubeconfig = {kubeconfig:?}\n\
+         [[gates.before_reboot]]\nprometheus_url = \"http://127.0.0.1:9\"\nquery = \"up\"\n\
+         bearer_token_file = {token:?}\n"
+    );
+    let path = file("c.toml", &config, 0o644);
+    let out = std::process::Command::new(REBOOTD)
+        .args(["--check-config", "--config", &path])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let warnings: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("rebootd: warning: "))
+        .collect();
+    for needles in [
+        vec!["lock.etcd.password_file", &password, "0644"],
+        vec!["kubernetes.kubeconfig", &kubeconfig, "0644"],
+        vec!["kubernetes.kubeconfig", "token file", &kube_token],
+        vec!["gates.before_reboot[1].bearer_token_file", &token, "0640"],
+        vec!["lock.etcd.username", "in clear", "http://127.0.0.1:2379"],
+        vec![
+            "gates.before_reboot[1].bearer_token_file",
+            "in clear",
+            "http://127.0.0.1:9",
+        ],
+        vec![
+            "kubernetes.kubeconfig",
+            "token is sent in clear",
+            "http://127.0.0.1:1",
+        ],
+    ] {
+        assert!(
+            warnings
+                .iter()
+                .any(|w| needles.iter().all(|n| w.contains(n))),
+            "{needles:?} in:\n{err}"
+        );
+    }
+    assert_eq!(warnings.len(), 7, "{err}");
+    assert!(!err.contains("s3cret") && !err.contains("t0ken"), "{err}");
+
+    // Private files, https://: nothing to say.
+    for p in [&password, &token, &kube_token, &kubeconfig] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let quiet = file(
+        "quiet.toml",
+        &format!(
+            "[identity]\nmachine_id_file = \"/etc/machine-id\"\n\
+             [[gates.before_reboot]]\nprometheus_url = \"https://127.0.0.1:9\"\nquery = \"up\"\n\
+             bearer_token_file = {token:?}\n"
+        ),
+        0o644,
+    );
+    let out = std::process::Command::new(REBOOTD)
+        .args(["--check-config", "--config", &quiet])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!err.contains("warning"), "{err}");
+
+    // At start, in the log.
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let gate = format!(
+        "[[gates.before_reboot]]\nprometheus_url = \"http://127.0.0.1:9\"\nquery = \"up\"\n\
+         bearer_token_file = {token:?}\n"
+    );
+    let node = node("secret-warnings", &gate, true).await;
+    let deadline = std::time::Instant::now() + WAIT;
+    let want = |log: &str| {
+        log.lines()
+            .any(|l| l.contains("WARN") && l.contains("bearer_token_file") && l.contains(&token))
+            && log
+                .lines()
+                .any(|l| l.contains("WARN") && l.contains("in clear"))
+    };
+    while !want(&node.log()) {
+        assert!(std::time::Instant::now() < deadline, "{}", node.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

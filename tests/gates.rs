@@ -9,7 +9,7 @@ mod admission;
 mod common;
 
 use common::*;
-use rebootd::gate::prometheus::{AlertsGate, Matcher};
+use rebootd::gate::prometheus::{Access, AlertsGate, Matcher};
 use rebootd::gate::Verdict;
 use rebootd::state::{Phase, State};
 use rebootd_lab::fleet::{Fleet, FleetEvent, FleetLock, FleetOptions};
@@ -92,7 +92,14 @@ async fn a_firing_alert_holds_the_reboot_until_it_resolves() {
     exporter.set(1.0);
     // Wait (outside rebootd) for the rule to fire, so the node sees it from its first check.
     let critical = vec![Matcher::parse("severity=\"critical\"").unwrap()];
-    let probe = AlertsGate::new(&prom.url, None, critical, Duration::from_secs(5)).unwrap();
+    let probe = AlertsGate::new(
+        "test",
+        &Access::url(&prom.url),
+        None,
+        critical,
+        Duration::from_secs(5),
+    )
+    .unwrap();
     let deadline = Instant::now() + SETTLE;
     while probe.check().await == Verdict::Go {
         assert!(Instant::now() < deadline, "LabGateHigh never fired");

@@ -379,3 +379,62 @@ fn zincati_errors_and_detection_name_what_is_wrong() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("nothing to import"), "{err}");
 }
+
+/// `--write` never writes through a symbolic link (with or without `--force`), and `--force`
+/// replaces a file (rename of a new one) rather than truncating it in place: an existing
+/// password file that others could read ends up 0600, and a hard link to the old one keeps
+/// the old content.
+#[test]
+fn write_replaces_files_and_never_writes_through_a_symlink() {
+    use std::os::unix::fs::PermissionsExt;
+    let host = Host::new();
+    host.file("/usr/lib/systemd/system/locksmithd.service", FLATCAR_UNIT)
+        .file(
+            "/etc/flatcar/update.conf",
+            "REBOOT_STRATEGY=etcd-lock\nLOCKSMITHD_ENDPOINT=https://10.0.0.5:2379\n\
+             LOCKSMITHD_ETCD_USERNAME=reboot\nLOCKSMITHD_ETCD_PASSWORD=s3cret\n",
+        );
+    let secret = host.path("/etc/rebootd/etcd-password");
+    let fragment = host.path("/etc/rebootd/config.d/50-imported-locksmith.toml");
+
+    // A link where the password goes, pointing somewhere else: refused, even with --force,
+    // and nothing is written (neither the target nor the fragment).
+    let elsewhere = host.path("/tmp/elsewhere");
+    host.link("/etc/rebootd/etcd-password", elsewhere.to_str().unwrap());
+    for args in [&["--write"][..], &["--write", "--force"][..]] {
+        let (code, _, err) = host.import(args);
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains("symbolic link"), "{err}");
+        assert!(!elsewhere.exists(), "written through the link");
+        assert!(
+            !fragment.exists(),
+            "nothing written when one file may not be"
+        );
+    }
+    std::fs::remove_file(&secret).unwrap();
+
+    // An old password file others may read, hard-linked elsewhere: --force puts a new file in
+    // its place (mode 0600), the old one is untouched (not truncated in place).
+    host.file("/etc/rebootd/etcd-password", "old\n");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let old = host.path("/etc/rebootd/old-password");
+    std::fs::hard_link(&secret, &old).unwrap();
+    let (code, _, err) = host.import(&["--write", "--force"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(std::fs::read_to_string(&secret).unwrap(), "s3cret\n");
+    assert_eq!(
+        std::fs::metadata(&secret).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    assert_eq!(std::fs::read_to_string(&old).unwrap(), "old\n");
+    assert_eq!(
+        std::fs::metadata(&fragment).unwrap().permissions().mode() & 0o777,
+        0o644
+    );
+    // No temporary file left behind.
+    let dir: Vec<_> = std::fs::read_dir(host.path("/etc/rebootd"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(dir.iter().all(|n| !n.ends_with(".tmp")), "{dir:?}");
+}

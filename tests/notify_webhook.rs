@@ -1,11 +1,15 @@
 //! Webhook notifications end to end: real rebootd processes in a lab fleet (Kubernetes API
-//! stand-in, drain, Lease semaphore) POST to a real HTTP receiver on loopback.
+//! stand-in, drain, Lease semaphore) POST to a real HTTP receiver on loopback. And the sender
+//! in-process against the lab's canned HTTP server: the URL (a secret) never logged whole, a
+//! `url_file`, an answer over the cap.
 
 mod common;
 
 use common::*;
+use rebootd::notify_webhook::{Webhook, WebhookSettings, WebhookUrl};
 use rebootd::state::Phase;
 use rebootd_lab::fleet::{FleetLock, FleetOptions};
+use rebootd_lab::http_stub::HttpStub;
 use rebootd_lab::webhook::{Answer, WebhookReceiver};
 use std::time::Duration;
 
@@ -113,5 +117,77 @@ async fn a_failing_receiver_holds_no_reboot_up_and_failures_are_told() {
     assert!(
         log.contains("webhook notification failed: no answer within 1s"),
         "{log}"
+    );
+}
+
+/// A failed send logs the scheme and host of the URL, never its path or query (a Slack or Teams
+/// URL is the secret); an answer over the cap is a failure that says the cap; a `url_file`
+/// (mode 0600) is where the notifications go.
+#[tokio::test]
+async fn failures_never_log_the_url_path_and_answers_are_capped() {
+    let (_guard, mut logs) = logs::capture_on_this_thread();
+    let stub = HttpStub::start().await.unwrap();
+    let secret_path = "/services/T0/B0/s3cret?token=abc";
+    let settings = WebhookSettings {
+        url: WebhookUrl::Inline(format!("{}{secret_path}", stub.url())),
+        ca_file: None,
+        timeout: Duration::from_secs(5),
+    };
+    let hook = Webhook::start(&settings).unwrap();
+    let host = stub.url();
+    stub.answer(500, "no");
+    hook.send(serde_json::json!({"event": "rebooting"}));
+    hook.flush().await;
+    let line = logs
+        .expect(&["webhook notification failed: HTTP 500", &host])
+        .await;
+    assert!(
+        !line.contains("s3cret") && !line.contains("token"),
+        "{line}"
+    );
+    assert_eq!(stub.seen()[0].path, secret_path, "sent to the whole URL");
+
+    stub.answer(200, vec![b'x'; rebootd::notify_webhook::BODY_MAX + 1]);
+    hook.send(serde_json::json!({"event": "back"}));
+    hook.flush().await;
+    let line = logs
+        .expect(&["webhook notification failed", "longer than 64 KiB"])
+        .await;
+    assert!(!line.contains("s3cret"), "{line}");
+
+    // Nothing listens: a connection error, still no path.
+    drop(stub);
+    hook.send(serde_json::json!({"event": "healthy"}));
+    hook.flush().await;
+    let line = logs
+        .expect(&["webhook notification failed", &host, "healthy"])
+        .await;
+    assert!(
+        !line.contains("s3cret") && !line.contains("token"),
+        "{line}"
+    );
+
+    // The URL from a private file.
+    use std::os::unix::fs::PermissionsExt;
+    let stub = HttpStub::start().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("webhook-url");
+    std::fs::write(&file, format!("{}{secret_path}\n", stub.url())).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let from_file = WebhookSettings {
+        url: WebhookUrl::File(file.clone()),
+        ..settings
+    };
+    let hook = Webhook::start(&from_file).unwrap();
+    hook.send(serde_json::json!({"event": "rebooting"}));
+    hook.flush().await;
+    let seen = stub.seen();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].path, secret_path);
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let e = Webhook::start(&from_file).unwrap_err();
+    assert!(
+        e.0.contains("webhook.url_file") && e.0.contains("0644"),
+        "{e}"
     );
 }

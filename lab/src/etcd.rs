@@ -880,7 +880,7 @@ impl EtcdServer {
 
 /// A throw-away CA, a server certificate for 127.0.0.1 and a client certificate, made with the
 /// `openssl` command in `dir`.
-fn make_tls(dir: &Path) -> Result<TlsFiles, EtcdLabError> {
+pub fn make_tls(dir: &Path) -> Result<TlsFiles, EtcdLabError> {
     let tls = dir.join("tls");
     std::fs::create_dir_all(&tls).map_err(io(format!("create {}", tls.display())))?;
     let openssl = |args: &[&str]| -> Result<(), EtcdLabError> {

@@ -11,6 +11,7 @@ pub mod fake_logind;
 pub mod fake_update_engine;
 pub mod fleet;
 pub mod fleetlock;
+pub mod http_stub;
 pub mod locksmith;
 pub mod node;
 pub mod nspawn;

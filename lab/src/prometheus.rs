@@ -91,6 +91,8 @@ impl Exporter {
 /// A running server process (killed on drop) and its URL.
 pub struct Service {
     pub url: String,
+    /// The CA of its certificate when it serves `https://` ([`prometheus_tls`]).
+    pub ca_file: Option<std::path::PathBuf>,
     child: Child,
     _dir: tempfile::TempDir,
 }
@@ -101,11 +103,13 @@ impl Drop for Service {
     }
 }
 
+/// `ca_file`: it serves `https://` with a certificate of this CA.
 async fn spawn(
     binary: &str,
     args: Vec<String>,
     dir: tempfile::TempDir,
     port: u16,
+    ca_file: Option<std::path::PathBuf>,
 ) -> Result<Service, PromLabError> {
     let log = std::fs::File::create(dir.path().join("log")).map_err(io("log file"))?;
     let log2 = log.try_clone().map_err(io("log file"))?;
@@ -117,14 +121,21 @@ async fn spawn(
         .kill_on_drop(true)
         .spawn()
         .map_err(io(format!("start {binary}")))?;
-    let url = format!("http://127.0.0.1:{port}");
+    let scheme = if ca_file.is_some() { "https" } else { "http" };
+    let url = format!("{scheme}://127.0.0.1:{port}");
+    let tls = rebootd::http::TlsFiles {
+        table: "lab",
+        ca_file: ca_file.clone(),
+        client_cert: None,
+    };
     let svc = Service {
         url: url.clone(),
+        ca_file,
         child,
         _dir: dir,
     };
     // Ready when /-/ready answers 200: an outside process, so asked until it does (bounded).
-    let client = rebootd::http::client(false, &Default::default(), Duration::from_secs(2))
+    let client = rebootd::http::client(tls.ca_file.is_some(), &tls, Duration::from_secs(2))
         .map_err(|e| PromLabError::Other(e.to_string()))?;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -171,6 +182,20 @@ pub async fn request(
 /// Prometheus scraping `target` every second and evaluating `rules` (a rule file's YAML) every
 /// second.
 pub async fn prometheus(target: SocketAddr, rules: &str) -> Result<Service, PromLabError> {
+    start_prometheus(target, rules, false).await
+}
+
+/// [`prometheus`] serving `https://` only, with a certificate for 127.0.0.1 from a throw-away
+/// CA ([`Service::ca_file`]), made with the `openssl` command.
+pub async fn prometheus_tls(target: SocketAddr, rules: &str) -> Result<Service, PromLabError> {
+    start_prometheus(target, rules, true).await
+}
+
+async fn start_prometheus(
+    target: SocketAddr,
+    rules: &str,
+    tls: bool,
+) -> Result<Service, PromLabError> {
     let dir = tempfile::tempdir().map_err(io("temp dir"))?;
     let port = free_port()?;
     let d = dir.path();
@@ -184,12 +209,27 @@ pub async fn prometheus(target: SocketAddr, rules: &str) -> Result<Service, Prom
         ),
     )
     .map_err(io("prometheus.yml"))?;
-    let args = vec![
+    let mut args = vec![
         format!("--config.file={}", d.join("prometheus.yml").display()),
         format!("--storage.tsdb.path={}", d.join("data").display()),
         format!("--web.listen-address=127.0.0.1:{port}"),
     ];
-    spawn("prometheus", args, dir, port).await
+    let mut ca_file = None;
+    if tls {
+        let files =
+            crate::etcd::make_tls(d).map_err(|e| PromLabError::Other(format!("TLS files: {e}")))?;
+        std::fs::write(
+            d.join("web.yml"),
+            format!(
+                "tls_server_config:\n  cert_file: {:?}\n  key_file: {:?}\n",
+                files.server_cert, files.server_key
+            ),
+        )
+        .map_err(io("web.yml"))?;
+        args.push(format!("--web.config.file={}", d.join("web.yml").display()));
+        ca_file = Some(files.ca);
+    }
+    spawn("prometheus", args, dir, port, ca_file).await
 }
 
 /// Alertmanager alone (no cluster), with a receiver that sends nothing.
@@ -208,5 +248,5 @@ pub async fn alertmanager() -> Result<Service, PromLabError> {
         format!("--web.listen-address=127.0.0.1:{port}"),
         "--cluster.listen-address=".to_string(),
     ];
-    spawn("prometheus-alertmanager", args, dir, port).await
+    spawn("prometheus-alertmanager", args, dir, port, None).await
 }

@@ -22,7 +22,8 @@ struct Args {
     log_format: LogFormat,
     /// Check the configuration and everything it names (identity files, TLS files, password
     /// file, kubeconfigs, selectors, the sentinel command) as connecting would, without
-    /// connecting; exit 0 when all is well, 2 naming each problem.
+    /// connecting; exit 0 when all is well, 2 naming each problem. Secrets others may read or
+    /// that would cross the network in clear are warned about (exit status unchanged).
     #[arg(long)]
     check_config: bool,
 }
@@ -69,7 +70,12 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Files holding secrets that others may read, passwords and tokens over plain http://.
+    let secret_warnings = rt.block_on(rebootd::secrets::warnings(&config));
     if args.check_config {
+        for w in &secret_warnings {
+            eprintln!("rebootd: warning: {w}");
+        }
         let problems = rt.block_on(rebootd::check::offline(&config));
         if problems.is_empty() {
             println!(
@@ -83,6 +89,9 @@ fn main() -> ExitCode {
             eprintln!("rebootd: {p}");
         }
         return ExitCode::from(2);
+    }
+    for w in &secret_warnings {
+        tracing::warn!("{w}");
     }
     let result = rt.block_on(async move {
         let store = StateStore::new(state::state_dir());

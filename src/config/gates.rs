@@ -10,9 +10,11 @@
 //! timeout = "30s"                 # per check
 //!
 //! [[gates.before_reboot]]
-//! prometheus_url = "http://prometheus:9090"
+//! prometheus_url = "https://prometheus:9090"
 //! alerts = ['severity="critical"']            # firing alerts matching all = wait
-//! alertmanager_url = "http://alertmanager:9093"   # optional: silenced alerts do not count
+//! alertmanager_url = "https://alertmanager:9093"  # optional: silenced alerts do not count
+//! ca_file = "/etc/rebootd/prometheus-ca.pem"      # optional, for both URLs
+//! bearer_token_file = "/etc/rebootd/prometheus-token"  # optional: `Authorization: Bearer`
 //!
 //! [[gates.before_reboot]]                     # FLUO's before-reboot checks; needs [kubernetes]
 //! node_annotations = ["example.com/backup-done"]  # each "true" on this Node = go
@@ -29,7 +31,7 @@
 
 use super::values::HumanDuration;
 use super::{file_of, ConfigError};
-use crate::gate::prometheus::Matcher;
+use crate::gate::prometheus::{Access, Matcher};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -74,6 +76,8 @@ pub(super) struct GateInput {
     pub query: Option<String>,
     pub alerts: Option<Vec<String>>,
     pub alertmanager_url: Option<String>,
+    pub ca_file: Option<PathBuf>,
+    pub bearer_token_file: Option<PathBuf>,
     pub node_annotations: Option<Vec<String>>,
     pub node_label: Option<String>,
     pub pods_ready: Option<String>,
@@ -109,6 +113,8 @@ impl Default for Gates {
 #[derive(Debug, Clone)]
 pub struct GateSpec {
     pub name: String,
+    /// Its key, for errors: `gates.before_reboot[1]` (counted from 1).
+    pub key: String,
     pub check: GateCheck,
     /// How long one check may take; longer = wait.
     pub timeout: Duration,
@@ -120,13 +126,10 @@ pub enum GateCheck {
     /// A program (no shell); exit status 0 = go.
     Command { argv: Vec<String> },
     /// A PromQL query; an empty result = go.
-    Query {
-        prometheus_url: String,
-        query: String,
-    },
+    Query { prometheus: Access, query: String },
     /// Firing alerts matching every matcher (none = any alert); none firing = go.
     Alerts {
-        prometheus_url: String,
+        prometheus: Access,
         alertmanager_url: Option<String>,
         selector: Vec<Matcher>,
     },
@@ -292,9 +295,13 @@ fn gate(
             "a gate has exactly one of `command`, `query`, `alerts`, `node_annotations` or `pods_ready`",
         ));
     }
-    let prometheus_url = || -> Result<String, ConfigError> {
+    let prometheus = || -> Result<Access, ConfigError> {
         match &g.prometheus_url {
-            Some(u) if url_ok(u) => Ok(u.clone()),
+            Some(u) if url_ok(u) => Ok(Access {
+                url: u.clone(),
+                ca_file: g.ca_file.clone(),
+                bearer_token_file: g.bearer_token_file.clone(),
+            }),
             other => Err(bad(
                 "prometheus_url",
                 format!("{:?}", other.clone().unwrap_or_default()),
@@ -308,13 +315,6 @@ fn gate(
                 "command",
                 format!("{argv:?}"),
                 "the command must name a program",
-            ));
-        }
-        if let Some(u) = &g.prometheus_url {
-            return Err(bad(
-                "prometheus_url",
-                format!("{u:?}"),
-                "a `command` gate asks no Prometheus",
             ));
         }
         GateCheck::Command { argv }
@@ -375,7 +375,7 @@ fn gate(
             ));
         }
         GateCheck::Query {
-            prometheus_url: prometheus_url()?,
+            prometheus: prometheus()?,
             query,
         }
     } else {
@@ -386,7 +386,7 @@ fn gate(
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| bad("alerts", format!("{matchers:?}"), &e))?;
         GateCheck::Alerts {
-            prometheus_url: prometheus_url()?,
+            prometheus: prometheus()?,
             alertmanager_url: match &g.alertmanager_url {
                 Some(u) if !url_ok(u) => {
                     return Err(bad(
@@ -400,14 +400,8 @@ fn gate(
             selector,
         }
     };
-    if let (Some(u), GateCheck::NodeAnnotations { .. } | GateCheck::PodsReady { .. }) =
-        (&g.prometheus_url, &check)
-    {
-        return Err(bad(
-            "prometheus_url",
-            format!("{u:?}"),
-            "a `node_annotations` or `pods_ready` gate asks no Prometheus",
-        ));
+    if !matches!(check, GateCheck::Query { .. } | GateCheck::Alerts { .. }) {
+        no_prometheus_keys((&g.prometheus_url, &g.ca_file, &g.bearer_token_file), &bad)?;
     }
     if let (Some(l), false) = (
         &g.node_label,
@@ -446,9 +440,32 @@ fn gate(
     };
     Ok(GateSpec {
         name,
+        key: at.to_string(),
         check,
         timeout,
     })
+}
+
+/// A gate that asks no Prometheus has none of its keys.
+/// `keys`: its `prometheus_url`, `ca_file` and `bearer_token_file`.
+fn no_prometheus_keys(
+    keys: (&Option<String>, &Option<PathBuf>, &Option<PathBuf>),
+    bad: &dyn Fn(&str, String, &str) -> ConfigError,
+) -> Result<(), ConfigError> {
+    let (url, ca_file, bearer_token_file) = keys;
+    let why = "only a `query` or `alerts` gate asks Prometheus";
+    if let Some(u) = url {
+        return Err(bad("prometheus_url", format!("{u:?}"), why));
+    }
+    for (key, file) in [
+        ("ca_file", ca_file),
+        ("bearer_token_file", bearer_token_file),
+    ] {
+        if let Some(f) = file {
+            return Err(bad(key, format!("{:?}", f.display().to_string()), why));
+        }
+    }
+    Ok(())
 }
 
 /// A gate's name when none is given: what it asks, briefly.

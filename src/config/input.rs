@@ -23,6 +23,7 @@ pub(super) struct ConfigInput {
 #[serde(deny_unknown_fields)]
 pub(super) struct WebhookInput {
     pub url: Option<String>,
+    pub url_file: Option<PathBuf>,
     pub ca_file: Option<PathBuf>,
     pub timeout: Option<HumanDuration>,
 }

@@ -373,6 +373,8 @@ timeout = "5s"
 prometheus_url = "https://prometheus:9090/"
 alerts = ['severity="critical"', 'alertname!~"Watchdog|Info.*"']
 alertmanager_url = "http://alertmanager:9093"
+ca_file = "/etc/rebootd/prometheus-ca.pem"
+bearer_token_file = "/etc/rebootd/prometheus-token"
 "#,
     );
     let g = Config::load(&[a]).unwrap().gates;
@@ -384,12 +386,22 @@ alertmanager_url = "http://alertmanager:9093"
     );
     assert_eq!(g.before_reboot[0].timeout, Duration::from_secs(30));
     assert_eq!(g.before_reboot[1].timeout, Duration::from_secs(5));
+    assert_eq!(g.before_reboot[1].key, "gates.before_reboot[2]");
     match &g.before_reboot[2].check {
         GateCheck::Alerts {
+            prometheus,
             alertmanager_url,
             selector,
-            ..
         } => {
+            assert_eq!(prometheus.url, "https://prometheus:9090/");
+            assert_eq!(
+                prometheus.ca_file.as_deref(),
+                Some(Path::new("/etc/rebootd/prometheus-ca.pem"))
+            );
+            assert_eq!(
+                prometheus.bearer_token_file.as_deref(),
+                Some(Path::new("/etc/rebootd/prometheus-token"))
+            );
             assert_eq!(
                 alertmanager_url.as_deref(),
                 Some("http://alertmanager:9093")
@@ -454,6 +466,17 @@ fn bad_gates_name_file_key_and_value() {
             "[[gates.before_reboot]]\nname = \" \"\ncommand = [\"true\"]\n".to_string(),
             "gates.before_reboot[1].name",
             "\" \"",
+        ),
+        (
+            "[[gates.before_reboot]]\ncommand = [\"true\"]\nbearer_token_file = \"/t\"\n"
+                .to_string(),
+            "gates.before_reboot[1].bearer_token_file",
+            "\"/t\"",
+        ),
+        (
+            "[[gates.before_reboot]]\ncommand = [\"true\"]\nca_file = \"/ca.pem\"\n".to_string(),
+            "gates.before_reboot[1].ca_file",
+            "\"/ca.pem\"",
         ),
     ] {
         let a = write(&dir, "g.toml", &text);
@@ -645,4 +668,48 @@ fn reboot_labels_taint_and_load_balancer_exclusion() {
             .to_string();
         assert!(err.contains("b.toml") && err.contains(needle), "{err}");
     }
+}
+
+#[test]
+fn a_webhook_has_url_or_url_file_and_errors_keep_the_url_secret() {
+    use crate::notify_webhook::WebhookUrl;
+    let dir = tempfile::tempdir().unwrap();
+    let a = write(
+        &dir,
+        "w.toml",
+        "[webhook]\nurl_file = \"/etc/rebootd/webhook-url\"\n",
+    );
+    let w = Config::load(&[a]).unwrap().webhook.unwrap();
+    assert_eq!(
+        w.url,
+        WebhookUrl::File(PathBuf::from("/etc/rebootd/webhook-url"))
+    );
+    let both = write(
+        &dir,
+        "w.toml",
+        "[webhook]\nurl = \"https://hooks.slack.com/services/s3cret\"\nurl_file = \"/u\"\n",
+    );
+    let err = Config::load(std::slice::from_ref(&both))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("webhook.url_file") && err.contains("not both"),
+        "{err}"
+    );
+    assert!(!err.contains("s3cret"), "{err}");
+    let no_scheme = write(
+        &dir,
+        "w.toml",
+        "[webhook]\nurl = \"hooks.slack.com/services/s3cret\"\n",
+    );
+    let err = Config::load(std::slice::from_ref(&no_scheme))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("webhook.url") && !err.contains("s3cret"),
+        "{err}"
+    );
+    let neither = write(&dir, "w.toml", "[webhook]\ntimeout = \"1s\"\n");
+    let err = Config::load(&[neither]).unwrap_err().to_string();
+    assert!(err.contains("url_file"), "{err}");
 }

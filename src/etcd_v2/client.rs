@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, USER_AGENT};
 use hyper::{Method, Request, StatusCode};
 
@@ -16,6 +16,8 @@ use crate::http::{self, error_chain, HttpClient};
 
 /// Largest answer read (a recursive read of locksmith's whole tree, every group).
 const BODY_MAX: usize = 16 * 1024 * 1024;
+/// Largest `GET /version` answer read (etcd's is under 100 bytes).
+const VERSION_MAX: usize = 4096;
 /// Longest answer text quoted in errors.
 const QUOTE_MAX: usize = 300;
 
@@ -539,25 +541,23 @@ impl KeysClient {
             Wait::LongPoll if status.is_success() => self.timeouts.watch,
             Wait::LongPoll => self.timeouts.request,
         };
-        let body = match tokio::time::timeout(
-            read_for,
-            Limited::new(response.into_body(), BODY_MAX).collect(),
-        )
-        .await
-        {
-            Err(_) if wait == Wait::LongPoll && status.is_success() => return Ok(None),
-            Err(_) => {
-                return Err(unreachable(format!(
-                    "the answer (HTTP {status}) did not end within {read_for:?}"
-                )))
-            }
-            Ok(Err(e)) => {
-                return Err(unreachable(format!(
-                    "reading the answer to HTTP {status}: {e}"
-                )))
-            }
-            Ok(Ok(b)) => b.to_bytes(),
-        };
+        let body =
+            match tokio::time::timeout(read_for, http::read_body(response.into_body(), BODY_MAX))
+                .await
+            {
+                Err(_) if wait == Wait::LongPoll && status.is_success() => return Ok(None),
+                Err(_) => {
+                    return Err(unreachable(format!(
+                        "the answer (HTTP {status}) did not end within {read_for:?}"
+                    )))
+                }
+                Ok(Err(e)) => {
+                    return Err(unreachable(format!(
+                        "reading the answer to HTTP {status}: {e}"
+                    )))
+                }
+                Ok(Ok(b)) => b,
+            };
         if status.is_success() {
             let Some(index) = etcd_index else {
                 return Err(V2Error::NotEtcd {
@@ -621,11 +621,9 @@ impl KeysClient {
         self.requests.fetch_add(1, Ordering::Relaxed);
         let exchange = async {
             let response = self.http.request(request).await.ok()?;
-            let body = Limited::new(response.into_body(), 4096)
-                .collect()
+            let body = http::read_body(response.into_body(), VERSION_MAX)
                 .await
-                .ok()?
-                .to_bytes();
+                .ok()?;
             serde_json::from_slice::<Version>(&body).ok()
         };
         tokio::time::timeout(self.timeouts.request, exchange)

@@ -113,20 +113,16 @@ impl Gates {
                     argv: argv.clone(),
                     timeout: spec.timeout,
                 }),
-                GateCheck::Query {
-                    prometheus_url,
-                    query,
-                } => Gate::Query(Box::new(prometheus::QueryGate::new(
-                    prometheus_url,
-                    query,
-                    spec.timeout,
-                )?)),
+                GateCheck::Query { prometheus, query } => Gate::Query(Box::new(
+                    prometheus::QueryGate::new(&spec.key, prometheus, query, spec.timeout)?,
+                )),
                 GateCheck::Alerts {
-                    prometheus_url,
+                    prometheus,
                     alertmanager_url,
                     selector,
                 } => Gate::Alerts(Box::new(prometheus::AlertsGate::new(
-                    prometheus_url,
+                    &spec.key,
+                    prometheus,
                     alertmanager_url.as_deref(),
                     selector.clone(),
                     spec.timeout,

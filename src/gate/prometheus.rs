@@ -7,12 +7,17 @@
 //!   match; regexes are anchored as in PromQL). With `alertmanager_url`, alerts covered by an
 //!   active silence (`GET {am}/api/v2/silences`, state `active`) do not count, so an operator can
 //!   silence an alert to let reboots through, as they would to quiet its notifications.
+//!
+//! Answers are read strictly: a `status` other than `success`, a `data` (or `data.alerts`, or a
+//! query's `result`) of another type, or a body over [`BODY_MAX`] is a wait that says why, never
+//! "no alerts". [`Access`] carries the CA file and the bearer token file.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::header::{HeaderValue, ACCEPT, USER_AGENT};
+use http_body_util::Full;
+use hyper::header::{HeaderValue, ACCEPT, AUTHORIZATION, USER_AGENT};
 use hyper::{Method, Request, Uri};
 use serde_json::Value;
 
@@ -97,16 +102,68 @@ impl Matcher {
     }
 }
 
+/// Largest Prometheus or Alertmanager answer read: `/api/v1/alerts` of a big Prometheus (a
+/// thousand alerts with their labels and annotations) is a few MiB; more is not an answer
+/// rebootd can act on, and a gate must not let a server fill its memory.
+pub const BODY_MAX: usize = 16 * 1024 * 1024;
+
+/// Where a Prometheus is and how rebootd reaches it: the CA(s) to trust for `https://`, and a
+/// file holding a bearer token sent as `Authorization: Bearer` (read again for each request, so
+/// a rotated token is picked up). Both are used for the gate's Alertmanager too.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Access {
+    pub url: String,
+    pub ca_file: Option<PathBuf>,
+    pub bearer_token_file: Option<PathBuf>,
+}
+
+impl Access {
+    /// A URL with no CA file and no token.
+    pub fn url(url: &str) -> Access {
+        Access {
+            url: url.to_string(),
+            ca_file: None,
+            bearer_token_file: None,
+        }
+    }
+}
+
+/// The bearer token in `file`: its content without the final newline; an error names `key`,
+/// the file and why (unreadable, empty, not usable in a header).
+pub fn read_token(key: &str, file: &Path) -> Result<HeaderValue, String> {
+    let path = file.display();
+    let raw = std::fs::read(file).map_err(|e| format!("cannot read {key} {path}: {e}"))?;
+    let text = String::from_utf8(raw).map_err(|_| format!("{key} {path} is not UTF-8"))?;
+    let token = text.trim_end_matches(['\n', '\r']);
+    if token.is_empty() {
+        return Err(format!("{key} {path} is empty"));
+    }
+    let mut value = HeaderValue::from_str(&format!("Bearer {token}"))
+        .map_err(|_| format!("{key} {path}: the token holds characters a header cannot"))?;
+    value.set_sensitive(true);
+    Ok(value)
+}
+
 /// A Prometheus (or Alertmanager) HTTP API endpoint.
 #[derive(Debug, Clone)]
 struct Api {
     base: String,
     client: HttpClient,
     timeout: Duration,
+    /// `(key, file)` of the bearer token, if one is sent.
+    token: Option<(String, PathBuf)>,
 }
 
 impl Api {
-    fn new(table: &'static str, url: &str, timeout: Duration) -> Result<Api, SetupError> {
+    /// `at` is the gate's key (`gates.before_reboot[1]`), `url_key` the URL's key in it; the
+    /// CA file and the token file are read now, so a wrong one stops rebootd at start.
+    fn new(
+        at: &str,
+        url_key: &str,
+        url: &str,
+        access: &Access,
+        timeout: Duration,
+    ) -> Result<Api, SetupError> {
         let base = url.trim_end_matches('/').to_string();
         let https = if base.starts_with("https://") {
             true
@@ -114,29 +171,44 @@ impl Api {
             false
         } else {
             return Err(SetupError(format!(
-                "{table}: {url:?} is not an http(s):// URL"
+                "{at}.{url_key}: {url:?} is not an http(s):// URL"
             )));
         };
         let tls = TlsFiles {
-            table,
-            ca_file: None,
+            table: "gate",
+            ca_file: access.ca_file.clone(),
             client_cert: None,
+        };
+        let client =
+            http::client(https, &tls, timeout).map_err(|e| SetupError(format!("{at}: {e}")))?;
+        let token = match &access.bearer_token_file {
+            Some(file) => {
+                let key = format!("{at}.bearer_token_file");
+                read_token(&key, file).map_err(SetupError)?;
+                Some((key, file.clone()))
+            }
+            None => None,
         };
         Ok(Api {
             base,
-            client: http::client(https, &tls, timeout)?,
+            client,
             timeout,
+            token,
         })
     }
 
     async fn get(&self, path_and_query: &str) -> Result<Value, String> {
         let url = format!("{}{path_and_query}", self.base);
         let uri: Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
-        let req = Request::builder()
+        let mut req = Request::builder()
             .method(Method::GET)
             .uri(uri)
             .header(ACCEPT, HeaderValue::from_static("application/json"))
-            .header(USER_AGENT, HeaderValue::from_static("rebootd"))
+            .header(USER_AGENT, HeaderValue::from_static("rebootd"));
+        if let Some((key, file)) = &self.token {
+            req = req.header(AUTHORIZATION, read_token(key, file)?);
+        }
+        let req = req
             .body(Full::new(Bytes::new()))
             .map_err(|e| e.to_string())?;
         let call = async {
@@ -146,12 +218,9 @@ impl Api {
                 .await
                 .map_err(|e| error_chain(&e))?;
             let status = resp.status();
-            let body = resp
-                .into_body()
-                .collect()
+            let body = http::read_body(resp.into_body(), BODY_MAX)
                 .await
-                .map_err(|e| e.to_string())?
-                .to_bytes();
+                .map_err(|e| format!("HTTP {status}: {e}"))?;
             if !status.is_success() {
                 return Err(format!(
                     "HTTP {status}: {}",
@@ -170,6 +239,72 @@ impl Api {
     }
 }
 
+/// The `data` of a Prometheus API answer (`{"status": "success", "data": {...}}`); anything
+/// else is an answer the gate does not understand, and says why.
+fn success_data(v: &Value) -> Result<&serde_json::Map<String, Value>, String> {
+    match v.get("status").and_then(Value::as_str) {
+        Some("success") => {}
+        Some("error") => {
+            return Err(format!(
+                "it answered status \"error\": {}: {}",
+                v["errorType"].as_str().unwrap_or("?"),
+                v["error"].as_str().unwrap_or("?")
+            ))
+        }
+        Some(other) => return Err(format!("it answered status {other:?}, not \"success\"")),
+        None => return Err("its answer has no `status` (not the Prometheus API?)".into()),
+    }
+    v.get("data")
+        .and_then(Value::as_object)
+        .ok_or_else(|| "its answer's `data` is not an object".into())
+}
+
+/// What a query returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum QueryResult {
+    /// An empty vector or matrix.
+    Nothing,
+    /// This many series.
+    Series(usize),
+    /// A scalar or a string: never "nothing".
+    Value(String),
+}
+
+/// A `/api/v1/query` answer read strictly.
+fn query_result(v: &Value) -> Result<QueryResult, String> {
+    let data = success_data(v)?;
+    let kind = data
+        .get("resultType")
+        .and_then(Value::as_str)
+        .ok_or("its answer has no `data.resultType`")?;
+    match (kind, data.get("result")) {
+        ("vector" | "matrix", Some(Value::Array(r))) if r.is_empty() => Ok(QueryResult::Nothing),
+        ("vector" | "matrix", Some(Value::Array(r))) => Ok(QueryResult::Series(r.len())),
+        ("vector" | "matrix", _) => Err(format!("its {kind} result is not an array")),
+        ("scalar" | "string", Some(_)) => Ok(QueryResult::Value(kind.to_string())),
+        _ => Err(format!(
+            "result type {kind:?} with no result it understands"
+        )),
+    }
+}
+
+/// The alerts of a `/api/v1/alerts` answer read strictly: each an object with `labels` (an
+/// object) and `state` (a string), or the whole answer is not understood.
+fn alerts(v: &Value) -> Result<&Vec<Value>, String> {
+    let list = success_data(v)?
+        .get("alerts")
+        .and_then(Value::as_array)
+        .ok_or("its answer's `data.alerts` is not an array")?;
+    if let Some(bad) = list
+        .iter()
+        .find(|a| !a["labels"].is_object() || !a["state"].is_string())
+    {
+        let text: String = bad.to_string().chars().take(200).collect();
+        return Err(format!("an alert without labels or state: {text}"));
+    }
+    Ok(list)
+}
+
 /// Percent-encode a query parameter value.
 fn encode(s: &str) -> String {
     url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
@@ -183,9 +318,15 @@ pub struct QueryGate {
 }
 
 impl QueryGate {
-    pub fn new(prometheus_url: &str, query: &str, timeout: Duration) -> Result<Self, SetupError> {
+    /// `at`: the gate's key, for errors (`gates.before_reboot[1]`).
+    pub fn new(
+        at: &str,
+        prometheus: &Access,
+        query: &str,
+        timeout: Duration,
+    ) -> Result<Self, SetupError> {
         Ok(QueryGate {
-            api: Api::new("gate.prometheus_url", prometheus_url, timeout)?,
+            api: Api::new(at, "prometheus_url", &prometheus.url, prometheus, timeout)?,
             query: query.to_string(),
         })
     }
@@ -199,21 +340,20 @@ impl QueryGate {
             Ok(v) => v,
             Err(e) => return Verdict::Wait(format!("Prometheus to answer ({e})")),
         };
-        match v["data"]["result"].as_array() {
-            Some(r) if r.is_empty() => Verdict::Go,
-            Some(r) => Verdict::Wait(format!(
-                "the Prometheus query {:?} to return nothing (it returns {} series)",
-                self.query,
-                r.len()
+        match query_result(&v) {
+            Ok(QueryResult::Nothing) => Verdict::Go,
+            Ok(QueryResult::Series(n)) => Verdict::Wait(format!(
+                "the Prometheus query {:?} to return nothing (it returns {n} series)",
+                self.query
             )),
-            None => match v["data"]["resultType"].as_str() {
-                // A scalar or string result is never "nothing".
-                Some(t) => Verdict::Wait(format!(
-                    "the Prometheus query {:?} to return an empty vector (it returns a {t})",
-                    self.query
-                )),
-                None => Verdict::Wait(format!("Prometheus to answer the query ({v})")),
-            },
+            Ok(QueryResult::Value(t)) => Verdict::Wait(format!(
+                "the Prometheus query {:?} to return an empty vector (it returns a {t})",
+                self.query
+            )),
+            Err(why) => Verdict::Wait(format!(
+                "Prometheus to answer the query {:?} in a way rebootd understands ({why})",
+                self.query
+            )),
         }
     }
 }
@@ -227,25 +367,36 @@ pub struct AlertsGate {
 }
 
 impl AlertsGate {
+    /// `at`: the gate's key, for errors (`gates.before_reboot[1]`). The Alertmanager is
+    /// reached with the Prometheus's CA file and token.
     pub fn new(
-        prometheus_url: &str,
+        at: &str,
+        prometheus: &Access,
         alertmanager_url: Option<&str>,
         selector: Vec<Matcher>,
         timeout: Duration,
     ) -> Result<Self, SetupError> {
         Ok(AlertsGate {
-            prometheus: Api::new("gate.prometheus_url", prometheus_url, timeout)?,
+            prometheus: Api::new(at, "prometheus_url", &prometheus.url, prometheus, timeout)?,
             alertmanager: alertmanager_url
-                .map(|u| Api::new("gate.alertmanager_url", u, timeout))
+                .map(|u| Api::new(at, "alertmanager_url", u, prometheus, timeout))
                 .transpose()?,
             selector,
         })
     }
 
     pub async fn check(&self) -> Verdict {
-        let alerts = match self.prometheus.get("/api/v1/alerts").await {
-            Ok(v) => v["data"]["alerts"].as_array().cloned().unwrap_or_default(),
+        let answer = match self.prometheus.get("/api/v1/alerts").await {
+            Ok(v) => v,
             Err(e) => return Verdict::Wait(format!("Prometheus to answer ({e})")),
+        };
+        let alerts = match alerts(&answer) {
+            Ok(a) => a,
+            Err(why) => {
+                return Verdict::Wait(format!(
+                    "Prometheus to list its alerts in a way rebootd understands ({why})"
+                ))
+            }
         };
         let mut firing: Vec<&Value> = alerts
             .iter()
@@ -257,7 +408,12 @@ impl AlertsGate {
         }
         if let Some(am) = &self.alertmanager {
             let silences = match am.get("/api/v2/silences").await {
-                Ok(v) => v.as_array().cloned().unwrap_or_default(),
+                Ok(Value::Array(s)) => s,
+                Ok(_) => {
+                    return Verdict::Wait(
+                        "Alertmanager to list its silences (its answer is not an array)".into(),
+                    )
+                }
                 Err(e) => return Verdict::Wait(format!("Alertmanager to answer ({e})")),
             };
             let active: Vec<Vec<Matcher>> = silences

@@ -373,48 +373,81 @@ impl Fragment {
 }
 
 /// Write the fragment (and any secret file it refers to) below the root. Refuses to replace an
-/// existing file unless `force`. Returns the host paths written.
+/// existing file unless `force`, and a symbolic link always (writing through it would put a
+/// secret wherever it points); nothing is written unless every file may be. Each file is
+/// written by [`replace`]: a reader never sees it half-written, and a secret is never readable
+/// by others, not even for a moment. Returns the host paths written.
 pub fn write(root: &Root, import: &Import, force: bool) -> Result<Vec<PathBuf>, ImportError> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     let target = format!("{OUTPUT_DIR}/{}", import.from.file_name());
     let mut files: Vec<(String, String, u32)> = vec![(target, import.render(), 0o644)];
     for s in &import.secrets {
         files.push((s.path.clone(), format!("{}\n", s.content), 0o600));
     }
     for (path, _, _) in &files {
-        if !force && root.at(path).exists() {
-            return Err(ImportError::Read {
-                path: path.clone(),
-                source: std::io::Error::new(
-                    std::io::ErrorKind::AlreadyExists,
-                    "exists already; not replaced (use --force)",
-                ),
-            });
+        let refuse = |why: &str| ImportError::Read {
+            path: path.clone(),
+            source: std::io::Error::new(std::io::ErrorKind::AlreadyExists, why),
+        };
+        match std::fs::symlink_metadata(root.at(path)) {
+            Ok(m) if m.file_type().is_symlink() => {
+                return Err(refuse(
+                    "is a symbolic link; not written through (remove it first)",
+                ))
+            }
+            Ok(m) if !m.is_file() => return Err(refuse("exists and is not a regular file")),
+            Ok(_) if !force => {
+                return Err(refuse("exists already; not replaced (use --force)"));
+            }
+            _ => {}
         }
     }
     let mut written = Vec::new();
     for (path, text, mode) in files {
         let full = root.at(&path);
-        let err = |source| ImportError::Read {
+        replace(&full, text.as_bytes(), mode).map_err(|source| ImportError::Read {
             path: path.clone(),
             source,
-        };
-        if let Some(dir) = full.parent() {
-            std::fs::create_dir_all(dir).map_err(err)?;
-        }
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(&full)
-            .map_err(err)?;
-        f.write_all(text.as_bytes()).map_err(err)?;
-        f.sync_all().map_err(err)?;
+        })?;
         written.push(full);
     }
     Ok(written)
+}
+
+/// Put `bytes` at `path` with `mode`: a new temporary file in the same directory, created
+/// 0600 (so a secret is never readable by others, whatever the umask), written, given `mode`,
+/// fsynced, renamed over `path` (never truncated in place: the old file, and its mode, are
+/// gone), and the directory fsynced.
+fn replace(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    // A leftover of an earlier run with the same pid (a container) is stale.
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written?;
+    std::fs::File::open(dir)?.sync_all()
 }
 
 #[cfg(test)]

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper::header::{HeaderValue, ACCEPT, CONTENT_TYPE, USER_AGENT};
 use hyper::{Method, Request, StatusCode, Uri};
 
@@ -301,11 +301,9 @@ impl FleetLock {
                 .await
                 .map_err(|e| error_chain(&e))?;
             let status = response.status();
-            let body = Limited::new(response.into_body(), BODY_MAX)
-                .collect()
+            let body = http::read_body(response.into_body(), BODY_MAX)
                 .await
-                .map_err(|e| format!("reading the answer to HTTP {status}: {e}"))?
-                .to_bytes();
+                .map_err(|e| format!("reading the answer to HTTP {status}: {e}"))?;
             Ok::<_, String>(Answer::from_body(status, &body))
         };
         match tokio::time::timeout(self.options.request_timeout, exchange).await {
