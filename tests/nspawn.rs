@@ -166,9 +166,74 @@ async fn etcd() -> EtcdServer {
     EtcdServer::start(v).await.unwrap()
 }
 
+/// Key material of the host that the unit hides from rebootd (`InaccessiblePaths=`): one file
+/// under each hidden path, as Debian, Fedora CoreOS, Flatcar and Kubernetes put them there.
+/// The test writes each (root's, mode 0600) unless the image has it (`/etc/shadow`).
+const HOST_KEYS: &[&str] = &[
+    "/var/lib/kubelet/pki/kubelet.key",
+    "/etc/kubernetes/admin.conf",
+    "/etc/rancher/k3s/k3s.yaml",
+    "/var/lib/rancher/k3s/server/token",
+    "/var/lib/etcd/member/snap/db",
+    "/etc/ssh/ssh_host_ed25519_key",
+    "/root/.ssh/id_ed25519",
+    "/etc/ssl/private/host.key",
+    "/etc/pki/tls/private/host.key",
+    "/etc/shadow",
+    "/etc/gshadow",
+    "/etc/krb5.keytab",
+    "/var/lib/systemd/credential.secret",
+    "/var/lib/cloud/instance/user-data.txt",
+];
+
+/// What rebootd reads, beside the keys: its configuration and its own kubeconfig under
+/// /etc/rebootd, the machine id, the boot id, and the CA bundles next to the hidden private
+/// keys (the last two, and the kubeconfig, written by the test).
+const REBOOTD_READS: &[&str] = &[
+    "/etc/rebootd/config.d/50-test.toml",
+    "/etc/rebootd/kubeconfig",
+    "/etc/machine-id",
+    install::BOOT_ID_FILE,
+    "/etc/ssl/certs/lab-ca.pem",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+];
+
+/// A sentinel command that tries to read each file it is given and says in the journal
+/// (rebootd's stderr) whether it could: `key-probe read PATH` or `key-probe denied PATH`, then
+/// `key-probe done`. It runs as rebootd's child, with rebootd's credentials, namespaces and
+/// mounts: what it reads, rebootd could. It exits 1 (no reboot needed).
+fn key_probe_config() -> String {
+    let script = r#"for f in "$@"; do if cat "$f" >/dev/null 2>&1; then r=read; else r=denied; fi; echo "key-probe $r $f" >&2; done; echo "key-probe done" >&2; exit 1"#;
+    let paths: Vec<String> = HOST_KEYS
+        .iter()
+        .chain(REBOOTD_READS)
+        .map(|p| format!("\"{p}\""))
+        .collect();
+    format!(
+        "[triggers]\nsentinel_command = [\"/bin/sh\", \"-c\", '{script}', \"key-probe\", {}]\n",
+        paths.join(", ")
+    )
+}
+
 #[tokio::test]
 async fn the_shipped_unit_runs_under_real_systemd() {
-    let host = boot(prepare("unit", "")).await;
+    let host = prepare("unit", &key_probe_config());
+    // Dummy keys where the host's are, and what rebootd is given, before rebootd starts.
+    for path in HOST_KEYS {
+        if !host.path(path).exists() {
+            host.write(path, &format!("lab secret {path}\n"), 0o600)
+                .unwrap();
+        }
+    }
+    host.write("/etc/rebootd/kubeconfig", "lab kubeconfig\n", 0o600)
+        .unwrap();
+    for path in [
+        "/etc/ssl/certs/lab-ca.pem",
+        "/etc/pki/tls/certs/ca-bundle.crt",
+    ] {
+        host.write(path, "lab CA\n", 0o644).unwrap();
+    }
+    let host = boot(host).await;
     // Type=notify: "active (running)" only after READY=1; STATUS= is what rebootd sent.
     assert_eq!(
         host.unit_property("rebootd", "Type").await.unwrap(),
@@ -207,6 +272,65 @@ async fn the_shipped_unit_runs_under_real_systemd() {
         .await
         .is_ok());
 
+    // The boot id rebootd recorded is this boot's.
+    let state: Value = serde_json::from_str(
+        &host
+            .run(&["cat", "/var/lib/rebootd/state.json"])
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    let boot_id = host.run(&["cat", install::BOOT_ID_FILE]).await.unwrap();
+    assert_eq!(state["boot_id"], boot_id.trim(), "{state}");
+
+    // The host's keys are there, and root outside the service reads them; rebootd's sentinel
+    // command (rebootd's own credentials and sandbox) cannot, and reads what rebootd needs.
+    let mut follow = follow_rebootd(&host);
+    follow
+        .expect("the key probe ran", BOOT, |l| l == "key-probe done")
+        .await
+        .unwrap();
+    let probe: Vec<&String> = follow
+        .seen
+        .iter()
+        .filter(|l| l.starts_with("key-probe "))
+        .collect();
+    println!("{}", follow.seen.join("\n"));
+    for path in HOST_KEYS {
+        host.run(&["test", "-s", path]).await.unwrap();
+        let line = format!("key-probe denied {path}");
+        assert!(probe.contains(&&line), "{line:?} not in {probe:#?}");
+    }
+    for path in REBOOTD_READS {
+        let line = format!("key-probe read {path}");
+        assert!(probe.contains(&&line), "{line:?} not in {probe:#?}");
+    }
+    // Even root with every capability, in rebootd's mount namespace, finds nothing there
+    // (an empty directory or an empty file, mode 0000, in place of each).
+    let pid = host.unit_property("rebootd", "MainPID").await.unwrap();
+    host.run(&[
+        "nsenter",
+        "-t",
+        &pid,
+        "-m",
+        "--",
+        "test",
+        "-s",
+        "/etc/rebootd/kubeconfig",
+    ])
+    .await
+    .unwrap();
+    for path in HOST_KEYS {
+        let seen = host
+            .exec(&["nsenter", "-t", &pid, "-m", "--", "test", "-s", path])
+            .await
+            .unwrap();
+        assert!(
+            !seen.status.success(),
+            "{path} is in rebootd's mount namespace"
+        );
+    }
+
     // The exposure systemd computes for the running unit is the one the docs state.
     let report = host
         .run(&["systemd-analyze", "security", "rebootd", "--no-pager"])
@@ -223,6 +347,7 @@ async fn the_shipped_unit_runs_under_real_systemd() {
         .split_whitespace()
         .next()
         .unwrap();
+    println!("{line}");
     assert_eq!(exposure, DOCUMENTED_EXPOSURE, "{line}");
     let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
     assert!(readme.contains(&format!("exposure {DOCUMENTED_EXPOSURE}")));

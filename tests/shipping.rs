@@ -169,6 +169,76 @@ fn unit_has_the_settings_the_daemon_relies_on() {
     }
 }
 
+/// The paths of `InaccessiblePaths=` lines, "-" prefixes left out.
+fn inaccessible_paths(unit: &str) -> Vec<&str> {
+    unit_settings(unit)
+        .iter()
+        .filter_map(|s| s.strip_prefix("InaccessiblePaths="))
+        .flat_map(str::split_whitespace)
+        .map(|p| p.trim_start_matches('-'))
+        .collect()
+}
+
+/// Whether `path` is `hidden` or under it.
+fn is_under(path: &str, hidden: &str) -> bool {
+    path == hidden || path.starts_with(&format!("{hidden}/"))
+}
+
+#[test]
+fn unit_hides_the_hosts_keys_and_nothing_rebootd_reads() {
+    let unit = read("systemd/rebootd.service");
+    let hidden = inaccessible_paths(&unit);
+    // Every entry may be missing on a host: "-", or the unit would not start there.
+    for s in unit_settings(&unit) {
+        if let Some(paths) = s.strip_prefix("InaccessiblePaths=") {
+            for p in paths.split_whitespace() {
+                assert!(p.starts_with("-/"), "{p} in {s} lacks the \"-\" prefix");
+            }
+        }
+    }
+    for key in [
+        "/var/lib/kubelet/pki/kubelet.key",
+        "/var/lib/kubelet/kubeconfig",
+        "/etc/kubernetes/admin.conf",
+        "/etc/kubernetes/pki/ca.key",
+        "/etc/rancher/k3s/k3s.yaml",
+        "/var/lib/etcd/member/snap/db",
+        "/etc/ssh/ssh_host_ed25519_key",
+        "/root/.ssh/id_ed25519",
+        "/etc/ssl/private/ssl-cert-snakeoil.key",
+        "/etc/pki/tls/private/localhost.key",
+        "/etc/shadow",
+    ] {
+        assert!(
+            hidden.iter().any(|h| is_under(key, h)),
+            "{key} is not hidden from rebootd"
+        );
+    }
+    // Its configuration and own credentials, identity, trigger, coordinator file and the CA
+    // bundles it verifies servers with (/etc/ssl/etcd: Flatcar's locksmith certificates).
+    for needed in [
+        "/etc/rebootd/config.d/50-site.toml",
+        "/etc/rebootd/kubeconfig",
+        "/usr/lib/rebootd/config.d/00-default.toml",
+        "/etc/machine-id",
+        "/proc/sys/kernel/random/boot_id",
+        "/run/reboot-required",
+        "/run/update-engine/coordinator.conf",
+        "/var/lib/rebootd/state.json",
+        "/etc/ssl/certs/ca-certificates.crt",
+        "/etc/ssl/etcd/client-key.pem",
+        "/etc/pki/tls/certs/ca-bundle.crt",
+        "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+        "/etc/flatcar/update.conf",
+        "/usr/share/zoneinfo/UTC",
+    ] {
+        assert!(
+            !hidden.iter().any(|h| is_under(needed, h)),
+            "{needed} is hidden from rebootd"
+        );
+    }
+}
+
 // --- default configuration ---------------------------------------------------------------------
 
 #[test]
