@@ -546,12 +546,15 @@ impl Runtime {
             warn!(event = refused.event, phase = %refused.phase, "{refused}; the state is left as it is");
             return Ok(state);
         }
-        let next = step.state;
+        // What came from outside (errors, gate answers, inhibitors) is bounded and escaped
+        // before it reaches the journal, the state file or anything that reads them.
+        let next = step.state.cleaned();
+        let why = crate::text::clean(&step.why);
         if next.phase != state.phase {
             // The message says it all ("idle → reboot_needed: why"); the fields are for filtering.
-            info!(from = %state.phase, to = %next.phase, why = %step.why, "{} → {}: {}", state.phase, next.phase, step.why);
+            info!(from = %state.phase, to = %next.phase, %why, "{} → {}: {why}", state.phase, next.phase);
         } else if next != state {
-            info!(phase = %next.phase, why = %step.why, "still {}: {}", next.phase, step.why);
+            info!(phase = %next.phase, %why, "still {}: {why}", next.phase);
         }
         if next != state {
             self.store.save(&next)?;

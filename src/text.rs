@@ -12,22 +12,36 @@ pub fn clean(s: &str) -> String {
     clean_to(s, MAX_SHOWN)
 }
 
-/// `s` bounded to `max` characters (then `…` and how many were left out) and escaped: a control
-/// character (C0, DEL, C1) or a bidirectional override shows as `\u{..}`, so `ESC[2J` reads
-/// `\u{1b}[2J`. Plain text, UTF-8 included, is kept as it is.
+/// `s` escaped and bounded to `max` characters in all: a control character (C0, DEL, C1) or a
+/// bidirectional override shows as `\u{..}`, so `ESC[2J` reads `\u{1b}[2J`; past the bound
+/// the rest is left out and `… (N more characters)` says how much. Plain text, UTF-8 included,
+/// is kept as it is. Cleaning twice is cleaning once.
 pub fn clean_to(s: &str, max: usize) -> String {
-    let mut out = String::with_capacity(s.len().min(max.saturating_mul(2)));
-    for (shown, (i, c)) in s.char_indices().enumerate() {
-        if shown == max {
-            let left = s[i..].chars().count();
-            out.push_str(&format!("… ({left} more characters)"));
-            break;
-        }
+    if s.len() <= max && !s.chars().any(needs_escape) {
+        return s.to_owned();
+    }
+    let escaped = |c: char| {
         if needs_escape(c) {
-            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+            format!("\\u{{{:x}}}", u32::from(c))
         } else {
-            out.push(c);
+            c.to_string()
         }
+    };
+    let whole: Vec<String> = s.chars().map(escaped).collect();
+    if whole.iter().map(|p| p.chars().count()).sum::<usize>() <= max {
+        return whole.concat();
+    }
+    // Room for the note on what was left out, at most " (18446744073709551615 more characters)".
+    let room = max.saturating_sub(40);
+    let mut out = String::new();
+    let mut shown = 0usize;
+    for (taken, piece) in whole.iter().enumerate() {
+        let width = piece.chars().count();
+        if shown + width > room {
+            return format!("{out}… ({} more characters)", whole.len() - taken);
+        }
+        out.push_str(piece);
+        shown += width;
     }
     out
 }
@@ -65,12 +79,21 @@ mod tests {
     }
 
     #[test]
-    fn bounds_the_length_in_characters() {
+    fn bounds_the_length_in_characters_and_cleans_once() {
         let long = "é".repeat(MAX_SHOWN + 10);
         let c = clean(&long);
-        assert!(c.starts_with(&"é".repeat(MAX_SHOWN)));
-        assert!(c.ends_with("… (10 more characters)"), "{c}");
-        assert_eq!(clean_to("abcdef", 3), "abc… (3 more characters)");
+        assert!(c.chars().count() <= MAX_SHOWN, "{}", c.chars().count());
+        assert!(c.starts_with(&"é".repeat(MAX_SHOWN - 40)));
+        assert!(c.ends_with(" more characters)"), "{c}");
+        assert_eq!(clean(&c), c, "cleaning twice changed it");
+        let escapes = "\u{1b}".repeat(MAX_SHOWN);
+        let c = clean(&escapes);
+        assert!(c.chars().count() <= MAX_SHOWN && !c.contains('\u{1b}'));
+        assert_eq!(clean(&c), c);
+        assert_eq!(
+            clean_to(&"a".repeat(50), 45),
+            format!("{}… (45 more characters)", "a".repeat(5))
+        );
         assert_eq!(clean_to("abc", 3), "abc");
         assert!(!is_clean(&long));
     }
