@@ -1,5 +1,5 @@
 //! Link flags for rebootd's release binaries. What they save at idle is measured in
-//! BENCHMARKS.md (4e).
+//! docs/benchmark-history.md (4e).
 //!
 //! - The static musl binaries that ship (packaging/build-static.sh): `-z pack-relative-relocs`,
 //!   the relative relocations of the position-independent binary as DT_RELR (about 7 kB)

@@ -3,7 +3,7 @@
 # the default) or packaging/rebootd.gnu.order (glibc, `cargo build --release`) again: the
 # functions rebootd runs from start to idle, which build.rs asks the linker (rust-lld) to place
 # together at the start of .text so that idle rebootd keeps only that part of its code resident
-# (BENCHMARKS.md, 4e).
+# (docs/benchmark-history.md, 4e).
 #
 # Steps: build rebootd (build.rs has the linker write its map into OUT_DIR); start it
 # idle through `rebootd-lab bench idle` (etcd backend and drain configured, as the bench measures

@@ -2,7 +2,8 @@
 //!
 //! The daemon learns that its host needs a reboot, waits for a maintenance window, takes a slot
 //! in a fleet-wide counting semaphore, optionally drains its Kubernetes node, reboots through
-//! logind and, after boot, checks health and gives the slot back. See `docs/DESIGN.md`.
+//! logind and, after boot, checks health and gives the slot back. See `README.md` and, for how
+//! it works inside, `docs/design-notes.md`.
 
 pub mod agent;
 pub mod app_id;

@@ -1,6 +1,6 @@
 //! Real hosts: Debian 12 containers booted with systemd-nspawn (real systemd, journald, logind
 //! and D-Bus system bus) running the shipped rebootd unit with the static release binaries, etcd
-//! on the host's loopback. See `rebootd_lab::nspawn` and README's test section.
+//! on the host's loopback. See `rebootd_lab::nspawn` and the test section of docs/design-notes.md.
 //!
 //! The first test to run builds what every test shares, once: the Debian image (debootstrap,
 //! cached under ~/.cache/rebootd-lab), the static binaries and the .deb (packaging/build-static.sh,

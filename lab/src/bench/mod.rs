@@ -1,5 +1,6 @@
 //! `rebootd-lab bench`: benchmarks of rebootd in the lab. They print figures; they are not
-//! timed tests. Results and the commands that produced them are in `BENCHMARKS.md`.
+//! timed tests. Results and the commands that produced them are in `BENCHMARKS.md` (what is
+//! true now) and `docs/benchmark-history.md` (every round).
 //!
 //! - `handoff`: slot hand-off latency of the lock backends (library, in-process clients).
 //! - `rollout`: a rolling reboot of many in-process nodes (the real `Runtime`), vs the ideal.
