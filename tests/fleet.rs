@@ -301,3 +301,58 @@ async fn rebootctl_shows_and_steers_the_etcd_semaphore() {
         std::slice::from_ref(&node.machine_id)
     );
 }
+
+/// A boot that outlasts `lock.max_hold` (the host down longer than `reboot.boot_time` said,
+/// which rebootd cannot see: nothing beats while the host is down) lets the head of the queue
+/// take the slot over once its own clock has seen `max_hold` of silence. What happens then is
+/// bounded, as README says: exactly one host more than `max` is down, once; the late host, back,
+/// learns that its slot is gone, does not reboot again, and its release gives nothing back; the
+/// rollout finishes with the semaphore empty.
+#[tokio::test]
+async fn a_boot_longer_than_max_hold_lets_one_more_host_down_once_and_nothing_worse() {
+    let version = versions()[0];
+    let fleet = ready_fleet(FleetOptions {
+        nodes: 2,
+        max: 1,
+        lock: FleetLock::Etcd(version),
+        // Down 6 s, though the configuration says a boot takes no time: max_hold (2 s) passes
+        // while the host is down.
+        reboot_time: Duration::from_secs(6),
+        lock_config: "max_hold = \"2s\"\n".into(),
+        config: "[reboot]\ntimeout = \"1s\"\nboot_time = \"0s\"\n".into(),
+        ..FleetOptions::default()
+    })
+    .await;
+    need_reboot(&fleet, 0, "2").await;
+    fleet
+        .wait_state(0, "reboot", WAIT, |s| s.phase == Phase::Rebooting)
+        .await
+        .unwrap();
+    need_reboot(&fleet, 1, "2").await;
+    fleet.wait_rolled(Duration::from_secs(90)).await.unwrap();
+
+    let events = fleet.events();
+    let asked = |node: &str| {
+        events
+            .iter()
+            .filter(|e| matches!(e, FleetEvent::RebootRequested { node: n, .. } if n == node))
+            .count()
+    };
+    assert_eq!((asked("node-1"), asked("node-2")), (1, 1), "{events:?}");
+    // node-2 went down while node-1 was still down: the one extra host, once.
+    let mut down = Vec::new();
+    let mut together = 0;
+    for e in &events {
+        match e {
+            FleetEvent::RebootRequested { node, .. } => {
+                together += down.len();
+                down.push(node.clone());
+            }
+            FleetEvent::Booted { node, .. } => down.retain(|d| d != node),
+            FleetEvent::Holders { .. } => {}
+        }
+    }
+    assert_eq!(together, 1, "{events:?}");
+    let (_, max, holders) = locksmith_doc(&get(&fleet, KEY));
+    assert_eq!((max, holders), (1, Vec::<String>::new()));
+}
