@@ -1,0 +1,879 @@
+//! The agent's state machine, pure: `step(state, event) -> state` and `next_action(state)`.
+//!
+//! No I/O happens here. The runtime (`runtime.rs`) performs the action the state asks for, turns
+//! its outcome into an [`Event`], steps, and persists the new state before the next action, so
+//! every side effect is guarded by a state written before it.
+
+use crate::inhibitor::{self, Inhibitor};
+use crate::lock::GroupPause;
+use crate::need::Need;
+use crate::state::{GateWait, Pause, Phase, RebootRequest, State};
+use jiff::Timestamp;
+use std::time::Duration;
+
+/// The parts of the configuration the state machine needs.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// Whether a Kubernetes drain happens before the reboot.
+    pub drain: bool,
+    /// How long an accepted reboot may take before it counts as lost.
+    pub reboot_timeout: Duration,
+    /// Back-off after a refusal or a backend error.
+    pub retry_interval: Duration,
+    /// A gate that said wait is asked again after this long (`gates.interval`).
+    pub gate_interval: Duration,
+    /// Hold the slot this long after the node is back before releasing it (`gates.settle`).
+    pub settle: Option<Duration>,
+}
+
+/// What happened, as the runtime reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// The process started, in the boot with this id.
+    Started { boot_id: String },
+    /// A trigger says the host needs a reboot.
+    RebootNeeded { need: Need },
+    /// A maintenance window is open now.
+    WindowOpen,
+    /// No window is open; the next one opens then (None: never).
+    WindowClosed { next_open: Option<Timestamp> },
+    /// This node holds a slot.
+    SlotAcquired,
+    /// A fence (right before cordoning or rebooting) found that this node no longer holds its
+    /// slot (released by hand, reclaimed, or held by another host with the same machine id).
+    SlotLost { why: String },
+    /// Talking to the lock backend or the API server failed (retried after a back-off).
+    Transient { error: String },
+    /// Pods matching `blocking_pods` run on the node.
+    Blocked { pods: Vec<String> },
+    /// A gate (`[gates]`) says wait: its name and what it waits for; `hold`: the node keeps
+    /// its slot meanwhile (a Node gate, whose checks run for the node about to reboot).
+    Gated {
+        gate: String,
+        why: String,
+        hold: bool,
+    },
+    /// The node is drained.
+    Drained,
+    /// The drain did not finish; `reboot_anyway` per `on_drain_failure`.
+    DrainFailed { error: String, reboot_anyway: bool },
+    /// The cordon was put on by rebootd (true) or was there before (false).
+    Cordoned { by_us: bool },
+    /// People are logged in: logind announced the reboot for `until` (see [`crate::users`]);
+    /// the slot is held while they get the time to finish.
+    UsersWarned {
+        sessions: Vec<crate::users::Session>,
+        until: Timestamp,
+    },
+    /// The time given to logged-in users is over.
+    UsersWarningOver,
+    /// Everything allows the reboot now: the request is about to be made.
+    ReadyToReboot,
+    /// logind accepted the reboot request.
+    RebootAccepted,
+    /// logind refused (inhibitor, error).
+    RebootRefused { error: String },
+    /// The block inhibitors on shutdown held right before the reboot (empty: none any more).
+    Inhibited { by: Vec<Inhibitor> },
+    /// An accepted reboot did not happen within the timeout.
+    RebootTimedOut,
+    /// The node is back and healthy after the reboot.
+    Healthy,
+    /// The node did not become healthy within `ready_timeout`.
+    NotHealthy { error: String },
+    /// The node is schedulable again.
+    Uncordoned,
+    /// The slot is given back.
+    Released,
+    /// A back-off ended.
+    RetryDue,
+    /// The operator paused this node (`rebootctl pause`).
+    Paused { reason: Option<String> },
+    /// The operator resumed this node (`rebootctl resume`).
+    Resumed,
+    /// The operator cancelled the pending reboot (`rebootctl cancel`).
+    Cancelled,
+    /// The lock store says the group is paused (`rebootctl pause --group`): no slot is taken.
+    GroupPaused { pause: GroupPause },
+    /// The group's pause is gone (`rebootctl resume --group`).
+    GroupResumed,
+}
+
+impl Event {
+    /// The event's name, for logs and refusals.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Event::Started { .. } => "started",
+            Event::RebootNeeded { .. } => "reboot_needed",
+            Event::WindowOpen => "window_open",
+            Event::WindowClosed { .. } => "window_closed",
+            Event::SlotAcquired => "slot_acquired",
+            Event::SlotLost { .. } => "slot_lost",
+            Event::Transient { .. } => "transient",
+            Event::Blocked { .. } => "blocked",
+            Event::Gated { .. } => "gated",
+            Event::Drained => "drained",
+            Event::DrainFailed { .. } => "drain_failed",
+            Event::Cordoned { .. } => "cordoned",
+            Event::UsersWarned { .. } => "users_warned",
+            Event::UsersWarningOver => "users_warning_over",
+            Event::ReadyToReboot => "ready_to_reboot",
+            Event::RebootAccepted => "reboot_accepted",
+            Event::RebootRefused { .. } => "reboot_refused",
+            Event::Inhibited { .. } => "inhibited",
+            Event::RebootTimedOut => "reboot_timed_out",
+            Event::Healthy => "healthy",
+            Event::NotHealthy { .. } => "not_healthy",
+            Event::Uncordoned => "uncordoned",
+            Event::Released => "released",
+            Event::RetryDue => "retry_due",
+            Event::Paused { .. } => "paused",
+            Event::Resumed => "resumed",
+            Event::Cancelled => "cancelled",
+            Event::GroupPaused { .. } => "group_paused",
+            Event::GroupResumed => "group_resumed",
+        }
+    }
+}
+
+/// An event the agent refuses because it does not belong to the phase the node is in: the
+/// outcome of an action of another phase (stale, or a runtime bug). The state is left as it
+/// is, and the runtime logs the refusal.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("refused event {event} in phase {phase}: it belongs to {belongs}")]
+pub struct Refused {
+    pub event: &'static str,
+    pub phase: Phase,
+    /// The phases (or condition) the event belongs to, in words.
+    pub belongs: &'static str,
+}
+
+/// Whether `event` belongs to the phase `s` is in. Triggers, the start, back-off ends, errors
+/// and operator requests belong to every phase; an action's outcome only to the phase whose
+/// action produces it.
+pub fn admit(s: &State, event: &Event) -> Result<(), Refused> {
+    use Phase::*;
+    let p = s.phase;
+    let before_reboot = matches!(
+        p,
+        RebootNeeded | WaitingForWindow | AcquiringSlot | Draining | Rebooting
+    );
+    let (ok, belongs) = match event {
+        Event::Started { .. }
+        | Event::RebootNeeded { .. }
+        | Event::Transient { .. }
+        | Event::RetryDue
+        | Event::Paused { .. }
+        | Event::Resumed
+        | Event::Cancelled => (true, "every phase"),
+        Event::WindowOpen => (
+            matches!(p, RebootNeeded | WaitingForWindow),
+            "reboot_needed, waiting_for_window",
+        ),
+        Event::WindowClosed { .. } | Event::Blocked { .. } => (
+            before_reboot,
+            "reboot_needed .. rebooting (before the reboot)",
+        ),
+        Event::Gated { .. } => (
+            before_reboot || p == WaitingForHealthy,
+            "reboot_needed .. rebooting, waiting_for_healthy",
+        ),
+        Event::SlotAcquired | Event::GroupPaused { .. } | Event::GroupResumed => {
+            (p == AcquiringSlot, "acquiring_slot")
+        }
+        Event::SlotLost { .. } => (matches!(p, Draining | Rebooting), "draining, rebooting"),
+        Event::Cordoned { .. } | Event::Drained | Event::DrainFailed { .. } => {
+            (p == Draining, "draining")
+        }
+        Event::UsersWarned { .. }
+        | Event::ReadyToReboot
+        | Event::RebootRefused { .. }
+        | Event::Inhibited { .. } => (p == Rebooting, "rebooting"),
+        Event::UsersWarningOver => (
+            p == Rebooting && s.users_warned.is_some(),
+            "rebooting, with logged-in users warned",
+        ),
+        Event::RebootAccepted => (
+            p == Rebooting && s.reboot.is_some(),
+            "rebooting, with the request on record",
+        ),
+        Event::RebootTimedOut => (
+            p == Rebooting && s.reboot.as_ref().is_some_and(|r| r.called),
+            "rebooting, with logind asked",
+        ),
+        Event::Healthy | Event::NotHealthy { .. } => {
+            (p == WaitingForHealthy, "waiting_for_healthy")
+        }
+        Event::Uncordoned => (p == Uncordoning, "uncordoning"),
+        Event::Released => (p == Releasing, "releasing"),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(Refused {
+            event: event.name(),
+            phase: p,
+            belongs,
+        })
+    }
+}
+
+/// What the runtime must do next for a state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Wait for a trigger.
+    WaitForTrigger,
+    /// Do nothing until then, then report [`Event::RetryDue`].
+    Sleep { until: Timestamp },
+    /// See whether a window is open now.
+    CheckWindow,
+    /// Wait until a window opens.
+    WaitForWindow,
+    /// Take a slot (waiting for one), unless the group is paused.
+    AcquireSlot,
+    /// The group is paused: wait until its pause is no longer this one.
+    WaitForGroupResume { known: GroupPause },
+    /// Read whether the node is unschedulable already, before cordoning it.
+    RecordCordon,
+    /// Cordon and drain the node.
+    Drain,
+    /// Check once more that the reboot may happen now (window, blockers).
+    PrepareReboot,
+    /// Ask logind to reboot (after listing its block inhibitors, when they are respected).
+    CallReboot,
+    /// Wait until the block inhibitors held differ from these.
+    AwaitInhibitors { known: Vec<Inhibitor> },
+    /// Give logged-in users the time announced to them, until then.
+    WarnUsers { until: Timestamp },
+    /// Wait for the host to go down, until the deadline.
+    AwaitReboot { deadline: Timestamp },
+    /// Wait for the node to be healthy after boot.
+    WaitHealthy,
+    /// Make the node schedulable again.
+    Uncordon,
+    /// Give the slot back.
+    ReleaseSlot,
+    /// Paused with a reboot needed: wait for `rebootctl resume` (or another operator request).
+    WaitForResume,
+}
+
+/// The result of a step: the new state and, when the phase changed, why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    pub state: State,
+    pub why: String,
+    /// Set when the event did not belong to the phase: `state` is the old one.
+    pub refused: Option<Refused>,
+}
+
+/// What the state asks for next.
+pub fn next_action(s: &State, policy: &Policy) -> Action {
+    if let Some(until) = s.retry_at {
+        return Action::Sleep { until };
+    }
+    match s.phase {
+        Phase::Idle => Action::WaitForTrigger,
+        // A paused node starts nothing: no window check, no slot.
+        Phase::RebootNeeded | Phase::WaitingForWindow if s.paused.is_some() => {
+            Action::WaitForResume
+        }
+        Phase::RebootNeeded => match s.not_before {
+            Some(until) => Action::Sleep { until },
+            None => Action::CheckWindow,
+        },
+        Phase::WaitingForWindow => Action::WaitForWindow,
+        Phase::AcquiringSlot => match &s.group_paused {
+            Some(p) => Action::WaitForGroupResume { known: p.clone() },
+            None => Action::AcquireSlot,
+        },
+        Phase::Draining if !s.cordon_recorded => Action::RecordCordon,
+        Phase::Draining => Action::Drain,
+        Phase::Rebooting if !s.inhibited_by.is_empty() => Action::AwaitInhibitors {
+            known: s.inhibited_by.clone(),
+        },
+        Phase::Rebooting => match &s.reboot {
+            None => match &s.users_warned {
+                Some(w) if !w.over => Action::WarnUsers { until: w.until },
+                _ => Action::PrepareReboot,
+            },
+            Some(r) if !r.called => Action::CallReboot,
+            Some(r) => Action::AwaitReboot {
+                deadline: add(r.requested_at, policy.reboot_timeout),
+            },
+        },
+        Phase::WaitingForHealthy => Action::WaitHealthy,
+        Phase::Uncordoning => Action::Uncordon,
+        Phase::Releasing => match s.settle_until {
+            Some(until) => Action::Sleep { until },
+            None => Action::ReleaseSlot,
+        },
+    }
+}
+
+fn add(t: Timestamp, d: Duration) -> Timestamp {
+    jiff::SignedDuration::try_from(d)
+        .ok()
+        .and_then(|d| t.checked_add(d).ok())
+        .unwrap_or(Timestamp::MAX)
+}
+
+fn enter(s: &mut State, phase: Phase, now: Timestamp) {
+    if s.phase != phase {
+        s.phase = phase;
+        s.since = now;
+        s.inhibited_by.clear();
+        // A warning belongs to one reboot: gone once the reboot happened or was called off.
+        if phase != Phase::Rebooting {
+            s.users_warned = None;
+        }
+        // The group's pause is looked at again at the next slot wait.
+        s.group_paused = None;
+    }
+    s.waiting_for = None;
+}
+
+/// After the slot is taken: drain first when configured.
+fn after_slot(policy: &Policy) -> Phase {
+    if policy.drain {
+        Phase::Draining
+    } else {
+        Phase::Rebooting
+    }
+}
+
+/// Say so while the settle time holds the slot.
+fn settling(s: &mut State) {
+    if let Some(t) = s.settle_until {
+        s.waiting_for = Some(format!("the settle time to end at {t} (holding the slot)"));
+    }
+}
+
+/// Undo what was done for a reboot that will not happen now: uncordon, then release.
+fn back_out(s: &mut State, now: Timestamp) {
+    let phase = if s.cordoned_by_us {
+        Phase::Uncordoning
+    } else {
+        Phase::Releasing
+    };
+    enter(s, phase, now);
+}
+
+/// Whether an event shows the gates went (or were not asked, so what they said is stale): the
+/// checks after them ran, the window decided first, or the host rebooted.
+fn clears_gate(event: &Event, s: &State) -> bool {
+    match event {
+        Event::WindowOpen
+        | Event::WindowClosed { .. }
+        | Event::Blocked { .. }
+        | Event::Cordoned { .. }
+        | Event::ReadyToReboot
+        | Event::Healthy => true,
+        Event::Started { boot_id } => *boot_id != s.boot_id,
+        _ => false,
+    }
+}
+
+/// Apply an event to a state.
+pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step {
+    if let Err(refused) = admit(old, &event) {
+        return Step {
+            state: old.clone(),
+            why: refused.to_string(),
+            refused: Some(refused),
+        };
+    }
+    let mut s = old.clone();
+    let why: String;
+    if clears_gate(&event, &s) {
+        s.gate = None;
+    }
+    match event {
+        Event::Started { boot_id } => {
+            let rebooted = s.boot_id != boot_id;
+            let previous = std::mem::replace(&mut s.boot_id, boot_id.clone());
+            if !rebooted {
+                match s.reboot.take() {
+                    // The host is still up in the boot the reboot was asked in: it did not
+                    // happen (or was never asked for, if the crash came first). Waiting out
+                    // the timeout would hold the slot for nothing; check the window and the
+                    // blockers again and ask again now (a second request joins a pending one).
+                    Some(r) => {
+                        s.failed_attempts += 1;
+                        why = format!(
+                            "restarted in the same boot {boot_id}; the reboot requested at {} had not happened; asking again (failed attempts: {})",
+                            r.requested_at, s.failed_attempts
+                        );
+                        s.last_error = Some(why.clone());
+                    }
+                    None => why = format!("restarted in the same boot {boot_id}; resuming"),
+                }
+            } else {
+                match s.phase {
+                    Phase::Idle => why = format!("new boot {boot_id}"),
+                    Phase::WaitingForHealthy | Phase::Uncordoning | Phase::Releasing => {
+                        why = format!("new boot {boot_id} during post-boot checks; resuming");
+                    }
+                    _ => {
+                        // Ours: a request is on record, or one was made in this rebooting
+                        // episode and may still have been pending in logind when it was put
+                        // aside (a restart in the same boot, a timeout) to be asked again.
+                        let ours = s.phase == Phase::Rebooting
+                            && (s.reboot.is_some() || s.failed_attempts > 0);
+                        why = if ours {
+                            format!("rebooted: boot id {previous} -> {boot_id}")
+                        } else {
+                            format!(
+                                "the host rebooted outside rebootd's control in phase {} \
+                                 (boot id {previous} -> {boot_id})",
+                                s.phase
+                            )
+                        };
+                        s.reason = None;
+                        s.reboot = None;
+                        s.retry_at = None;
+                        s.failed_attempts = 0;
+                        s.last_error = None;
+                        s.last_reboot = Some(now);
+                        if ours {
+                            s.reboots += 1;
+                        }
+                        let post_boot = s.slot_held || s.cordoned_by_us || ours;
+                        enter(
+                            &mut s,
+                            if post_boot {
+                                Phase::WaitingForHealthy
+                            } else {
+                                Phase::Idle
+                            },
+                            now,
+                        );
+                    }
+                }
+            }
+        }
+        Event::RebootNeeded { need: reason } => {
+            if s.reason.is_none() {
+                s.reason = Some(reason.clone());
+            }
+            if s.phase == Phase::Idle {
+                enter(&mut s, Phase::RebootNeeded, now);
+                why = format!("reboot needed: {reason}");
+            } else {
+                why = format!("already in phase {}; noted: {reason}", s.phase);
+            }
+        }
+        Event::WindowOpen => match s.phase {
+            _ if s.paused.is_some() => why = "window open, but paused: no slot is taken".into(),
+            Phase::RebootNeeded | Phase::WaitingForWindow => {
+                enter(&mut s, Phase::AcquiringSlot, now);
+                why = "maintenance window open".into();
+            }
+            _ => why = "window open (no change)".into(),
+        },
+        Event::WindowClosed { next_open } => {
+            let when = next_open.map_or("never".to_string(), |t| t.to_string());
+            match s.phase {
+                Phase::RebootNeeded | Phase::WaitingForWindow => {
+                    enter(&mut s, Phase::WaitingForWindow, now);
+                    why = format!("outside the maintenance window; next opens {when}");
+                    s.waiting_for = Some(format!("maintenance window opening at {when}"));
+                }
+                Phase::AcquiringSlot | Phase::Draining | Phase::Rebooting => {
+                    back_out(&mut s, now);
+                    why = format!(
+                        "the maintenance window closed before the reboot; backing out (next opens {when})"
+                    );
+                }
+                _ => why = "window closed (no change)".into(),
+            }
+        }
+        Event::SlotAcquired => {
+            s.slot_held = true;
+            s.last_error = None;
+            enter(&mut s, after_slot(policy), now);
+            why = "slot acquired".into();
+        }
+        Event::SlotLost { why: lost } => {
+            // Back out of what was done for this slot, then wait for a slot again: uncordon if
+            // rebootd cordoned, and no release (there is nothing to give back).
+            s.slot_held = false;
+            s.reboot = None;
+            s.last_error = Some(format!("slot lost: {lost}"));
+            if s.cordoned_by_us {
+                enter(&mut s, Phase::Uncordoning, now);
+                why = format!(
+                    "the slot was lost ({lost}); uncordoning, then waiting for a slot again"
+                );
+            } else {
+                s.cordon_recorded = false;
+                enter(&mut s, Phase::RebootNeeded, now);
+                why = format!("the slot was lost ({lost}); waiting for a slot again");
+            }
+        }
+        Event::Transient { error } => {
+            s.retry_at = Some(add(now, policy.retry_interval));
+            why = format!("{error}; retrying");
+            s.waiting_for = Some(format!("retry after: {error}"));
+            s.last_error = Some(error);
+        }
+        Event::Blocked { pods } => {
+            let list = pods.join(", ");
+            s.not_before = Some(add(now, policy.retry_interval));
+            match s.phase {
+                Phase::AcquiringSlot | Phase::Draining | Phase::Rebooting => {
+                    back_out(&mut s, now);
+                    why = format!("blocking pods run ({list}); backing out");
+                }
+                _ => why = format!("blocking pods run ({list}); not taking a slot"),
+            }
+            s.waiting_for = Some(format!("blocking pods to finish: {list}"));
+        }
+        Event::Gated {
+            gate,
+            why: reason,
+            hold,
+        } => {
+            // A gate that closes after the slot was taken backs out like blocking pods: before
+            // the cordon the slot is released at once so another node can go; after the drain
+            // rebootd uncordons what it cordoned and releases, since an alert the drain itself
+            // fired would otherwise hold the node drained for good. A Node gate (`hold`) is
+            // asked only with the slot held and keeps it, as FLUO counts a node in its
+            // before-reboot checks as rebooting.
+            let next_check = add(now, policy.gate_interval);
+            let since = match &s.gate {
+                Some(g) if g.name == gate => g.since,
+                _ => now,
+            };
+            match s.phase {
+                // A check after the boot: the slot stays held, so the rollout waits here.
+                Phase::WaitingForHealthy => {
+                    s.retry_at = Some(next_check);
+                    why = format!(
+                        "after the boot, gate {gate:?} says wait ({reason}); holding the slot, asking again at {next_check}"
+                    );
+                }
+                Phase::Draining | Phase::Rebooting if hold && s.slot_held => {
+                    s.reboot = None;
+                    s.retry_at = Some(next_check);
+                    why = format!(
+                        "gate {gate:?} says wait ({reason}); holding the slot, asking again at {next_check}"
+                    );
+                }
+                Phase::AcquiringSlot | Phase::Draining | Phase::Rebooting => {
+                    s.not_before = Some(next_check);
+                    back_out(&mut s, now);
+                    why = format!(
+                        "gate {gate:?} says wait ({reason}); backing out and releasing the slot, asking again at {next_check}"
+                    );
+                }
+                _ => {
+                    s.not_before = Some(next_check);
+                    why = format!(
+                        "gate {gate:?} says wait ({reason}); not taking a slot, asking again at {next_check}"
+                    )
+                }
+            }
+            let wait = GateWait {
+                name: gate,
+                why: reason,
+                since,
+                next_check,
+            };
+            s.waiting_for = Some(wait.describe());
+            s.gate = Some(wait);
+        }
+        Event::Cordoned { by_us } => {
+            s.cordon_recorded = true;
+            s.cordoned_by_us = by_us;
+            why = if by_us {
+                "node cordoned by rebootd".into()
+            } else {
+                "node was already unschedulable; rebootd will leave it so".into()
+            };
+        }
+        Event::Drained => {
+            enter(&mut s, Phase::Rebooting, now);
+            why = "node drained".into();
+        }
+        Event::DrainFailed {
+            error,
+            reboot_anyway,
+        } => {
+            s.last_error = Some(format!("drain failed: {error}"));
+            if reboot_anyway {
+                enter(&mut s, Phase::Rebooting, now);
+                why =
+                    format!("drain failed ({error}); rebooting anyway (on_drain_failure = reboot)");
+            } else {
+                back_out(&mut s, now);
+                s.not_before = Some(add(now, policy.retry_interval));
+                why = format!("drain failed ({error}); backing out (on_drain_failure = abort)");
+            }
+        }
+        // Asked right before logind would be: the request waits (the checks run again after).
+        Event::UsersWarned { sessions, until } => match (s.phase, &s.reboot) {
+            (Phase::Rebooting, None)
+            | (Phase::Rebooting, Some(RebootRequest { called: false, .. })) => {
+                s.reboot = None;
+                let who = crate::users::describe(&sessions);
+                why = format!(
+                    "logged in: {who}; logind announces the reboot for {until}; holding the slot until then"
+                );
+                s.waiting_for = Some(format!(
+                    "the time announced to logged-in users ({who}) to pass at {until}"
+                ));
+                s.users_warned = Some(crate::users::Warning {
+                    until,
+                    sessions,
+                    over: false,
+                });
+            }
+            _ => why = "a users' warning outside the rebooting phase (no change)".into(),
+        },
+        Event::UsersWarningOver => {
+            if let Some(w) = s.users_warned.as_mut() {
+                w.over = true;
+            }
+            s.waiting_for = None;
+            why = "the time announced to logged-in users passed".into();
+        }
+        Event::ReadyToReboot => {
+            s.reboot = Some(RebootRequest {
+                requested_at: now,
+                boot_id: s.boot_id.clone(),
+                called: false,
+            });
+            why = "asking logind to reboot".into();
+        }
+        Event::RebootAccepted => {
+            if let Some(r) = s.reboot.as_mut() {
+                r.called = true;
+            }
+            let deadline = s
+                .reboot
+                .as_ref()
+                .map(|r| add(r.requested_at, policy.reboot_timeout));
+            s.waiting_for = deadline.map(|d| format!("the host to go down (until {d})"));
+            why = "logind accepted the reboot".into();
+        }
+        Event::RebootRefused { error } => {
+            s.reboot = None;
+            s.retry_at = Some(add(now, policy.retry_interval));
+            s.waiting_for = Some(format!("retry after the reboot was refused: {error}"));
+            why = format!("reboot refused: {error}");
+            s.last_error = Some(why.clone());
+        }
+        Event::Inhibited { by } => match s.phase {
+            // Not asked: logind is called once none blocks, after the window and the blockers
+            // are checked again (time may have passed).
+            Phase::Rebooting => {
+                s.reboot = None;
+                if by.is_empty() {
+                    let was = inhibitor::describe(&s.inhibited_by);
+                    why = if was.is_empty() {
+                        "no block inhibitor held".into()
+                    } else {
+                        format!("block inhibitors released ({was}); asking logind again")
+                    };
+                    s.waiting_for = None;
+                } else {
+                    let list = inhibitor::describe(&by);
+                    why = format!("block inhibitors on shutdown held: {list}; not asking logind until they are released");
+                    s.waiting_for = Some(format!("block inhibitors to be released: {list}"));
+                }
+                s.inhibited_by = by;
+            }
+            _ => why = "inhibitors seen outside the rebooting phase (no change)".into(),
+        },
+        Event::RebootTimedOut => {
+            s.failed_attempts += 1;
+            let at = s
+                .reboot
+                .as_ref()
+                .map_or("?".to_string(), |r| r.requested_at.to_string());
+            s.reboot = None;
+            why = format!(
+                "the reboot requested at {at} did not happen within {}; asking again (failed attempts: {})",
+                humantime::format_duration(policy.reboot_timeout),
+                s.failed_attempts
+            );
+            s.last_error = Some(why.clone());
+        }
+        Event::NotHealthy { error } => {
+            why = format!(
+                "the node is not healthy after the reboot ({error}); keeping the slot so the rollout stops here"
+            );
+            s.waiting_for = Some("the node to become Ready (holding the slot)".into());
+            s.last_error = Some(why.clone());
+        }
+        Event::Healthy => {
+            let next = if s.cordoned_by_us {
+                Phase::Uncordoning
+            } else {
+                Phase::Releasing
+            };
+            enter(&mut s, next, now);
+            why = "node healthy after boot".into();
+            if let Some(d) = policy.settle.filter(|_| s.slot_held) {
+                s.settle_until = Some(add(now, d));
+                settling(&mut s);
+            }
+        }
+        Event::Uncordoned => {
+            s.cordoned_by_us = false;
+            s.cordon_recorded = false;
+            if s.slot_held {
+                enter(&mut s, Phase::Releasing, now);
+                settling(&mut s);
+                why = "node uncordoned".into();
+            } else {
+                // Backing out of a lost slot: nothing to release.
+                enter(&mut s, Phase::RebootNeeded, now);
+                why = "node uncordoned; waiting for a slot again".into();
+            }
+        }
+        Event::Released => {
+            s.slot_held = false;
+            s.settle_until = None;
+            s.cordon_recorded = false;
+            s.failed_attempts = 0;
+            if s.not_before.is_none() {
+                s.last_error = None;
+            }
+            if s.reason.is_some() {
+                enter(&mut s, Phase::RebootNeeded, now);
+                s.waiting_for = s.gate.as_ref().map(GateWait::describe);
+                why = "slot released; a reboot is still needed".into();
+            } else {
+                enter(&mut s, Phase::Idle, now);
+                why = "slot released; cycle complete".into();
+            }
+        }
+        Event::RetryDue => {
+            // One sleep served whichever was set; blockers and windows are checked again anyway.
+            s.retry_at = None;
+            s.not_before = None;
+            s.settle_until = None;
+            why = "retrying".into();
+        }
+        Event::Paused { reason } => {
+            let said = reason
+                .as_deref()
+                .map_or(String::new(), |r| format!(" ({r})"));
+            s.paused = Some(Pause {
+                since: s.paused.as_ref().map_or(now, |p| p.since),
+                reason,
+            });
+            if before_logind(&s) && holds_or_may_hold(&s) {
+                s.reboot = None;
+                s.retry_at = None;
+                s.gate = None;
+                back_out(&mut s, now);
+                why = format!("paused{said}: backing out of this reboot (undoing rebootd's cordon, giving the slot back); the need is kept for after resume");
+            } else {
+                why = format!(
+                    "paused{said}: no slot is taken and no reboot started until `rebootctl resume`"
+                );
+            }
+        }
+        Event::Resumed => {
+            why = match s.paused.take() {
+                Some(p) => format!("resumed (paused since {})", p.since),
+                None => "resume: not paused (no change)".into(),
+            };
+            if matches!(s.phase, Phase::RebootNeeded | Phase::WaitingForWindow) {
+                s.waiting_for = None;
+            }
+        }
+        Event::GroupPaused { pause } => {
+            let said = pause.describe();
+            why = format!(
+                "the group is paused ({said}): no slot is taken until `rebootctl resume --group`"
+            );
+            s.waiting_for = Some(format!(
+                "`rebootctl resume --group` (the group is paused {said})"
+            ));
+            s.group_paused = Some(pause);
+        }
+        Event::GroupResumed => {
+            s.group_paused = None;
+            s.waiting_for = None;
+            why = "the group was resumed: waiting for a slot".into();
+        }
+        Event::Cancelled => match s.phase {
+            Phase::Idle => why = "cancel: no reboot pending (no change)".into(),
+            // Backing out of an attempt, or a new need noted during the post-boot steps: the
+            // need goes, the steps under way finish (then idle).
+            Phase::WaitingForHealthy | Phase::Uncordoning | Phase::Releasing
+                if s.reason.is_some() =>
+            {
+                drop_need(&mut s);
+                why = format!(
+                    "reboot cancelled by the operator; phase {} finishes, then idle",
+                    s.phase
+                );
+            }
+            Phase::WaitingForHealthy | Phase::Uncordoning | Phase::Releasing => {
+                why = format!(
+                    "cancel: the reboot already happened; the post-boot steps go on (phase {})",
+                    s.phase
+                )
+            }
+            _ if !before_logind(&s) => {
+                why = "cancel refused: logind was already asked to reboot".into()
+            }
+            Phase::RebootNeeded | Phase::WaitingForWindow => {
+                drop_need(&mut s);
+                enter(&mut s, Phase::Idle, now);
+                why = "reboot cancelled by the operator".into();
+            }
+            Phase::AcquiringSlot | Phase::Draining | Phase::Rebooting => {
+                drop_need(&mut s);
+                back_out(&mut s, now);
+                why = "reboot cancelled by the operator: undoing rebootd's cordon, giving the slot back".into();
+            }
+        },
+    }
+    if s.paused.is_some()
+        && s.retry_at.is_none()
+        && matches!(s.phase, Phase::RebootNeeded | Phase::WaitingForWindow)
+    {
+        s.waiting_for = Some("`rebootctl resume` (paused)".into());
+    }
+    Step {
+        state: s,
+        why,
+        refused: None,
+    }
+}
+
+/// Whether logind has not been asked yet in this cycle (an accepted or possibly accepted call
+/// cannot be taken back).
+fn before_logind(s: &State) -> bool {
+    !s.reboot.as_ref().is_some_and(|r| r.called)
+}
+
+/// Whether this node holds a slot or is taking one (an interrupted acquire may have taken it):
+/// the phases a pause or a cancel backs out of.
+fn holds_or_may_hold(s: &State) -> bool {
+    matches!(
+        s.phase,
+        Phase::AcquiringSlot | Phase::Draining | Phase::Rebooting
+    )
+}
+
+/// Forget the reboot this cycle was for (a cancel).
+fn drop_need(s: &mut State) {
+    s.reason = None;
+    s.gate = None;
+    s.reboot = None;
+    s.retry_at = None;
+    s.not_before = None;
+    s.failed_attempts = 0;
+}
+
+#[cfg(test)]
+mod gate_tests;
+
+#[cfg(test)]
+mod tests;
