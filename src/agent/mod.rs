@@ -11,6 +11,12 @@ use crate::state::{GateWait, Pause, Phase, RebootRequest, State};
 use jiff::Timestamp;
 use std::time::Duration;
 
+mod gates;
+mod retry;
+mod slot;
+mod start;
+mod window;
+
 /// The parts of the configuration the state machine needs.
 #[derive(Debug, Clone)]
 pub struct Policy {
@@ -332,15 +338,6 @@ fn enter(s: &mut State, phase: Phase, now: Timestamp) {
     s.waiting_for = None;
 }
 
-/// After the slot is taken: drain first when configured.
-fn after_slot(policy: &Policy) -> Phase {
-    if policy.drain {
-        Phase::Draining
-    } else {
-        Phase::Rebooting
-    }
-}
-
 /// Say so while the settle time holds the slot.
 fn settling(s: &mut State) {
     if let Some(t) = s.settle_until {
@@ -358,21 +355,6 @@ fn back_out(s: &mut State, now: Timestamp) {
     enter(s, phase, now);
 }
 
-/// Whether an event shows the gates went (or were not asked, so what they said is stale): the
-/// checks after them ran, the window decided first, or the host rebooted.
-fn clears_gate(event: &Event, s: &State) -> bool {
-    match event {
-        Event::WindowOpen
-        | Event::WindowClosed { .. }
-        | Event::Blocked { .. }
-        | Event::Cordoned { .. }
-        | Event::ReadyToReboot
-        | Event::Healthy => true,
-        Event::Started { boot_id } => *boot_id != s.boot_id,
-        _ => false,
-    }
-}
-
 /// Apply an event to a state.
 pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step {
     if let Err(refused) = admit(old, &event) {
@@ -384,204 +366,23 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
     }
     let mut s = old.clone();
     let why: String;
-    if clears_gate(&event, &s) {
+    if gates::clears_gate(&event, &s) {
         s.gate = None;
     }
     match event {
-        Event::Started { boot_id } => {
-            let rebooted = s.boot_id != boot_id;
-            let previous = std::mem::replace(&mut s.boot_id, boot_id.clone());
-            if !rebooted {
-                match s.reboot.take() {
-                    // The host is still up in the boot the reboot was asked in: it did not
-                    // happen (or was never asked for, if the crash came first). Waiting out
-                    // the timeout would hold the slot for nothing; check the window and the
-                    // blockers again and ask again now (a second request joins a pending one).
-                    Some(r) => {
-                        s.failed_attempts += 1;
-                        why = format!(
-                            "restarted in the same boot {boot_id}; the reboot requested at {} had not happened; asking again (failed attempts: {})",
-                            r.requested_at, s.failed_attempts
-                        );
-                        s.last_error = Some(why.clone());
-                    }
-                    None => why = format!("restarted in the same boot {boot_id}; resuming"),
-                }
-            } else {
-                match s.phase {
-                    Phase::Idle => why = format!("new boot {boot_id}"),
-                    Phase::WaitingForHealthy | Phase::Uncordoning | Phase::Releasing => {
-                        why = format!("new boot {boot_id} during post-boot checks; resuming");
-                    }
-                    _ => {
-                        // Ours: a request is on record, or one was made in this rebooting
-                        // episode and may still have been pending in logind when it was put
-                        // aside (a restart in the same boot, a timeout) to be asked again.
-                        let ours = s.phase == Phase::Rebooting
-                            && (s.reboot.is_some() || s.failed_attempts > 0);
-                        why = if ours {
-                            format!("rebooted: boot id {previous} -> {boot_id}")
-                        } else {
-                            format!(
-                                "the host rebooted outside rebootd's control in phase {} \
-                                 (boot id {previous} -> {boot_id})",
-                                s.phase
-                            )
-                        };
-                        s.reason = None;
-                        s.reboot = None;
-                        s.retry_at = None;
-                        s.failed_attempts = 0;
-                        s.last_error = None;
-                        s.last_reboot = Some(now);
-                        if ours {
-                            s.reboots += 1;
-                        }
-                        let post_boot = s.slot_held || s.cordoned_by_us || ours;
-                        enter(
-                            &mut s,
-                            if post_boot {
-                                Phase::WaitingForHealthy
-                            } else {
-                                Phase::Idle
-                            },
-                            now,
-                        );
-                    }
-                }
-            }
-        }
-        Event::RebootNeeded { need: reason } => {
-            if s.reason.is_none() {
-                s.reason = Some(reason.clone());
-            }
-            if s.phase == Phase::Idle {
-                enter(&mut s, Phase::RebootNeeded, now);
-                why = format!("reboot needed: {reason}");
-            } else {
-                why = format!("already in phase {}; noted: {reason}", s.phase);
-            }
-        }
-        Event::WindowOpen => match s.phase {
-            _ if s.paused.is_some() => why = "window open, but paused: no slot is taken".into(),
-            Phase::RebootNeeded | Phase::WaitingForWindow => {
-                enter(&mut s, Phase::AcquiringSlot, now);
-                why = "maintenance window open".into();
-            }
-            _ => why = "window open (no change)".into(),
-        },
-        Event::WindowClosed { next_open } => {
-            let when = next_open.map_or("never".to_string(), |t| t.to_string());
-            match s.phase {
-                Phase::RebootNeeded | Phase::WaitingForWindow => {
-                    enter(&mut s, Phase::WaitingForWindow, now);
-                    why = format!("outside the maintenance window; next opens {when}");
-                    s.waiting_for = Some(format!("maintenance window opening at {when}"));
-                }
-                Phase::AcquiringSlot | Phase::Draining | Phase::Rebooting => {
-                    back_out(&mut s, now);
-                    why = format!(
-                        "the maintenance window closed before the reboot; backing out (next opens {when})"
-                    );
-                }
-                _ => why = "window closed (no change)".into(),
-            }
-        }
-        Event::SlotAcquired => {
-            s.slot_held = true;
-            s.last_error = None;
-            enter(&mut s, after_slot(policy), now);
-            why = "slot acquired".into();
-        }
-        Event::SlotLost { why: lost } => {
-            // Back out of what was done for this slot, then wait for a slot again: uncordon if
-            // rebootd cordoned, and no release (there is nothing to give back).
-            s.slot_held = false;
-            s.reboot = None;
-            s.last_error = Some(format!("slot lost: {lost}"));
-            if s.cordoned_by_us {
-                enter(&mut s, Phase::Uncordoning, now);
-                why = format!(
-                    "the slot was lost ({lost}); uncordoning, then waiting for a slot again"
-                );
-            } else {
-                s.cordon_recorded = false;
-                enter(&mut s, Phase::RebootNeeded, now);
-                why = format!("the slot was lost ({lost}); waiting for a slot again");
-            }
-        }
-        Event::Transient { error } => {
-            s.retry_at = Some(add(now, policy.retry_interval));
-            why = format!("{error}; retrying");
-            s.waiting_for = Some(format!("retry after: {error}"));
-            s.last_error = Some(error);
-        }
-        Event::Blocked { pods } => {
-            let list = pods.join(", ");
-            s.not_before = Some(add(now, policy.retry_interval));
-            match s.phase {
-                Phase::AcquiringSlot | Phase::Draining | Phase::Rebooting => {
-                    back_out(&mut s, now);
-                    why = format!("blocking pods run ({list}); backing out");
-                }
-                _ => why = format!("blocking pods run ({list}); not taking a slot"),
-            }
-            s.waiting_for = Some(format!("blocking pods to finish: {list}"));
-        }
+        Event::Started { boot_id } => why = start::started(&mut s, boot_id, now),
+        Event::RebootNeeded { need } => why = start::reboot_needed(&mut s, need, now),
+        Event::WindowOpen => why = window::open(&mut s, now),
+        Event::WindowClosed { next_open } => why = window::closed(&mut s, next_open, now),
+        Event::SlotAcquired => why = slot::acquired(&mut s, now, policy),
+        Event::SlotLost { why: lost } => why = slot::lost(&mut s, &lost, now),
+        Event::Transient { error } => why = retry::transient(&mut s, error, now, policy),
+        Event::Blocked { pods } => why = gates::blocked(&mut s, &pods, now, policy),
         Event::Gated {
             gate,
             why: reason,
             hold,
-        } => {
-            // A gate that closes after the slot was taken backs out like blocking pods: before
-            // the cordon the slot is released at once so another node can go; after the drain
-            // rebootd uncordons what it cordoned and releases, since an alert the drain itself
-            // fired would otherwise hold the node drained for good. A Node gate (`hold`) is
-            // asked only with the slot held and keeps it, as FLUO counts a node in its
-            // before-reboot checks as rebooting.
-            let next_check = add(now, policy.gate_interval);
-            let since = match &s.gate {
-                Some(g) if g.name == gate => g.since,
-                _ => now,
-            };
-            match s.phase {
-                // A check after the boot: the slot stays held, so the rollout waits here.
-                Phase::WaitingForHealthy => {
-                    s.retry_at = Some(next_check);
-                    why = format!(
-                        "after the boot, gate {gate:?} says wait ({reason}); holding the slot, asking again at {next_check}"
-                    );
-                }
-                Phase::Draining | Phase::Rebooting if hold && s.slot_held => {
-                    s.reboot = None;
-                    s.retry_at = Some(next_check);
-                    why = format!(
-                        "gate {gate:?} says wait ({reason}); holding the slot, asking again at {next_check}"
-                    );
-                }
-                Phase::AcquiringSlot | Phase::Draining | Phase::Rebooting => {
-                    s.not_before = Some(next_check);
-                    back_out(&mut s, now);
-                    why = format!(
-                        "gate {gate:?} says wait ({reason}); backing out and releasing the slot, asking again at {next_check}"
-                    );
-                }
-                _ => {
-                    s.not_before = Some(next_check);
-                    why = format!(
-                        "gate {gate:?} says wait ({reason}); not taking a slot, asking again at {next_check}"
-                    )
-                }
-            }
-            let wait = GateWait {
-                name: gate,
-                why: reason,
-                since,
-                next_check,
-            };
-            s.waiting_for = Some(wait.describe());
-            s.gate = Some(wait);
-        }
+        } => why = gates::gated(&mut s, gate, reason, hold, now, policy),
         Event::Cordoned { by_us } => {
             s.cordon_recorded = true;
             s.cordoned_by_us = by_us;
@@ -749,13 +550,7 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
                 why = "slot released; cycle complete".into();
             }
         }
-        Event::RetryDue => {
-            // One sleep served whichever was set; blockers and windows are checked again anyway.
-            s.retry_at = None;
-            s.not_before = None;
-            s.settle_until = None;
-            why = "retrying".into();
-        }
+        Event::RetryDue => why = retry::retry_due(&mut s),
         Event::Paused { reason } => {
             let said = reason
                 .as_deref()
@@ -785,21 +580,8 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
                 s.waiting_for = None;
             }
         }
-        Event::GroupPaused { pause } => {
-            let said = pause.describe();
-            why = format!(
-                "the group is paused ({said}): no slot is taken until `rebootctl resume --group`"
-            );
-            s.waiting_for = Some(format!(
-                "`rebootctl resume --group` (the group is paused {said})"
-            ));
-            s.group_paused = Some(pause);
-        }
-        Event::GroupResumed => {
-            s.group_paused = None;
-            s.waiting_for = None;
-            why = "the group was resumed: waiting for a slot".into();
-        }
+        Event::GroupPaused { pause } => why = slot::group_paused(&mut s, pause),
+        Event::GroupResumed => why = slot::group_resumed(&mut s),
         Event::Cancelled => match s.phase {
             Phase::Idle => why = "cancel: no reboot pending (no change)".into(),
             // Backing out of an attempt, or a new need noted during the post-boot steps: the
