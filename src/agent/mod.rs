@@ -4,14 +4,16 @@
 //! its outcome into an [`Event`], steps, and persists the new state before the next action, so
 //! every side effect is guarded by a state written before it.
 
-use crate::inhibitor::{self, Inhibitor};
+use crate::inhibitor::Inhibitor;
 use crate::lock::GroupPause;
 use crate::need::Need;
-use crate::state::{GateWait, Pause, Phase, RebootRequest, State};
+use crate::state::{GateWait, Pause, Phase, State};
 use jiff::Timestamp;
 use std::time::Duration;
 
+mod drain;
 mod gates;
+mod reboot;
 mod retry;
 mod slot;
 mod start;
@@ -383,123 +385,21 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
             why: reason,
             hold,
         } => why = gates::gated(&mut s, gate, reason, hold, now, policy),
-        Event::Cordoned { by_us } => {
-            s.cordon_recorded = true;
-            s.cordoned_by_us = by_us;
-            why = if by_us {
-                "node cordoned by rebootd".into()
-            } else {
-                "node was already unschedulable; rebootd will leave it so".into()
-            };
-        }
-        Event::Drained => {
-            enter(&mut s, Phase::Rebooting, now);
-            why = "node drained".into();
-        }
+        Event::Cordoned { by_us } => why = drain::cordoned(&mut s, by_us),
+        Event::Drained => why = drain::drained(&mut s, now),
         Event::DrainFailed {
             error,
             reboot_anyway,
-        } => {
-            s.last_error = Some(format!("drain failed: {error}"));
-            if reboot_anyway {
-                enter(&mut s, Phase::Rebooting, now);
-                why =
-                    format!("drain failed ({error}); rebooting anyway (on_drain_failure = reboot)");
-            } else {
-                back_out(&mut s, now);
-                s.not_before = Some(add(now, policy.retry_interval));
-                why = format!("drain failed ({error}); backing out (on_drain_failure = abort)");
-            }
+        } => why = drain::failed(&mut s, &error, reboot_anyway, now, policy),
+        Event::UsersWarned { sessions, until } => {
+            why = reboot::users_warned(&mut s, sessions, until)
         }
-        // Asked right before logind would be: the request waits (the checks run again after).
-        Event::UsersWarned { sessions, until } => match (s.phase, &s.reboot) {
-            (Phase::Rebooting, None)
-            | (Phase::Rebooting, Some(RebootRequest { called: false, .. })) => {
-                s.reboot = None;
-                let who = crate::users::describe(&sessions);
-                why = format!(
-                    "logged in: {who}; logind announces the reboot for {until}; holding the slot until then"
-                );
-                s.waiting_for = Some(format!(
-                    "the time announced to logged-in users ({who}) to pass at {until}"
-                ));
-                s.users_warned = Some(crate::users::Warning {
-                    until,
-                    sessions,
-                    over: false,
-                });
-            }
-            _ => why = "a users' warning outside the rebooting phase (no change)".into(),
-        },
-        Event::UsersWarningOver => {
-            if let Some(w) = s.users_warned.as_mut() {
-                w.over = true;
-            }
-            s.waiting_for = None;
-            why = "the time announced to logged-in users passed".into();
-        }
-        Event::ReadyToReboot => {
-            s.reboot = Some(RebootRequest {
-                requested_at: now,
-                boot_id: s.boot_id.clone(),
-                called: false,
-            });
-            why = "asking logind to reboot".into();
-        }
-        Event::RebootAccepted => {
-            if let Some(r) = s.reboot.as_mut() {
-                r.called = true;
-            }
-            let deadline = s
-                .reboot
-                .as_ref()
-                .map(|r| add(r.requested_at, policy.reboot_timeout));
-            s.waiting_for = deadline.map(|d| format!("the host to go down (until {d})"));
-            why = "logind accepted the reboot".into();
-        }
-        Event::RebootRefused { error } => {
-            s.reboot = None;
-            s.retry_at = Some(add(now, policy.retry_interval));
-            s.waiting_for = Some(format!("retry after the reboot was refused: {error}"));
-            why = format!("reboot refused: {error}");
-            s.last_error = Some(why.clone());
-        }
-        Event::Inhibited { by } => match s.phase {
-            // Not asked: logind is called once none blocks, after the window and the blockers
-            // are checked again (time may have passed).
-            Phase::Rebooting => {
-                s.reboot = None;
-                if by.is_empty() {
-                    let was = inhibitor::describe(&s.inhibited_by);
-                    why = if was.is_empty() {
-                        "no block inhibitor held".into()
-                    } else {
-                        format!("block inhibitors released ({was}); asking logind again")
-                    };
-                    s.waiting_for = None;
-                } else {
-                    let list = inhibitor::describe(&by);
-                    why = format!("block inhibitors on shutdown held: {list}; not asking logind until they are released");
-                    s.waiting_for = Some(format!("block inhibitors to be released: {list}"));
-                }
-                s.inhibited_by = by;
-            }
-            _ => why = "inhibitors seen outside the rebooting phase (no change)".into(),
-        },
-        Event::RebootTimedOut => {
-            s.failed_attempts += 1;
-            let at = s
-                .reboot
-                .as_ref()
-                .map_or("?".to_string(), |r| r.requested_at.to_string());
-            s.reboot = None;
-            why = format!(
-                "the reboot requested at {at} did not happen within {}; asking again (failed attempts: {})",
-                humantime::format_duration(policy.reboot_timeout),
-                s.failed_attempts
-            );
-            s.last_error = Some(why.clone());
-        }
+        Event::UsersWarningOver => why = reboot::users_warning_over(&mut s),
+        Event::ReadyToReboot => why = reboot::ready(&mut s, now),
+        Event::RebootAccepted => why = reboot::accepted(&mut s, policy),
+        Event::RebootRefused { error } => why = reboot::refused(&mut s, &error, now, policy),
+        Event::Inhibited { by } => why = reboot::inhibited(&mut s, by),
+        Event::RebootTimedOut => why = reboot::timed_out(&mut s, policy),
         Event::NotHealthy { error } => {
             why = format!(
                 "the node is not healthy after the reboot ({error}); keeping the slot so the rollout stops here"
