@@ -3,16 +3,24 @@
 //! No I/O happens here. The runtime (`runtime.rs`) performs the action the state asks for, turns
 //! its outcome into an [`Event`], steps, and persists the new state before the next action, so
 //! every side effect is guarded by a state written before it.
+//!
+//! [`step`] refuses an event that does not belong to the phase ([`admit`]) and hands any other
+//! to the handler of its stage, one module each: `start` (the process starting, triggers),
+//! `window`, `gates` (blocking pods and `[gates]`), `slot`, `drain`, `reboot`, `after_boot`
+//! (health, uncordon, settle, release), `operator` (pause, resume, cancel) and `retry`
+//! (back-offs). Each handler changes the state and returns why.
 
 use crate::inhibitor::Inhibitor;
 use crate::lock::GroupPause;
 use crate::need::Need;
-use crate::state::{GateWait, Pause, Phase, State};
+use crate::state::{Phase, State};
 use jiff::Timestamp;
 use std::time::Duration;
 
+mod after_boot;
 mod drain;
 mod gates;
+mod operator;
 mod reboot;
 mod retry;
 mod slot;
@@ -318,6 +326,7 @@ pub fn next_action(s: &State, policy: &Policy) -> Action {
     }
 }
 
+/// `t + d`, the end of time when that does not fit.
 fn add(t: Timestamp, d: Duration) -> Timestamp {
     jiff::SignedDuration::try_from(d)
         .ok()
@@ -325,6 +334,8 @@ fn add(t: Timestamp, d: Duration) -> Timestamp {
         .unwrap_or(Timestamp::MAX)
 }
 
+/// Move to `phase` (a phase entered anew starts its own clock, inhibitors, warning and group
+/// pause); what the node waited for is said again by the handler.
 fn enter(s: &mut State, phase: Phase, now: Timestamp) {
     if s.phase != phase {
         s.phase = phase;
@@ -340,13 +351,6 @@ fn enter(s: &mut State, phase: Phase, now: Timestamp) {
     s.waiting_for = None;
 }
 
-/// Say so while the settle time holds the slot.
-fn settling(s: &mut State) {
-    if let Some(t) = s.settle_until {
-        s.waiting_for = Some(format!("the settle time to end at {t} (holding the slot)"));
-    }
-}
-
 /// Undo what was done for a reboot that will not happen now: uncordon, then release.
 fn back_out(s: &mut State, now: Timestamp) {
     let phase = if s.cordoned_by_us {
@@ -357,7 +361,8 @@ fn back_out(s: &mut State, now: Timestamp) {
     enter(s, phase, now);
 }
 
-/// Apply an event to a state.
+/// Apply an event to a state: an event that does not belong to the phase is refused and
+/// changes nothing; any other goes to the handler of its stage.
 pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step {
     if let Err(refused) = admit(old, &event) {
         return Step {
@@ -367,161 +372,11 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
         };
     }
     let mut s = old.clone();
-    let why: String;
     if gates::clears_gate(&event, &s) {
         s.gate = None;
     }
-    match event {
-        Event::Started { boot_id } => why = start::started(&mut s, boot_id, now),
-        Event::RebootNeeded { need } => why = start::reboot_needed(&mut s, need, now),
-        Event::WindowOpen => why = window::open(&mut s, now),
-        Event::WindowClosed { next_open } => why = window::closed(&mut s, next_open, now),
-        Event::SlotAcquired => why = slot::acquired(&mut s, now, policy),
-        Event::SlotLost { why: lost } => why = slot::lost(&mut s, &lost, now),
-        Event::Transient { error } => why = retry::transient(&mut s, error, now, policy),
-        Event::Blocked { pods } => why = gates::blocked(&mut s, &pods, now, policy),
-        Event::Gated {
-            gate,
-            why: reason,
-            hold,
-        } => why = gates::gated(&mut s, gate, reason, hold, now, policy),
-        Event::Cordoned { by_us } => why = drain::cordoned(&mut s, by_us),
-        Event::Drained => why = drain::drained(&mut s, now),
-        Event::DrainFailed {
-            error,
-            reboot_anyway,
-        } => why = drain::failed(&mut s, &error, reboot_anyway, now, policy),
-        Event::UsersWarned { sessions, until } => {
-            why = reboot::users_warned(&mut s, sessions, until)
-        }
-        Event::UsersWarningOver => why = reboot::users_warning_over(&mut s),
-        Event::ReadyToReboot => why = reboot::ready(&mut s, now),
-        Event::RebootAccepted => why = reboot::accepted(&mut s, policy),
-        Event::RebootRefused { error } => why = reboot::refused(&mut s, &error, now, policy),
-        Event::Inhibited { by } => why = reboot::inhibited(&mut s, by),
-        Event::RebootTimedOut => why = reboot::timed_out(&mut s, policy),
-        Event::NotHealthy { error } => {
-            why = format!(
-                "the node is not healthy after the reboot ({error}); keeping the slot so the rollout stops here"
-            );
-            s.waiting_for = Some("the node to become Ready (holding the slot)".into());
-            s.last_error = Some(why.clone());
-        }
-        Event::Healthy => {
-            let next = if s.cordoned_by_us {
-                Phase::Uncordoning
-            } else {
-                Phase::Releasing
-            };
-            enter(&mut s, next, now);
-            why = "node healthy after boot".into();
-            if let Some(d) = policy.settle.filter(|_| s.slot_held) {
-                s.settle_until = Some(add(now, d));
-                settling(&mut s);
-            }
-        }
-        Event::Uncordoned => {
-            s.cordoned_by_us = false;
-            s.cordon_recorded = false;
-            if s.slot_held {
-                enter(&mut s, Phase::Releasing, now);
-                settling(&mut s);
-                why = "node uncordoned".into();
-            } else {
-                // Backing out of a lost slot: nothing to release.
-                enter(&mut s, Phase::RebootNeeded, now);
-                why = "node uncordoned; waiting for a slot again".into();
-            }
-        }
-        Event::Released => {
-            s.slot_held = false;
-            s.settle_until = None;
-            s.cordon_recorded = false;
-            s.failed_attempts = 0;
-            if s.not_before.is_none() {
-                s.last_error = None;
-            }
-            if s.reason.is_some() {
-                enter(&mut s, Phase::RebootNeeded, now);
-                s.waiting_for = s.gate.as_ref().map(GateWait::describe);
-                why = "slot released; a reboot is still needed".into();
-            } else {
-                enter(&mut s, Phase::Idle, now);
-                why = "slot released; cycle complete".into();
-            }
-        }
-        Event::RetryDue => why = retry::retry_due(&mut s),
-        Event::Paused { reason } => {
-            let said = reason
-                .as_deref()
-                .map_or(String::new(), |r| format!(" ({r})"));
-            s.paused = Some(Pause {
-                since: s.paused.as_ref().map_or(now, |p| p.since),
-                reason,
-            });
-            if before_logind(&s) && holds_or_may_hold(&s) {
-                s.reboot = None;
-                s.retry_at = None;
-                s.gate = None;
-                back_out(&mut s, now);
-                why = format!("paused{said}: backing out of this reboot (undoing rebootd's cordon, giving the slot back); the need is kept for after resume");
-            } else {
-                why = format!(
-                    "paused{said}: no slot is taken and no reboot started until `rebootctl resume`"
-                );
-            }
-        }
-        Event::Resumed => {
-            why = match s.paused.take() {
-                Some(p) => format!("resumed (paused since {})", p.since),
-                None => "resume: not paused (no change)".into(),
-            };
-            if matches!(s.phase, Phase::RebootNeeded | Phase::WaitingForWindow) {
-                s.waiting_for = None;
-            }
-        }
-        Event::GroupPaused { pause } => why = slot::group_paused(&mut s, pause),
-        Event::GroupResumed => why = slot::group_resumed(&mut s),
-        Event::Cancelled => match s.phase {
-            Phase::Idle => why = "cancel: no reboot pending (no change)".into(),
-            // Backing out of an attempt, or a new need noted during the post-boot steps: the
-            // need goes, the steps under way finish (then idle).
-            Phase::WaitingForHealthy | Phase::Uncordoning | Phase::Releasing
-                if s.reason.is_some() =>
-            {
-                drop_need(&mut s);
-                why = format!(
-                    "reboot cancelled by the operator; phase {} finishes, then idle",
-                    s.phase
-                );
-            }
-            Phase::WaitingForHealthy | Phase::Uncordoning | Phase::Releasing => {
-                why = format!(
-                    "cancel: the reboot already happened; the post-boot steps go on (phase {})",
-                    s.phase
-                )
-            }
-            _ if !before_logind(&s) => {
-                why = "cancel refused: logind was already asked to reboot".into()
-            }
-            Phase::RebootNeeded | Phase::WaitingForWindow => {
-                drop_need(&mut s);
-                enter(&mut s, Phase::Idle, now);
-                why = "reboot cancelled by the operator".into();
-            }
-            Phase::AcquiringSlot | Phase::Draining | Phase::Rebooting => {
-                drop_need(&mut s);
-                back_out(&mut s, now);
-                why = "reboot cancelled by the operator: undoing rebootd's cordon, giving the slot back".into();
-            }
-        },
-    }
-    if s.paused.is_some()
-        && s.retry_at.is_none()
-        && matches!(s.phase, Phase::RebootNeeded | Phase::WaitingForWindow)
-    {
-        s.waiting_for = Some("`rebootctl resume` (paused)".into());
-    }
+    let why = handle(&mut s, event, now, policy);
+    operator::show_pause(&mut s);
     Step {
         state: s,
         why,
@@ -529,29 +384,42 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
     }
 }
 
-/// Whether logind has not been asked yet in this cycle (an accepted or possibly accepted call
-/// cannot be taken back).
-fn before_logind(s: &State) -> bool {
-    !s.reboot.as_ref().is_some_and(|r| r.called)
-}
-
-/// Whether this node holds a slot or is taking one (an interrupted acquire may have taken it):
-/// the phases a pause or a cancel backs out of.
-fn holds_or_may_hold(s: &State) -> bool {
-    matches!(
-        s.phase,
-        Phase::AcquiringSlot | Phase::Draining | Phase::Rebooting
-    )
-}
-
-/// Forget the reboot this cycle was for (a cancel).
-fn drop_need(s: &mut State) {
-    s.reason = None;
-    s.gate = None;
-    s.reboot = None;
-    s.retry_at = None;
-    s.not_before = None;
-    s.failed_attempts = 0;
+/// Hand an admitted event to its stage's handler, which changes the state and says why.
+fn handle(s: &mut State, event: Event, now: Timestamp, policy: &Policy) -> String {
+    match event {
+        Event::Started { boot_id } => start::started(s, boot_id, now),
+        Event::RebootNeeded { need } => start::reboot_needed(s, need, now),
+        Event::WindowOpen => window::open(s, now),
+        Event::WindowClosed { next_open } => window::closed(s, next_open, now),
+        Event::SlotAcquired => slot::acquired(s, now, policy),
+        Event::SlotLost { why } => slot::lost(s, &why, now),
+        Event::GroupPaused { pause } => slot::group_paused(s, pause),
+        Event::GroupResumed => slot::group_resumed(s),
+        Event::Transient { error } => retry::transient(s, error, now, policy),
+        Event::RetryDue => retry::retry_due(s),
+        Event::Blocked { pods } => gates::blocked(s, &pods, now, policy),
+        Event::Gated { gate, why, hold } => gates::gated(s, gate, why, hold, now, policy),
+        Event::Cordoned { by_us } => drain::cordoned(s, by_us),
+        Event::Drained => drain::drained(s, now),
+        Event::DrainFailed {
+            error,
+            reboot_anyway,
+        } => drain::failed(s, &error, reboot_anyway, now, policy),
+        Event::UsersWarned { sessions, until } => reboot::users_warned(s, sessions, until),
+        Event::UsersWarningOver => reboot::users_warning_over(s),
+        Event::ReadyToReboot => reboot::ready(s, now),
+        Event::RebootAccepted => reboot::accepted(s, policy),
+        Event::RebootRefused { error } => reboot::refused(s, &error, now, policy),
+        Event::Inhibited { by } => reboot::inhibited(s, by),
+        Event::RebootTimedOut => reboot::timed_out(s, policy),
+        Event::Healthy => after_boot::healthy(s, now, policy),
+        Event::NotHealthy { error } => after_boot::not_healthy(s, &error),
+        Event::Uncordoned => after_boot::uncordoned(s, now),
+        Event::Released => after_boot::released(s, now),
+        Event::Paused { reason } => operator::paused(s, reason, now),
+        Event::Resumed => operator::resumed(s),
+        Event::Cancelled => operator::cancelled(s, now),
+    }
 }
 
 #[cfg(test)]
