@@ -1,6 +1,6 @@
 //! The agent's state machine, pure: `step(state, event) -> state` and `next_action(state)`.
 //!
-//! No I/O happens here. The runtime (`runtime.rs`) performs the action the state asks for, turns
+//! No I/O happens here. The runtime (`runtime/`) performs the action the state asks for, turns
 //! its outcome into an [`Event`], steps, and persists the new state before the next action, so
 //! every side effect is guarded by a state written before it.
 //!

@@ -13,7 +13,9 @@
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Preconditions};
 
-use super::{Drainer, Evicted, KubeDrainer, PodRef};
+use super::evict::Evicted;
+use super::pods::PodRef;
+use super::{Drainer, KubeDrainer};
 use crate::config::{EmptyDirPods, UnmanagedPods};
 use crate::drain::DrainError;
 use crate::kube_client::status_code;

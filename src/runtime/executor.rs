@@ -1,0 +1,589 @@
+//! Performing the action the state asks for and turning its outcome into an event: the waits
+//! (trigger, window, slot, inhibitors, Ready), the calls (cordon, drain, reboot, uncordon,
+//! release) and the proof before each that the slot is still held.
+
+use super::Runtime;
+use crate::agent::{Action, Event};
+use crate::config::DrainFailure;
+use crate::gate::Stage;
+use crate::lock::{self, Fence};
+use crate::notify::Duty;
+use crate::reboot::RebootError;
+use crate::state::{Phase, State};
+use jiff::Timestamp;
+use std::time::Duration;
+use tracing::{debug, error, info, warn};
+
+/// Longest single sleep while waiting for a window: the wall clock is looked at again after it,
+/// so a clock step (NTP, suspend) delays a window opening by at most this much.
+const WINDOW_RECHECK: Duration = Duration::from_secs(300);
+
+/// How old a phase report's proof of the slot may be to serve as the fence before the cordon or
+/// the logind call (see [`Runtime::fence`]). A fence is a proof of the moment it was made; the
+/// steps between the report and the action (the checks before the reboot, recording the
+/// cordon) are quick unless a gate is slow, and then the fence is sent as before.
+const REPORT_PROOF_FRESH: Duration = Duration::from_secs(1);
+
+/// Whether an action waits for something with no bound in time (the watchdog is fed meanwhile)
+/// or calls something that must answer within `WatchdogSec=` (it is not).
+pub(super) fn duty(action: &Action) -> Duty {
+    match action {
+        Action::WaitForTrigger
+        | Action::Sleep { .. }
+        | Action::WaitForWindow
+        | Action::AcquireSlot
+        | Action::WaitForGroupResume { .. }
+        | Action::Drain
+        | Action::AwaitReboot { .. }
+        | Action::AwaitInhibitors { .. }
+        | Action::WarnUsers { .. }
+        | Action::WaitHealthy
+        | Action::WaitForResume => Duty::Wait,
+        Action::CheckWindow
+        | Action::PrepareReboot
+        | Action::RecordCordon
+        | Action::CallReboot
+        | Action::Uncordon
+        | Action::ReleaseSlot => Duty::Call,
+    }
+}
+
+/// Whether an operator request may end this action early: waits whose future may be dropped
+/// (an interrupted slot wait leaves nothing behind, see `lock::acquire::Waiting`; a drain is one
+/// future). Not the calls, and not the post-boot health wait, whose timeout would start again.
+pub(super) fn interruptible(action: &Action) -> bool {
+    matches!(
+        action,
+        Action::WaitForTrigger
+            | Action::Sleep { .. }
+            | Action::WaitForWindow
+            | Action::AcquireSlot
+            | Action::WaitForGroupResume { .. }
+            | Action::Drain
+            | Action::AwaitInhibitors { .. }
+            | Action::WarnUsers { .. }
+            | Action::AwaitReboot { .. }
+            | Action::WaitForResume
+    )
+}
+
+pub(super) fn sleep_until(t: Timestamp) -> tokio::time::Sleep {
+    let d = t.duration_since(Timestamp::now());
+    let d = Duration::try_from(d).unwrap_or(Duration::ZERO);
+    tokio::time::sleep(d)
+}
+
+impl Runtime {
+    /// Perform one action and report what came of it.
+    pub(super) async fn perform(&self, action: &Action, state: &State) -> Event {
+        match action {
+            // The loop takes the triggers' word, in every phase (see `note`).
+            Action::WaitForTrigger => {
+                info!("idle: waiting for a trigger");
+                std::future::pending().await
+            }
+            Action::WaitForResume => {
+                info!("paused: waiting for `rebootctl resume`");
+                std::future::pending().await
+            }
+            Action::Sleep { until } => {
+                info!(until = %until, "backing off until {until}");
+                sleep_until(*until).await;
+                Event::RetryDue
+            }
+            Action::CheckWindow => self
+                .obstacle(Stage::BeforeSlot)
+                .await
+                .unwrap_or(Event::WindowOpen),
+            Action::PrepareReboot => match self.obstacle(Stage::WithSlot).await {
+                Some(obstacle) => obstacle,
+                // The Node gates' checks are used: their label and annotations go.
+                None => match self.gates.used().await {
+                    Ok(()) => Event::ReadyToReboot,
+                    Err(error) => Event::Transient { error },
+                },
+            },
+            Action::WaitForWindow => self.wait_for_window().await,
+            Action::AcquireSlot => {
+                let event = self.acquire_within_window().await;
+                if matches!(event, Event::Transient { .. }) {
+                    self.metrics.error("lock");
+                }
+                event
+            }
+            Action::WaitForGroupResume { known } => self.wait_for_group_resume(known).await,
+            Action::ReleaseSlot => self.unmark_and_release().await,
+            Action::CallReboot => match self.warn_users(state).await {
+                Some(warned) => warned,
+                None => self.call_reboot(state.phase).await,
+            },
+            Action::WarnUsers { until } => {
+                sleep_until(*until).await;
+                Event::UsersWarningOver
+            }
+            Action::AwaitInhibitors { known } => {
+                match self.rebooter.blockers_changed(known).await {
+                    Ok(by) => Event::Inhibited { by },
+                    Err(e) => Event::Transient {
+                        error: format!("cannot follow logind's inhibitors: {e}"),
+                    },
+                }
+            }
+            Action::RecordCordon => self.record_cordon().await,
+            Action::Drain => self.drain_node(state.phase).await,
+            Action::AwaitReboot { deadline } => {
+                info!(deadline = %deadline, "waiting for the host to go down (until {deadline})");
+                sleep_until(*deadline).await;
+                error!(deadline = %deadline, "the reboot did not happen by {deadline}");
+                Event::RebootTimedOut
+            }
+            Action::WaitHealthy => match self.wait_ready().await {
+                Event::Healthy => self.after_boot_checks().await,
+                other => other,
+            },
+            Action::Uncordon => self.uncordon_node().await,
+        }
+    }
+
+    /// Wait for the maintenance window to open, then look for what else stands in the way.
+    async fn wait_for_window(&self) -> Event {
+        loop {
+            let now = Timestamp::now();
+            let windows = &self.config.windows;
+            if windows.is_open(now) {
+                return self
+                    .obstacle(Stage::BeforeSlot)
+                    .await
+                    .unwrap_or(Event::WindowOpen);
+            }
+            match windows.next_open(now) {
+                Some(at) => {
+                    let windows = windows.describe();
+                    info!(opens = %at, %windows, "waiting for the maintenance window: it opens at {at} ({windows})");
+                    let cap = jiff::SignedDuration::try_from(WINDOW_RECHECK)
+                        .ok()
+                        .and_then(|d| now.checked_add(d).ok())
+                        .unwrap_or(at);
+                    sleep_until(at.min(cap)).await;
+                }
+                None => {
+                    let windows = windows.describe();
+                    error!(%windows, "no maintenance window can ever open ({windows}); not rebooting");
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
+    }
+
+    /// Wait for `rebootctl resume --group`, or for the window to close meanwhile.
+    async fn wait_for_group_resume(&self, known: &lock::GroupPause) -> Event {
+        let group = &self.config.identity.group;
+        info!(%group, "group {group} paused ({}): waiting for `rebootctl resume --group`", known.describe());
+        let changed = async {
+            match self.semaphore.group_pause_changed(Some(known)).await {
+                Ok(None) => Event::GroupResumed,
+                Ok(Some(pause)) => Event::GroupPaused { pause },
+                Err(e) => {
+                    self.metrics.error("lock");
+                    Event::Transient {
+                        error: format!("cannot follow the group's pause: {e}"),
+                    }
+                }
+            }
+        };
+        tokio::select! {
+            event = changed => event,
+            event = self.window_closes() => event,
+        }
+    }
+
+    /// Take rebootd's labels and taint off the node, then give the slot back.
+    async fn unmark_and_release(&self) -> Event {
+        if let Some(d) = &self.drainer {
+            if let Err(e) = d.unmark().await {
+                self.metrics.error("kubernetes");
+                return Event::Transient {
+                    error: format!("cannot take the reboot labels and taint off: {e}"),
+                };
+            }
+        }
+        self.release_slot().await
+    }
+
+    /// Whether the node was schedulable before rebootd cordons it, once nothing stands in the
+    /// way any more.
+    async fn record_cordon(&self) -> Event {
+        match &self.drainer {
+            // Time may have passed waiting for the slot: look at the blockers again before
+            // touching the node.
+            Some(d) => match self.obstacle(Stage::WithSlot).await {
+                Some(obstacle) => obstacle,
+                None => match d.is_unschedulable().await {
+                    Ok(already) => Event::Cordoned { by_us: !already },
+                    Err(e) => Event::Transient {
+                        error: format!("cannot read the node: {e}"),
+                    },
+                },
+            },
+            None => Event::Cordoned { by_us: false },
+        }
+    }
+
+    /// Drain the node, the slot proved held first; a failure says whether to reboot anyway.
+    async fn drain_node(&self, phase: Phase) -> Event {
+        let Some(d) = &self.drainer else {
+            return Event::Drained;
+        };
+        // The cordon comes first in a drain: prove the slot is still ours.
+        if let Some(lost) = self.fence("cordoning", phase).await {
+            return lost;
+        }
+        self.event(
+            "DrainStarted",
+            "rebootd is draining the node for a reboot",
+            false,
+        )
+        .await;
+        match d.drain().await {
+            Ok(()) => Event::Drained,
+            Err(e) => {
+                let reboot_anyway = self
+                    .config
+                    .kubernetes
+                    .as_ref()
+                    .is_some_and(|k| k.on_drain_failure == DrainFailure::Reboot);
+                let msg = format!("drain failed: {e}");
+                error!(error = %e, reboot_anyway, "drain failed");
+                self.event("DrainFailed", &msg, true).await;
+                Event::DrainFailed {
+                    error: e.to_string(),
+                    reboot_anyway,
+                }
+            }
+        }
+    }
+
+    /// Make the node schedulable again.
+    async fn uncordon_node(&self) -> Event {
+        match &self.drainer {
+            Some(d) => match d.uncordon().await {
+                Ok(()) => {
+                    self.event(
+                        "Uncordoned",
+                        "rebootd made the node schedulable again",
+                        false,
+                    )
+                    .await;
+                    Event::Uncordoned
+                }
+                Err(e) => {
+                    self.metrics.error("kubernetes");
+                    Event::Transient {
+                        error: format!("cannot uncordon: {e}"),
+                    }
+                }
+            },
+            None => Event::Uncordoned,
+        }
+    }
+
+    /// Record a Kubernetes Event on the node, if draining is configured; failures are logged.
+    async fn event(&self, reason: &str, message: &str, warning: bool) {
+        if let Some(d) = &self.drainer {
+            if let Err(e) = d.event(reason, message, warning).await {
+                warn!(reason, error = %e, "cannot record a Kubernetes event");
+            }
+        }
+    }
+
+    /// Running pods that block a reboot (none without a drainer).
+    async fn blockers(&self) -> Result<Vec<String>, String> {
+        match &self.drainer {
+            Some(d) => d.blocking_pods().await.map_err(|e| e.to_string()),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// What stands in the way of a reboot now, if anything: a closed window, a gate that says
+    /// wait, blocking pods, or an error reading them.
+    async fn obstacle(&self, stage: Stage) -> Option<Event> {
+        let now = Timestamp::now();
+        let windows = &self.config.windows;
+        if !windows.is_open(now) {
+            return Some(Event::WindowClosed {
+                next_open: windows.next_open(now),
+            });
+        }
+        if !self.gates.is_empty() {
+            // Each check is bounded by its timeout, however many there are: the watchdog is fed
+            // meanwhile.
+            let closed = self.watchdog.run(Duty::Wait, self.gates.check(stage)).await;
+            if let Some(c) = closed {
+                let every = humantime::format_duration(self.policy.gate_interval);
+                info!(gate = %c.name, why = %c.why, hold = c.hold, "waiting for gate {:?}: {}; asking again in {every}", c.name, c.why);
+                return Some(Event::Gated {
+                    gate: c.name,
+                    why: c.why,
+                    hold: c.hold,
+                });
+            }
+            debug!("every gate says go");
+        }
+        match self.blockers().await {
+            Ok(pods) if pods.is_empty() => None,
+            Ok(pods) => {
+                info!(pods = ?pods, "blocking pods run on this node: {}", pods.join(", "));
+                Some(Event::Blocked { pods })
+            }
+            Err(error) => Some(Event::Transient {
+                error: format!("cannot list blocking pods: {error}"),
+            }),
+        }
+    }
+
+    /// Resolves when the maintenance window open now closes, with the event saying so (never
+    /// when windows are always open).
+    async fn window_closes(&self) -> Event {
+        let windows = &self.config.windows;
+        let Some(closes) = windows.close_of_current(Timestamp::now()) else {
+            return std::future::pending().await;
+        };
+        sleep_until(closes).await;
+        let next_open = windows.next_open(Timestamp::now());
+        let next = next_open.map_or("never".to_string(), |t| t.to_string());
+        info!(%closes, "the maintenance window closed at {closes}; leaving the queue (next opens {next})");
+        Event::WindowClosed { next_open }
+    }
+
+    /// Wait for a slot unless the group is paused (`rebootctl pause --group`): a pause seen
+    /// before or during the wait ends it (the queue entry goes, see `lock::acquire::Waiting`)
+    /// and the node waits for the resume instead; holders are not asked.
+    async fn acquire_unless_paused(&self) -> Event {
+        let (backend, group) = (self.semaphore.backend(), &self.config.identity.group);
+        info!(backend, %group, "waiting for a reboot slot ({backend} semaphore, group {group})");
+        match self.semaphore.acquire_unless_paused(&self.me).await {
+            Ok(lock::Acquired::Held) => Event::SlotAcquired,
+            Ok(lock::Acquired::Paused(pause)) => {
+                info!("the group was paused ({}) before or while waiting for a slot; leaving the queue", pause.describe());
+                Event::GroupPaused { pause }
+            }
+            Err(e) => Event::Transient {
+                error: e.to_string(),
+            },
+        }
+    }
+
+    /// Wait for a slot, but no longer than the maintenance window is open: when it closes
+    /// first, the wait is dropped (leaving the queue behind nothing, see
+    /// `lock::acquire::Waiting`) and the agent waits for the next opening.
+    async fn acquire_within_window(&self) -> Event {
+        let windows = &self.config.windows;
+        let Some(closes) = windows.close_of_current(Timestamp::now()) else {
+            return self.acquire_unless_paused().await;
+        };
+        tokio::select! {
+            event = self.acquire_unless_paused() => event,
+            _ = sleep_until(closes) => {
+                let next_open = windows.next_open(Timestamp::now());
+                let next = next_open.map_or("never".to_string(), |t| t.to_string());
+                info!(%closes, "the maintenance window closed at {closes} while waiting for a slot; leaving the queue (next opens {next})");
+                Event::WindowClosed { next_open }
+            }
+        }
+    }
+
+    /// Right before the first logind call of a reboot: when people are logged in, announce the
+    /// reboot to them through logind and give them `reboot.users_warning` (None: go on).
+    async fn warn_users(&self, state: &State) -> Option<Event> {
+        let warning = self.config.reboot.users_warning;
+        if warning.is_zero() || state.users_warned.is_some() {
+            return None;
+        }
+        let sessions = match self.rebooter.sessions().await {
+            Ok(s) if s.is_empty() => return None,
+            Ok(s) => s,
+            Err(e) => {
+                warn!(error = %e, "cannot list logind's sessions, so no one is warned: {e}");
+                return None;
+            }
+        };
+        let until = jiff::SignedDuration::try_from(warning)
+            .ok()
+            .and_then(|d| Timestamp::now().checked_add(d).ok())
+            .unwrap_or(Timestamp::MAX);
+        let who = crate::users::describe(&sessions);
+        match self.rebooter.announce(until).await {
+            Ok(()) => {
+                info!(%until, who, "logged in: {who}; logind announces the reboot for {until}")
+            }
+            // The time is given all the same; only logind's wall messages are missing.
+            Err(e) => {
+                warn!(error = %e, who, "logged in: {who}; logind could not announce the reboot ({e}); waiting until {until} all the same")
+            }
+        }
+        Some(Event::UsersWarned { sessions, until })
+    }
+
+    /// The node reports Ready in this boot (no drainer: at once).
+    async fn wait_ready(&self) -> Event {
+        match (&self.drainer, &self.config.kubernetes) {
+            (Some(d), Some(k)) => {
+                info!(timeout = ?k.ready_timeout, "waiting for the node to be Ready (at most {:?})", k.ready_timeout);
+                match d.wait_ready(k.ready_timeout).await {
+                    Ok(()) => Event::Healthy,
+                    Err(e) => {
+                        let msg = format!(
+                            "node not Ready after the reboot ({e}); rebootd keeps its slot, so the rollout stops here"
+                        );
+                        error!("{msg}");
+                        self.event("NotReadyAfterReboot", &msg, true).await;
+                        Event::NotHealthy {
+                            error: e.to_string(),
+                        }
+                    }
+                }
+            }
+            _ => Event::Healthy,
+        }
+    }
+
+    /// The checks after the boot (`[[gates.after_boot]]`): all go = healthy (and the Node
+    /// gates' label and annotations go); one waits = the slot is held and they are asked again.
+    async fn after_boot_checks(&self) -> Event {
+        if self.after_boot.is_empty() {
+            return Event::Healthy;
+        }
+        let closed = self
+            .watchdog
+            .run(Duty::Wait, self.after_boot.check(Stage::WithSlot))
+            .await;
+        match closed {
+            Some(c) => {
+                let every = humantime::format_duration(self.policy.gate_interval);
+                info!(gate = %c.name, why = %c.why, "after the boot, waiting for gate {:?}: {}; holding the slot, asking again in {every}", c.name, c.why);
+                Event::Gated {
+                    gate: c.name,
+                    why: c.why,
+                    hold: true,
+                }
+            }
+            None => match self.after_boot.used().await {
+                Ok(()) => Event::Healthy,
+                Err(error) => Event::Transient { error },
+            },
+        }
+    }
+
+    async fn release_slot(&self) -> Event {
+        match self.semaphore.release(&self.me).await {
+            Ok(()) => Event::Released,
+            Err(e) => {
+                self.metrics.error("lock");
+                Event::Transient {
+                    error: e.to_string(),
+                }
+            }
+        }
+    }
+
+    /// Prove right before `what` that this node still holds its slot: `None` when it does, else
+    /// the event that backs out ([`Event::SlotLost`]) or retries (the store could not tell).
+    ///
+    /// Where `lock.max_hold` reclaims silent holders, the proof is a write of the holder's
+    /// record (a heartbeat), not a read. A read proves the slot held now; a waiter that judged
+    /// this node stopped (say, after it was cut off from the store) may still take it over a
+    /// moment later, while the reboot asked for is on its way. A write lands either before that
+    /// takeover, which then fails (every store's reclaim compares the record it judged silent),
+    /// or after it, and then says the slot is lost. And it gives every waiter a fresh
+    /// `max_hold` to count before it may judge this node stopped again.
+    ///
+    /// The report of the phase `phase` may be that proof already: a write guarded as the
+    /// heartbeat is ([`lock::Reported::Held`]), made less than [`REPORT_PROOF_FRESH`] ago (and
+    /// less than a beat ago). Then nothing is sent again: before the logind call the proof is the
+    /// report of `rebooting`, a step earlier, unless the checks before the reboot took longer.
+    async fn fence(&self, what: &str, phase: Phase) -> Option<Event> {
+        let reported = self
+            .reported_held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some((in_phase, at)) = reported {
+            let fresh = self
+                .semaphore
+                .heartbeat_every()
+                .map_or(REPORT_PROOF_FRESH, |every| every.min(REPORT_PROOF_FRESH));
+            if in_phase == phase && at.elapsed() < fresh {
+                debug!(
+                    before = what,
+                    "the report of phase {phase} proves the slot held"
+                );
+                return None;
+            }
+        }
+        let proof = if self.semaphore.heartbeat_every().is_some() {
+            self.semaphore.heartbeat(&self.me).await
+        } else {
+            self.semaphore.fence(&self.me).await
+        };
+        match proof {
+            Ok(Fence::Held) => None,
+            Ok(Fence::Lost { why }) => {
+                error!(before = what, %why, "this node no longer holds its slot; backing out");
+                self.metrics.slot_lost();
+                Some(Event::SlotLost { why })
+            }
+            Err(e) => {
+                self.metrics.error("lock");
+                Some(Event::Transient {
+                    error: format!("cannot prove the slot is still held before {what}: {e}"),
+                })
+            }
+        }
+    }
+
+    async fn call_reboot(&self, phase: Phase) -> Event {
+        if let Some(lost) = self.fence("the reboot", phase).await {
+            return lost;
+        }
+        // logind lets root through root's own block inhibitors: look at every one first.
+        match self.rebooter.blockers().await {
+            Ok(by) if !by.is_empty() => return Event::Inhibited { by },
+            Ok(_) => {}
+            Err(e) => {
+                warn!(error = %e, "cannot list logind's inhibitors; asking logind, which checks other users' block inhibitors itself")
+            }
+        }
+        // Before the call: once logind accepts, the host may go down at any moment.
+        if let Some(w) = &self.webhook {
+            w.flush().await;
+        }
+        self.event(
+            "Rebooting",
+            "rebootd is asking logind to reboot the node",
+            false,
+        )
+        .await;
+        match self.rebooter.reboot().await {
+            Ok(()) => Event::RebootAccepted,
+            Err(e @ RebootError::Blocked { .. }) => {
+                // Taken between the check and the call: wait for it like any other.
+                if let Ok(by) = self.rebooter.blockers().await {
+                    if !by.is_empty() {
+                        return Event::Inhibited { by };
+                    }
+                }
+                warn!(error = %e, "the reboot is blocked; will ask again");
+                Event::RebootRefused {
+                    error: e.to_string(),
+                }
+            }
+            Err(e) => {
+                error!(error = %e, "the reboot request failed; will ask again");
+                self.metrics.error("logind");
+                Event::RebootRefused {
+                    error: e.to_string(),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! Building the runtime from the configuration: this node's identity, the lock backend, the
+//! drainer, the gates, Flatcar's coordinator file, the policy, and [`Runtime`] itself.
+
+use super::{Runtime, RuntimeError};
+use crate::agent::Policy;
+use crate::config::Config;
+use crate::drain::{Drainer, KubeDrainer};
+use crate::lock::{self, LockError, Semaphore};
+use crate::metrics::Metrics;
+use crate::notify::Watchdog;
+use crate::reboot::{Logind, Rebooter};
+use crate::state::StateStore;
+use std::path::Path;
+use tracing::{error, warn};
+
+/// Read a one-line id file (machine id, boot id), trimmed and checked non-empty.
+pub fn read_id(what: &'static str, path: &Path) -> Result<String, RuntimeError> {
+    let err = |reason: String| RuntimeError::Identity {
+        what,
+        path: path.display().to_string(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    let id = text.trim().to_string();
+    if id.is_empty() {
+        return Err(err("the file is empty".into()));
+    }
+    Ok(id)
+}
+
+/// This node's holder id in the semaphore: the machine id (locksmith's holder id) for the
+/// stores rebootd keeps; for a FleetLock server, the configured id or else Zincati's
+/// app-specific id, so a node keeps its slot when it moves from Zincati and poseidon/fleetlock
+/// can map it to its Node.
+pub fn holder_id(config: &Config) -> Result<String, RuntimeError> {
+    let path = &config.identity.machine_id_file;
+    let machine_id = read_id("the machine id", path)?;
+    match &config.lock.backend {
+        crate::config::LockBackend::FleetLock(f) => match &f.id {
+            Some(id) => Ok(id.clone()),
+            None => crate::app_id::zincati_node_id(&machine_id).map_err(|reason| {
+                RuntimeError::Identity {
+                    what: "the machine id",
+                    path: path.display().to_string(),
+                    reason: format!(
+                        "{reason}; set [lock.fleetlock] id to send another id to the FleetLock server"
+                    ),
+                }
+            }),
+        },
+        _ => Ok(machine_id),
+    }
+}
+
+/// This node's identity in the semaphore, from the configured files and the holder token in
+/// the state directory (made there if it is not yet).
+pub fn identity(config: &Config, store: &StateStore) -> Result<lock::Identity, RuntimeError> {
+    Ok(lock::Identity {
+        id: holder_id(config)?,
+        node: config.identity.node_name.clone(),
+        boot_id: read_id("the boot id", &config.identity.boot_id_file)?,
+        token: store.holder_token()?,
+    })
+}
+
+/// Open the configured lock backend (remote ones connect on first use).
+pub async fn open_semaphore(config: &Config) -> Result<Box<dyn Semaphore>, LockError> {
+    lock::open::open(config).await
+}
+
+/// The node drainer, when `[kubernetes]` is configured.
+/// Its health gate also requires the Node to report `boot_id`: right after a fast reboot the
+/// Node may still show the Ready posted before it.
+pub async fn open_drainer(
+    config: &Config,
+    boot_id: &str,
+    metrics: &Metrics,
+) -> Result<Option<Box<dyn Drainer>>, RuntimeError> {
+    let Some(settings) = &config.kubernetes else {
+        return Ok(None);
+    };
+    let client = crate::kube_client::connect(settings.kubeconfig.as_deref())
+        .await
+        .map_err(|e| RuntimeError::Kubernetes(e.to_string()))?;
+    let drainer = KubeDrainer::new(client, &config.identity.node_name, settings)
+        .map_err(|e| RuntimeError::Kubernetes(e.to_string()))?
+        .with_boot_id(boot_id)
+        .with_metrics(metrics.clone());
+    Ok(Some(Box::new(drainer)))
+}
+
+/// The gates before a reboot and the checks after the boot (`[gates]`), their HTTP clients
+/// built (and a Kubernetes client for the Node and pods gates).
+pub async fn open_gates(config: &Config) -> Result<crate::gate::GateSets, RuntimeError> {
+    use crate::gate::Gates;
+    let (before, after) = (&config.gates.before_reboot, &config.gates.after_boot);
+    let client = match &config.kubernetes {
+        Some(k) if Gates::needs_kube(before) || Gates::needs_kube(after) => Some(
+            crate::kube_client::connect(k.kubeconfig.as_deref())
+                .await
+                .map_err(|e| RuntimeError::Kubernetes(e.to_string()))?,
+        ),
+        _ => None,
+    };
+    let kube = client
+        .as_ref()
+        .map(|c| (c, config.identity.node_name.as_str()));
+    let err = |e: crate::http::SetupError| RuntimeError::Gates(e.to_string());
+    Ok(crate::gate::GateSets {
+        before_reboot: Gates::from_config(before, kube).map_err(err)?,
+        after_boot: Gates::from_config(after, kube).map_err(err)?,
+    })
+}
+
+/// Flatcar's coordinator file, locked and saying `STATE=starting`, when configured; a failure is
+/// logged with the path and rebootd runs without it.
+pub fn open_coordinator(config: &Config) -> Option<crate::coordinator::CoordinatorFile> {
+    use crate::coordinator::{strategy, CoordinatorError, CoordinatorFile};
+    let path = config.reboot.coordinator_file.as_deref()?;
+    match CoordinatorFile::open(path, strategy(&config.lock.backend)) {
+        Ok(file) => Some(file),
+        Err(e @ CoordinatorError::Held { .. }) => {
+            error!("{e}");
+            None
+        }
+        Err(e) => {
+            let path = path.display().to_string();
+            warn!(%path, "Flatcar's coordinator file {path} is not written: {e}");
+            None
+        }
+    }
+}
+
+/// The policy the state machine follows, from the configuration.
+pub fn policy(config: &Config) -> Policy {
+    Policy {
+        drain: config.kubernetes.is_some(),
+        reboot_timeout: config.reboot.timeout,
+        retry_interval: config.reboot.retry_interval,
+        gate_interval: config.gates.interval,
+        settle: config.gates.settle,
+    }
+}
+
+impl Runtime {
+    /// Build a runtime with the logind rebooter.
+    pub fn new(
+        config: Config,
+        store: StateStore,
+        semaphore: Box<dyn Semaphore>,
+        drainer: Option<Box<dyn Drainer>>,
+        me: lock::Identity,
+    ) -> Runtime {
+        let rebooter = Box::new(Logind::new(
+            config.reboot.inhibitors == crate::config::Inhibitors::Respect,
+        ));
+        let policy = policy(&config);
+        Runtime {
+            config,
+            store,
+            semaphore,
+            rebooter,
+            drainer,
+            me,
+            policy,
+            metrics: Metrics::default(),
+            webhook: None,
+            gates: crate::gate::Gates::default(),
+            after_boot: crate::gate::Gates::default(),
+            watchdog: Watchdog::from_env(),
+            coordinator: None,
+            reported_held: std::sync::Mutex::default(),
+        }
+    }
+
+    /// Ask these gates before taking a slot, before the cordon and before calling logind, and
+    /// these checks after the boot before the uncordon and the release.
+    pub fn with_gates(mut self, gates: crate::gate::GateSets) -> Runtime {
+        self.gates = gates.before_reboot;
+        self.after_boot = gates.after_boot;
+        self
+    }
+
+    /// Send notifications of state changes to this webhook (`[webhook]`).
+    pub fn with_webhook(mut self, webhook: crate::notify_webhook::Webhook) -> Runtime {
+        self.webhook = Some(webhook);
+        self
+    }
+
+    /// Show the phase in Flatcar's coordinator file (`[reboot] coordinator_file`).
+    pub fn with_coordinator(mut self, file: crate::coordinator::CoordinatorFile) -> Runtime {
+        self.coordinator = Some(file);
+        self
+    }
+
+    /// Reboot through this instead of logind (the lab's in-process nodes).
+    pub fn with_rebooter(mut self, rebooter: Box<dyn Rebooter>) -> Runtime {
+        self.rebooter = rebooter;
+        self
+    }
+
+    /// Publish metrics to this collector (served by the caller).
+    pub fn with_metrics(mut self, metrics: Metrics) -> Runtime {
+        self.metrics = metrics;
+        self
+    }
+}
