@@ -198,8 +198,8 @@ const REBOOTD_READS: &[&str] = &[
     "/etc/pki/tls/certs/ca-bundle.crt",
 ];
 
-/// A sentinel command that tries to read each file it is given and says in the journal
-/// (rebootd's stderr) whether it could: `key-probe read PATH` or `key-probe denied PATH`, then
+/// A sentinel command that tries to read each file it is given and says on its stderr, which
+/// rebootd logs a line each (`sentinel command: …`), whether it could: `key-probe read PATH` or `key-probe denied PATH`, then
 /// `key-probe done`. It runs as rebootd's child, with rebootd's credentials, namespaces and
 /// mounts: what it reads, rebootd could. It exits 1 (no reboot needed).
 fn key_probe_config() -> String {
@@ -287,23 +287,26 @@ async fn the_shipped_unit_runs_under_real_systemd() {
     // command (rebootd's own credentials and sandbox) cannot, and reads what rebootd needs.
     let mut follow = follow_rebootd(&host);
     follow
-        .expect("the key probe ran", BOOT, |l| l == "key-probe done")
+        .expect("the key probe ran", BOOT, |l| {
+            l == "sentinel command: key-probe done"
+        })
         .await
         .unwrap();
-    let probe: Vec<&String> = follow
+    let probe: Vec<&str> = follow
         .seen
         .iter()
+        .filter_map(|l| l.strip_prefix("sentinel command: "))
         .filter(|l| l.starts_with("key-probe "))
         .collect();
     println!("{}", follow.seen.join("\n"));
     for path in HOST_KEYS {
         host.run(&["test", "-s", path]).await.unwrap();
         let line = format!("key-probe denied {path}");
-        assert!(probe.contains(&&line), "{line:?} not in {probe:#?}");
+        assert!(probe.contains(&line.as_str()), "{line:?} not in {probe:#?}");
     }
     for path in REBOOTD_READS {
         let line = format!("key-probe read {path}");
-        assert!(probe.contains(&&line), "{line:?} not in {probe:#?}");
+        assert!(probe.contains(&line.as_str()), "{line:?} not in {probe:#?}");
     }
     // Even root with every capability, in rebootd's mount namespace, finds nothing there
     // (an empty directory or an empty file, mode 0000, in place of each).

@@ -4,7 +4,7 @@
 use super::{Need, Ready, TriggerSource};
 use std::time::Duration;
 use tokio::sync::mpsc;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 /// Run `cmd` every `interval`; send a [`Need`] each time it exits 0.
 pub async fn run(cmd: Vec<String>, interval: Duration, tx: mpsc::Sender<Need>, ready: Ready) {
@@ -15,7 +15,11 @@ pub async fn run(cmd: Vec<String>, interval: Duration, tx: mpsc::Sender<Need>, r
     loop {
         ticker.tick().await;
         // A command that hangs must not stop later checks: give it one interval at most.
-        match crate::child::run(&cmd, interval).await {
+        let ran = crate::child::run(&cmd, interval).await;
+        if let Ok(out) = &ran {
+            log_stderr(&cmd, out);
+        }
+        match ran {
             Ok(out) if out.status.success() => {
                 let need = Need::new(TriggerSource::SentinelCommand, format!("{cmd:?} exited 0"));
                 if tx.send(need).await.is_err() {
@@ -28,6 +32,18 @@ pub async fn run(cmd: Vec<String>, interval: Duration, tx: mpsc::Sender<Need>, r
             ),
             Err(e) => warn!(command = ?cmd, error = %e, "sentinel command: {e}"),
         }
+    }
+}
+
+/// The most lines of a sentinel command's stderr logged after one run.
+const STDERR_LINES: usize = 50;
+
+/// What the command wrote on stderr, a line each in the journal (bounded and escaped), as it
+/// reached the journal when the command shared rebootd's stderr.
+fn log_stderr(cmd: &[String], out: &crate::child::Output) {
+    let text = String::from_utf8_lossy(&out.stderr);
+    for line in text.lines().take(STDERR_LINES) {
+        info!(command = ?cmd, "sentinel command: {}", crate::text::clean(line));
     }
 }
 
