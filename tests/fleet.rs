@@ -319,7 +319,7 @@ async fn a_boot_longer_than_max_hold_lets_one_more_host_down_once_and_nothing_wo
         // while the host is down.
         reboot_time: Duration::from_secs(6),
         lock_config: "max_hold = \"2s\"\n".into(),
-        config: "[reboot]\ntimeout = \"1s\"\nboot_time = \"0s\"\n".into(),
+        config: "[reboot]\ntimeout = \"1s\"\nboot_time = \"0s\"\nusers_warning = \"0s\"\n".into(),
         ..FleetOptions::default()
     })
     .await;

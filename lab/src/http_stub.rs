@@ -3,19 +3,13 @@
 //! and headers, so a test sees what a client sends (an `Authorization` header) and how it takes
 //! an answer it should not trust (an error status, a body of the wrong shape, a huge body).
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
-use tokio::task::JoinSet;
 
 /// One request the stub got.
 #[derive(Debug, Clone)]
@@ -59,33 +53,16 @@ impl Drop for HttpStub {
 impl HttpStub {
     /// Listen on a free loopback port; answers `200 {}` until told otherwise.
     pub async fn start() -> std::io::Result<HttpStub> {
-        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
-        let addr = listener.local_addr()?;
         let shared = Shared {
             seen: Arc::default(),
             answer: Arc::new(Mutex::new((200, Bytes::from_static(b"{}")))),
         };
         let s = shared.clone();
-        let task = tokio::spawn(async move {
-            let mut conns = JoinSet::new();
-            loop {
-                tokio::select! {
-                    Ok((stream, _)) = listener.accept() => {
-                        let s = s.clone();
-                        conns.spawn(async move {
-                            let svc = service_fn(move |req| {
-                                let s = s.clone();
-                                async move { Ok::<_, Infallible>(handle(&s, req)) }
-                            });
-                            let _ = http1::Builder::new()
-                                .serve_connection(TokioIo::new(stream), svc)
-                                .await;
-                        });
-                    }
-                    Some(_) = conns.join_next(), if !conns.is_empty() => {}
-                }
-            }
-        });
+        let (addr, task) = crate::serve::loopback(move |req| {
+            let answer = handle(&s, req);
+            async move { answer }
+        })
+        .await?;
         Ok(HttpStub { addr, shared, task })
     }
 

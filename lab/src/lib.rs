@@ -16,6 +16,7 @@ pub mod locksmith;
 pub mod node;
 pub mod nspawn;
 pub mod prometheus;
+pub mod serve;
 pub mod v2_watcher;
 pub mod webhook;
 

@@ -2,7 +2,6 @@
 //! (path, content type, JSON body) and answers 200, or, when told, an error status or nothing at
 //! all for a while (to show that a failing receiver never holds a reboot up).
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -11,14 +10,9 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::header::CONTENT_TYPE;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use serde_json::Value;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 
 /// One POST the receiver got.
 #[derive(Debug, Clone)]
@@ -61,34 +55,17 @@ impl Drop for WebhookReceiver {
 impl WebhookReceiver {
     /// Listen on a free loopback port.
     pub async fn start() -> std::io::Result<WebhookReceiver> {
-        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
-        let addr = listener.local_addr()?;
         let shared = Shared {
             got: Arc::default(),
             count: watch::channel(0).0,
             answer: Arc::new(Mutex::new(Answer::Ok)),
         };
         let s = shared.clone();
-        let task = tokio::spawn(async move {
-            let mut conns = JoinSet::new();
-            loop {
-                tokio::select! {
-                    Ok((stream, _)) = listener.accept() => {
-                        let s = s.clone();
-                        conns.spawn(async move {
-                            let svc = service_fn(move |req| {
-                                let s = s.clone();
-                                async move { Ok::<_, Infallible>(handle(&s, req).await) }
-                            });
-                            let _ = http1::Builder::new()
-                                .serve_connection(TokioIo::new(stream), svc)
-                                .await;
-                        });
-                    }
-                    Some(_) = conns.join_next(), if !conns.is_empty() => {}
-                }
-            }
-        });
+        let (addr, task) = crate::serve::loopback(move |req| {
+            let s = s.clone();
+            async move { handle(&s, req).await }
+        })
+        .await?;
         Ok(WebhookReceiver { addr, shared, task })
     }
 
