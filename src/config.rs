@@ -377,12 +377,55 @@ fn file_of(origin: &BTreeMap<String, PathBuf>, key: &str) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("<embedded default>"))
 }
 
+/// Validate the merged input into a [`Config`], table by table, in a fixed order (the first
+/// error found is the one reported), then the rules that span tables.
 fn validate(
     input: ConfigInput,
     origin: &BTreeMap<String, PathBuf>,
     sources: Vec<PathBuf>,
 ) -> Result<Config, ConfigError> {
-    let identity_in = input.identity.unwrap_or_default();
+    let identity = validate_identity(input.identity.unwrap_or_default(), origin)?;
+    let triggers = validate_triggers(input.triggers.unwrap_or_default(), origin)?;
+    let windows = validate_windows(input.window.unwrap_or_default());
+    let lock = validate_lock(input.lock.unwrap_or_default(), &input.kubernetes, origin)?;
+    let kubernetes = input
+        .kubernetes
+        .map(|k| validate_kubernetes(k, origin))
+        .transpose()?;
+    let webhook = input
+        .webhook
+        .map(|w| validate_webhook(w, origin))
+        .transpose()?;
+    let gates = gates::validate(input.gates, kubernetes.is_some(), origin)?;
+    let reboot = validate_reboot(input.reboot.unwrap_or_default());
+    let config = Config {
+        identity,
+        triggers,
+        windows,
+        lock,
+        kubernetes,
+        reboot,
+        metrics_listen: input.metrics.and_then(|m| m.listen),
+        webhook,
+        gates,
+        sources,
+    };
+    bounds::check(&config, origin)?;
+    check_max_hold(
+        &config.lock,
+        config.kubernetes.as_ref(),
+        &config.reboot,
+        config.gates.settle,
+        origin,
+    )?;
+    Ok(config)
+}
+
+/// `[identity]`: defaults for what is not set; the group has a name.
+fn validate_identity(
+    identity_in: input::IdentityInput,
+    origin: &BTreeMap<String, PathBuf>,
+) -> Result<Identity, ConfigError> {
     let identity = Identity {
         group: identity_in
             .group
@@ -403,8 +446,14 @@ fn validate(
             reason: "the group name must not be empty".into(),
         });
     }
+    Ok(identity)
+}
 
-    let triggers_in = input.triggers.unwrap_or_default();
+/// `[triggers]`: update_engine on unless turned off; a sentinel command names a program.
+fn validate_triggers(
+    triggers_in: input::TriggersInput,
+    origin: &BTreeMap<String, PathBuf>,
+) -> Result<Triggers, ConfigError> {
     let triggers = Triggers {
         update_engine: triggers_in.update_engine.unwrap_or(true),
         sentinel_file: triggers_in.sentinel_file,
@@ -424,11 +473,13 @@ fn validate(
             });
         }
     }
+    Ok(triggers)
+}
 
-    let windows = Windows(
-        input
-            .window
-            .unwrap_or_default()
+/// `[[window]]`: each already checked as it was read; a window without a zone is in UTC.
+fn validate_windows(windows_in: Vec<input::WindowInput>) -> Windows {
+    Windows(
+        windows_in
             .into_iter()
             .map(|w| Window {
                 days: w.days.into_iter().map(|d| d.0).collect(),
@@ -445,14 +496,17 @@ fn validate(
                     .unwrap_or(jiff::tz::TimeZone::UTC),
             })
             .collect(),
-    );
+    )
+}
 
-    let lock = validate_lock(input.lock.unwrap_or_default(), &input.kubernetes, origin)?;
-    let marks = match &input.kubernetes {
-        Some(k) => marks::validate(k, origin)?,
-        None => Default::default(),
-    };
-    let kubernetes = input.kubernetes.map(|k| Kubernetes {
+/// `[kubernetes]`: the drain's settings and the marks put on the Node; the waits inside the
+/// drain are shorter than the drain.
+fn validate_kubernetes(
+    k: input::KubernetesInput,
+    origin: &BTreeMap<String, PathBuf>,
+) -> Result<Kubernetes, ConfigError> {
+    let marks = marks::validate(&k, origin)?;
+    let kubernetes = Kubernetes {
         kubeconfig: k.kubeconfig,
         drain_timeout: k
             .drain_timeout
@@ -484,41 +538,44 @@ fn validate(
         },
         force_delete_after: k.force_delete_after.map(|d| d.0),
         marks,
-    });
-    if let Some(k) = &kubernetes {
-        if let Some(wait) = k.marks.exclude_lb.filter(|w| *w >= k.drain_timeout) {
-            return Err(ConfigError::Invalid {
-                path: file_of(origin, "kubernetes.exclude_from_load_balancers"),
-                key: "kubernetes.exclude_from_load_balancers".into(),
-                value: format!("\"{}\"", humantime::format_duration(wait)),
-                reason: format!(
-                    "the wait before evicting must be shorter than drain_timeout ({})",
-                    humantime::format_duration(k.drain_timeout)
-                ),
-            });
-        }
-        if let Some(after) = k.force_delete_after.filter(|a| *a >= k.drain_timeout) {
-            return Err(ConfigError::Invalid {
-                path: file_of(origin, "kubernetes.force_delete_after"),
-                key: "kubernetes.force_delete_after".into(),
-                value: humantime::format_duration(after).to_string(),
-                reason: format!(
-                    "must be shorter than drain_timeout ({}), or the drain stops before it",
-                    humantime::format_duration(k.drain_timeout)
-                ),
-            });
-        }
+    };
+    check_drain_waits(&kubernetes, origin)?;
+    Ok(kubernetes)
+}
+
+/// The wait before evicting and the time before a forced delete both end within the drain.
+fn check_drain_waits(
+    k: &Kubernetes,
+    origin: &BTreeMap<String, PathBuf>,
+) -> Result<(), ConfigError> {
+    if let Some(wait) = k.marks.exclude_lb.filter(|w| *w >= k.drain_timeout) {
+        return Err(ConfigError::Invalid {
+            path: file_of(origin, "kubernetes.exclude_from_load_balancers"),
+            key: "kubernetes.exclude_from_load_balancers".into(),
+            value: format!("\"{}\"", humantime::format_duration(wait)),
+            reason: format!(
+                "the wait before evicting must be shorter than drain_timeout ({})",
+                humantime::format_duration(k.drain_timeout)
+            ),
+        });
     }
+    if let Some(after) = k.force_delete_after.filter(|a| *a >= k.drain_timeout) {
+        return Err(ConfigError::Invalid {
+            path: file_of(origin, "kubernetes.force_delete_after"),
+            key: "kubernetes.force_delete_after".into(),
+            value: humantime::format_duration(after).to_string(),
+            reason: format!(
+                "must be shorter than drain_timeout ({}), or the drain stops before it",
+                humantime::format_duration(k.drain_timeout)
+            ),
+        });
+    }
+    Ok(())
+}
 
-    let webhook = input
-        .webhook
-        .map(|w| validate_webhook(w, origin))
-        .transpose()?;
-
-    let gates = gates::validate(input.gates, kubernetes.is_some(), origin)?;
-
-    let reboot_in = input.reboot.unwrap_or_default();
-    let reboot = Reboot {
+/// `[reboot]`: defaults for what is not set; an empty `coordinator_file` turns it off.
+fn validate_reboot(reboot_in: input::RebootInput) -> Reboot {
+    Reboot {
         inhibitors: match reboot_in.inhibitors {
             Some(input::InhibitorsInput::Ignore) => Inhibitors::Ignore,
             _ => Inhibitors::Respect,
@@ -544,28 +601,7 @@ fn validate(
             Some(p) => Some(p),
             None => Some(PathBuf::from(crate::coordinator::DEFAULT_PATH)),
         },
-    };
-    let config = Config {
-        identity,
-        triggers,
-        windows,
-        lock,
-        kubernetes,
-        reboot,
-        metrics_listen: input.metrics.and_then(|m| m.listen),
-        webhook,
-        gates,
-        sources,
-    };
-    bounds::check(&config, origin)?;
-    check_max_hold(
-        &config.lock,
-        config.kubernetes.as_ref(),
-        &config.reboot,
-        config.gates.settle,
-        origin,
-    )?;
-    Ok(config)
+    }
 }
 
 /// `[webhook]`: exactly one of `url` (http:// or https://) and `url_file`. A URL is a secret:
@@ -607,6 +643,7 @@ fn validate_webhook(
     })
 }
 
+/// `[lock]`: the backend with its settings, each backend's table checked on its own.
 fn validate_lock(
     lock_in: input::LockInput,
     kubernetes: &Option<input::KubernetesInput>,
@@ -615,48 +652,10 @@ fn validate_lock(
     let backend_file = || file_of(origin, "lock.backend").display().to_string();
     let backend = match lock_in.backend.unwrap_or(input::BackendInput::None) {
         input::BackendInput::None => LockBackend::None,
-        input::BackendInput::Etcd => {
-            let e = lock_in.etcd.unwrap_or_default();
-            let endpoints = e.endpoints.unwrap_or_default();
-            if endpoints.is_empty() {
-                return Err(ConfigError::Missing {
-                    key: "lock.etcd.endpoints".into(),
-                    because: format!("lock.backend = \"etcd\" (set in {})", backend_file()),
-                });
-            }
-            if e.cert_file.is_some() != e.key_file.is_some() {
-                return Err(ConfigError::Missing {
-                    key: if e.cert_file.is_some() {
-                        "lock.etcd.key_file".into()
-                    } else {
-                        "lock.etcd.cert_file".into()
-                    },
-                    because: "a client certificate needs both cert_file and key_file".into(),
-                });
-            }
-            if e.username.is_some() != e.password_file.is_some() {
-                return Err(ConfigError::Missing {
-                    key: if e.username.is_some() {
-                        "lock.etcd.password_file".into()
-                    } else {
-                        "lock.etcd.username".into()
-                    },
-                    because: "etcd authentication needs both username and password_file".into(),
-                });
-            }
-            LockBackend::Etcd(Etcd {
-                api: match e.api {
-                    Some(input::EtcdApiInput::V2) => EtcdApi::V2,
-                    Some(input::EtcdApiInput::V3) | None => EtcdApi::V3,
-                },
-                endpoints,
-                ca_file: e.ca_file,
-                cert_file: e.cert_file,
-                key_file: e.key_file,
-                username: e.username,
-                password_file: e.password_file,
-            })
-        }
+        input::BackendInput::Etcd => LockBackend::Etcd(validate_etcd(
+            lock_in.etcd.unwrap_or_default(),
+            &backend_file,
+        )?),
         input::BackendInput::Kubernetes => {
             let k = lock_in.kubernetes.unwrap_or_default();
             LockBackend::Kubernetes(KubeLease {
@@ -669,34 +668,91 @@ fn validate_lock(
                     .or_else(|| kubernetes.as_ref().and_then(|k| k.kubeconfig.clone())),
             })
         }
-        input::BackendInput::Fleetlock => {
-            let f = lock_in.fleetlock.unwrap_or_default();
-            if let Some(id) = &f.id {
-                if id.is_empty() || id.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                    return Err(ConfigError::Invalid {
-                        path: file_of(origin, "lock.fleetlock.id"),
-                        key: "lock.fleetlock.id".into(),
-                        value: format!("{id:?}"),
-                        reason: "the id must be a non-empty word (e.g. Zincati's node_uuid)".into(),
-                    });
-                }
-            }
-            let Some(url) = f.url else {
-                return Err(ConfigError::Missing {
-                    key: "lock.fleetlock.url".into(),
-                    because: format!("lock.backend = \"fleetlock\" (set in {})", backend_file()),
-                });
-            };
-            LockBackend::FleetLock(FleetLock {
-                url,
-                ca_file: f.ca_file,
-                id: f.id,
-            })
-        }
+        input::BackendInput::Fleetlock => LockBackend::FleetLock(validate_fleetlock(
+            lock_in.fleetlock.unwrap_or_default(),
+            origin,
+            &backend_file,
+        )?),
     };
     Ok(Lock {
         backend,
         max_hold: lock_in.max_hold.map(|d| d.0),
+    })
+}
+
+/// `[lock.etcd]`: endpoints, and a client certificate or a user name each complete.
+/// `backend_file`: the file that chose the backend, for the error when endpoints are missing.
+fn validate_etcd(
+    e: input::EtcdInput,
+    backend_file: &dyn Fn() -> String,
+) -> Result<Etcd, ConfigError> {
+    let endpoints = e.endpoints.unwrap_or_default();
+    if endpoints.is_empty() {
+        return Err(ConfigError::Missing {
+            key: "lock.etcd.endpoints".into(),
+            because: format!("lock.backend = \"etcd\" (set in {})", backend_file()),
+        });
+    }
+    if e.cert_file.is_some() != e.key_file.is_some() {
+        return Err(ConfigError::Missing {
+            key: if e.cert_file.is_some() {
+                "lock.etcd.key_file".into()
+            } else {
+                "lock.etcd.cert_file".into()
+            },
+            because: "a client certificate needs both cert_file and key_file".into(),
+        });
+    }
+    if e.username.is_some() != e.password_file.is_some() {
+        return Err(ConfigError::Missing {
+            key: if e.username.is_some() {
+                "lock.etcd.password_file".into()
+            } else {
+                "lock.etcd.username".into()
+            },
+            because: "etcd authentication needs both username and password_file".into(),
+        });
+    }
+    Ok(Etcd {
+        api: match e.api {
+            Some(input::EtcdApiInput::V2) => EtcdApi::V2,
+            Some(input::EtcdApiInput::V3) | None => EtcdApi::V3,
+        },
+        endpoints,
+        ca_file: e.ca_file,
+        cert_file: e.cert_file,
+        key_file: e.key_file,
+        username: e.username,
+        password_file: e.password_file,
+    })
+}
+
+/// `[lock.fleetlock]`: a URL, and an id that is one word if given.
+fn validate_fleetlock(
+    f: input::FleetLockInput,
+    origin: &BTreeMap<String, PathBuf>,
+    backend_file: &dyn Fn() -> String,
+) -> Result<FleetLock, ConfigError> {
+    if let Some(id) = &f.id {
+        if id.is_empty() || id.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(ConfigError::Invalid {
+                path: file_of(origin, "lock.fleetlock.id"),
+                key: "lock.fleetlock.id".into(),
+                value: format!("{id:?}"),
+                reason: "the id must be a non-empty word (e.g. Zincati's node_uuid)".into(),
+            });
+        }
+    }
+    let Some(url) = f.url else {
+        return Err(ConfigError::Missing {
+            key: "lock.fleetlock.url".into(),
+            because: format!("lock.backend = \"fleetlock\" (set in {})", backend_file()),
+        });
+    };
+    Ok(FleetLock {
+        url,
+        ca_file: f.ca_file,
+        id: f.id,
     })
 }
 
