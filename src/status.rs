@@ -205,141 +205,190 @@ pub fn describe_holder(h: &crate::lock::Holder, now: Timestamp) -> String {
 
 /// The human-readable form: one screen, labels aligned.
 pub fn render(s: &Status, now: Timestamp, style: Style) -> String {
-    let mut out = String::new();
-    let mut row = |label: &str, value: String| {
-        let _ = writeln!(out, "{:<13} {value}", format!("{label}:"));
+    let mut screen = Screen {
+        out: String::new(),
+        now,
+        style,
     };
-    let since = s
-        .since
-        .map(|t| format!(" for {}", age(t, now)))
-        .unwrap_or_default();
-    row(
-        "phase",
-        format!("{}{since}", style.paint(phase_colour(s), s.phase.as_str())),
-    );
-    if !s.state_present {
-        row(
-            "",
-            format!(
-                "(no state file at {}: the daemon has not run here)",
-                s.state_file
-            ),
-        );
+    screen.phase(s);
+    screen.pauses(s);
+    screen.requests(s);
+    screen.errors(s);
+    screen.host(s);
+    screen.semaphore(s);
+    screen.warnings(s);
+    screen.out
+}
+
+/// The screen as it is written, block by block.
+struct Screen {
+    out: String,
+    now: Timestamp,
+    style: Style,
+}
+
+impl Screen {
+    /// One line: the label, aligned, then the value.
+    fn row(&mut self, label: &str, value: String) {
+        let _ = writeln!(self.out, "{:<13} {value}", format!("{label}:"));
     }
-    if let Some(r) = &s.reason {
-        row("reason", r.clone());
+
+    /// The phase, since when, and why a reboot is needed.
+    fn phase(&mut self, s: &Status) {
+        let since = s
+            .since
+            .map(|t| format!(" for {}", age(t, self.now)))
+            .unwrap_or_default();
+        let phase = self.style.paint(phase_colour(s), s.phase.as_str());
+        self.row("phase", format!("{phase}{since}"));
+        if !s.state_present {
+            self.row(
+                "",
+                format!(
+                    "(no state file at {}: the daemon has not run here)",
+                    s.state_file
+                ),
+            );
+        }
+        if let Some(r) = &s.reason {
+            self.row("reason", r.clone());
+        }
     }
-    if let Some(p) = &s.paused {
-        let why = p
-            .reason
-            .as_deref()
-            .map_or(String::new(), |r| format!(": {r}"));
-        row(
-            "paused",
-            style.paint(
+
+    /// This node's pause and its group's.
+    fn pauses(&mut self, s: &Status) {
+        let now = self.now;
+        if let Some(p) = &s.paused {
+            let why = p
+                .reason
+                .as_deref()
+                .map_or(String::new(), |r| format!(": {r}"));
+            let text = self.style.paint(
                 "33",
                 &format!(
                     "for {} (since {}){why}; no slot is taken until `rebootctl resume`",
                     age(p.since, now),
                     p.since
                 ),
-            ),
-        );
-    }
-    if let Some(p) = &s.group_paused {
-        row(
-            "group paused",
-            style.paint(
+            );
+            self.row("paused", text);
+        }
+        if let Some(p) = &s.group_paused {
+            let text = self.style.paint(
                 "33",
                 &format!(
                     "for {} ({}); no node of the group takes a slot until `rebootctl resume --group`",
                     age(p.since, now),
                     p.describe()
                 ),
-            ),
-        );
-    }
-    if s.reboot_requested {
-        row("request", "`rebootctl reboot` pending".into());
-    }
-    for r in &s.requests {
-        row(
-            "request",
-            format!("`rebootctl {r}` not yet applied by rebootd"),
-        );
-    }
-    if let Some(w) = &s.waiting_for {
-        row("waiting for", w.clone());
-    }
-    if let Some(g) = &s.gate {
-        row(
-            "gate",
-            format!(
-                "{:?} says wait for {}: {} (asked again {})",
-                g.name,
-                age(g.since, now),
-                g.why,
-                if g.next_check > now {
-                    format!("in {}", age(now, g.next_check))
-                } else {
-                    "now".into()
-                }
-            ),
-        );
-    }
-    if let Some(e) = &s.last_error {
-        row("last error", style.paint("31", e));
-    }
-    if let Some(t) = s.retry_at {
-        row("retry in", format!("{} (at {t})", age(now, t)));
-    }
-    let window = if s.window_open {
-        "open now".to_string()
-    } else {
-        s.next_window.map_or("never opens".into(), |t| {
-            format!("next opens in {} ({t})", age(now, t))
-        })
-    };
-    row("windows", format!("{} ({window})", s.windows));
-    row(
-        "boot id",
-        s.boot_id.clone().unwrap_or_else(|| "(unreadable)".into()),
-    );
-    if let Some(t) = s.last_reboot {
-        row("last reboot", format!("{} ago ({t})", age(t, now)));
-    }
-    row("slot held", if s.slot_held { "yes" } else { "no" }.into());
-    if let Some(sem) = s
-        .semaphore
-        .as_ref()
-        .filter(|sem| sem.backend == "fleetlock")
-    {
-        row(
-            "semaphore",
-            format!(
-                "fleetlock group {:?}: slots and holders are kept by the server",
-                sem.group
-            ),
-        );
-    } else if let Some(sem) = &s.semaphore {
-        row(
-            "semaphore",
-            format!(
-                "{} group {:?}: {} of {} slots free",
-                sem.backend, sem.group, sem.free, sem.max
-            ),
-        );
-        for h in &sem.holders {
-            row("  holder", describe_holder(h, now));
+            );
+            self.row("group paused", text);
         }
     }
-    if let Some(e) = &s.semaphore_error {
-        row("semaphore", style.paint("31", &format!("unavailable: {e}")));
+
+    /// Operator requests not yet applied, and what the agent waits for (a gate among them).
+    fn requests(&mut self, s: &Status) {
+        let now = self.now;
+        if s.reboot_requested {
+            self.row("request", "`rebootctl reboot` pending".into());
+        }
+        for r in &s.requests {
+            self.row(
+                "request",
+                format!("`rebootctl {r}` not yet applied by rebootd"),
+            );
+        }
+        if let Some(w) = &s.waiting_for {
+            self.row("waiting for", w.clone());
+        }
+        if let Some(g) = &s.gate {
+            self.row(
+                "gate",
+                format!(
+                    "{:?} says wait for {}: {} (asked again {})",
+                    g.name,
+                    age(g.since, now),
+                    g.why,
+                    if g.next_check > now {
+                        format!("in {}", age(now, g.next_check))
+                    } else {
+                        "now".into()
+                    }
+                ),
+            );
+        }
     }
-    for w in &s.warnings {
-        row("WARNING", style.paint("31", w));
+
+    /// The last error and when the agent tries again.
+    fn errors(&mut self, s: &Status) {
+        if let Some(e) = &s.last_error {
+            let text = self.style.paint("31", e);
+            self.row("last error", text);
+        }
+        if let Some(t) = s.retry_at {
+            self.row("retry in", format!("{} (at {t})", age(self.now, t)));
+        }
     }
-    out
+
+    /// The windows, the boot, the last reboot and whether this node holds a slot.
+    fn host(&mut self, s: &Status) {
+        let now = self.now;
+        let window = if s.window_open {
+            "open now".to_string()
+        } else {
+            s.next_window.map_or("never opens".into(), |t| {
+                format!("next opens in {} ({t})", age(now, t))
+            })
+        };
+        self.row("windows", format!("{} ({window})", s.windows));
+        self.row(
+            "boot id",
+            s.boot_id.clone().unwrap_or_else(|| "(unreadable)".into()),
+        );
+        if let Some(t) = s.last_reboot {
+            self.row("last reboot", format!("{} ago ({t})", age(t, now)));
+        }
+        self.row("slot held", if s.slot_held { "yes" } else { "no" }.into());
+    }
+
+    /// The semaphore as the backend reports it, its holders, or why it could not be read.
+    fn semaphore(&mut self, s: &Status) {
+        if let Some(sem) = s
+            .semaphore
+            .as_ref()
+            .filter(|sem| sem.backend == "fleetlock")
+        {
+            self.row(
+                "semaphore",
+                format!(
+                    "fleetlock group {:?}: slots and holders are kept by the server",
+                    sem.group
+                ),
+            );
+        } else if let Some(sem) = &s.semaphore {
+            self.row(
+                "semaphore",
+                format!(
+                    "{} group {:?}: {} of {} slots free",
+                    sem.backend, sem.group, sem.free, sem.max
+                ),
+            );
+            for h in &sem.holders {
+                self.row("  holder", describe_holder(h, self.now));
+            }
+        }
+        if let Some(e) = &s.semaphore_error {
+            let text = self.style.paint("31", &format!("unavailable: {e}"));
+            self.row("semaphore", text);
+        }
+    }
+
+    fn warnings(&mut self, s: &Status) {
+        for w in &s.warnings {
+            let text = self.style.paint("31", w);
+            self.row("WARNING", text);
+        }
+    }
 }
 
 #[cfg(test)]

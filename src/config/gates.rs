@@ -265,17 +265,67 @@ fn gate(
     which: List,
     origin: &BTreeMap<String, PathBuf>,
 ) -> Result<GateSpec, ConfigError> {
-    let bad = |key: &str, value: String, reason: &str| {
-        invalid(origin, format!("{at}.{key}"), value, reason)
+    let at = At { key: at, origin };
+    let timeout = timeout(&g, &at)?;
+    one_kind(&g, &at)?;
+    let prometheus = || prometheus_access(&g.prometheus_url, &g.ca_file, &g.bearer_token_file, &at);
+    let check = if let Some(argv) = g.command {
+        command_check(argv, &at)?
+    } else if let Some(annotations) = g.node_annotations {
+        node_check(annotations, &g.node_label, which, &at)?
+    } else if let Some(selector) = g.pods_ready {
+        pods_check(selector, which, &at)?
+    } else if let Some(query) = g.query {
+        query_check(query, &prometheus, &at)?
+    } else {
+        alerts_check(
+            g.alerts.unwrap_or_default(),
+            &prometheus,
+            &g.alertmanager_url,
+            &at,
+        )?
     };
+    if !matches!(check, GateCheck::Query { .. } | GateCheck::Alerts { .. }) {
+        no_prometheus_keys((&g.prometheus_url, &g.ca_file, &g.bearer_token_file), &at)?;
+    }
+    no_keys_of_other_kinds(&check, &g.node_label, &g.alertmanager_url, &at)?;
+    Ok(GateSpec {
+        name: gate_name(g.name, &check, &at)?,
+        key: at.key.to_string(),
+        check,
+        timeout,
+    })
+}
+
+/// Where a gate is, for its errors.
+struct At<'a> {
+    /// `gates.before_reboot[1]`.
+    key: &'a str,
+    origin: &'a BTreeMap<String, PathBuf>,
+}
+
+impl At<'_> {
+    /// The error for `key` of this gate.
+    fn bad(&self, key: &str, value: String, reason: &str) -> ConfigError {
+        invalid(self.origin, format!("{}.{key}", self.key), value, reason)
+    }
+}
+
+/// `timeout`: the default, or at least [`LEAST_TIMEOUT`].
+fn timeout(g: &GateInput, at: &At) -> Result<Duration, ConfigError> {
     let timeout = g.timeout.map(|d| d.0).unwrap_or(DEFAULT_TIMEOUT);
     if timeout < LEAST_TIMEOUT {
-        return Err(bad(
+        return Err(at.bad(
             "timeout",
             fmt(timeout),
             "must be at least 100ms: no check answers in less",
         ));
     }
+    Ok(timeout)
+}
+
+/// A gate asks exactly one thing.
+fn one_kind(g: &GateInput, at: &At) -> Result<(), ConfigError> {
     let kinds: Vec<&str> = [
         ("command", g.command.is_some()),
         ("query", g.query.is_some()),
@@ -289,125 +339,167 @@ fn gate(
     .collect();
     if kinds.len() != 1 {
         return Err(invalid(
-            origin,
-            at.to_string(),
+            at.origin,
+            at.key.to_string(),
             format!("{kinds:?}"),
             "a gate has exactly one of `command`, `query`, `alerts`, `node_annotations` or `pods_ready`",
         ));
     }
-    let prometheus = || -> Result<Access, ConfigError> {
-        match &g.prometheus_url {
-            Some(u) if url_ok(u) => Ok(Access {
-                url: u.clone(),
-                ca_file: g.ca_file.clone(),
-                bearer_token_file: g.bearer_token_file.clone(),
-            }),
-            other => Err(bad(
-                "prometheus_url",
-                format!("{:?}", other.clone().unwrap_or_default()),
-                "a `query` or `alerts` gate needs an http:// or https:// prometheus_url",
-            )),
-        }
-    };
-    let check = if let Some(argv) = g.command {
-        if argv.first().is_none_or(|p| p.is_empty()) {
-            return Err(bad(
-                "command",
-                format!("{argv:?}"),
-                "the command must name a program",
-            ));
-        }
-        GateCheck::Command { argv }
-    } else if let Some(annotations) = g.node_annotations {
-        if annotations.is_empty() {
-            return Err(bad(
-                "node_annotations",
-                "[]".into(),
-                "name at least one annotation",
-            ));
-        }
-        if let Some(k) = annotations.iter().find(|k| !is_key(k)) {
-            return Err(bad(
-                "node_annotations",
-                format!("{k:?}"),
-                "not a Kubernetes annotation key ([prefix/]name)",
-            ));
-        }
-        let label = g.node_label.clone().unwrap_or_else(|| {
-            match which {
-                List::BeforeReboot => DEFAULT_NODE_LABEL,
-                List::AfterBoot => DEFAULT_AFTER_LABEL,
-            }
-            .to_string()
-        });
-        if !is_key(&label) {
-            return Err(bad(
-                "node_label",
-                format!("{label:?}"),
-                "not a Kubernetes label key ([prefix/]name)",
-            ));
-        }
-        GateCheck::NodeAnnotations { label, annotations }
-    } else if let Some(selector) = g.pods_ready {
-        if which != List::AfterBoot {
-            return Err(bad(
-                "pods_ready",
-                format!("{selector:?}"),
-                "pods are checked after the boot: put this gate in [[gates.after_boot]]",
-            ));
-        }
-        if selector.trim().is_empty() || selector.chars().any(char::is_control) {
-            return Err(bad(
-                "pods_ready",
-                format!("{selector:?}"),
-                "a label selector such as \"app=csi-node\"",
-            ));
-        }
-        GateCheck::PodsReady {
-            selector: selector.trim().to_string(),
-        }
-    } else if let Some(query) = g.query {
-        if query.trim().is_empty() {
-            return Err(bad(
-                "query",
-                format!("{query:?}"),
-                "the PromQL query must not be empty",
-            ));
-        }
-        GateCheck::Query {
-            prometheus: prometheus()?,
-            query,
-        }
-    } else {
-        let matchers = g.alerts.unwrap_or_default();
-        let selector = matchers
-            .iter()
-            .map(|m| Matcher::parse(m))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| bad("alerts", format!("{matchers:?}"), &e))?;
-        GateCheck::Alerts {
-            prometheus: prometheus()?,
-            alertmanager_url: match &g.alertmanager_url {
-                Some(u) if !url_ok(u) => {
-                    return Err(bad(
-                        "alertmanager_url",
-                        format!("{u:?}"),
-                        "not an http:// or https:// URL",
-                    ))
-                }
-                other => other.clone(),
-            },
-            selector,
-        }
-    };
-    if !matches!(check, GateCheck::Query { .. } | GateCheck::Alerts { .. }) {
-        no_prometheus_keys((&g.prometheus_url, &g.ca_file, &g.bearer_token_file), &bad)?;
+    Ok(())
+}
+
+/// How a `query` or `alerts` gate reaches Prometheus.
+fn prometheus_access(
+    url: &Option<String>,
+    ca_file: &Option<PathBuf>,
+    bearer_token_file: &Option<PathBuf>,
+    at: &At,
+) -> Result<Access, ConfigError> {
+    match url {
+        Some(u) if url_ok(u) => Ok(Access {
+            url: u.clone(),
+            ca_file: ca_file.clone(),
+            bearer_token_file: bearer_token_file.clone(),
+        }),
+        other => Err(at.bad(
+            "prometheus_url",
+            format!("{:?}", other.clone().unwrap_or_default()),
+            "a `query` or `alerts` gate needs an http:// or https:// prometheus_url",
+        )),
     }
+}
+
+/// `command`: a program and its arguments.
+fn command_check(argv: Vec<String>, at: &At) -> Result<GateCheck, ConfigError> {
+    if argv.first().is_none_or(|p| p.is_empty()) {
+        return Err(at.bad(
+            "command",
+            format!("{argv:?}"),
+            "the command must name a program",
+        ));
+    }
+    Ok(GateCheck::Command { argv })
+}
+
+/// `node_annotations`, and the label set while they are awaited (a default per list).
+fn node_check(
+    annotations: Vec<String>,
+    node_label: &Option<String>,
+    which: List,
+    at: &At,
+) -> Result<GateCheck, ConfigError> {
+    if annotations.is_empty() {
+        return Err(at.bad(
+            "node_annotations",
+            "[]".into(),
+            "name at least one annotation",
+        ));
+    }
+    if let Some(k) = annotations.iter().find(|k| !is_key(k)) {
+        return Err(at.bad(
+            "node_annotations",
+            format!("{k:?}"),
+            "not a Kubernetes annotation key ([prefix/]name)",
+        ));
+    }
+    let label = node_label.clone().unwrap_or_else(|| {
+        match which {
+            List::BeforeReboot => DEFAULT_NODE_LABEL,
+            List::AfterBoot => DEFAULT_AFTER_LABEL,
+        }
+        .to_string()
+    });
+    if !is_key(&label) {
+        return Err(at.bad(
+            "node_label",
+            format!("{label:?}"),
+            "not a Kubernetes label key ([prefix/]name)",
+        ));
+    }
+    Ok(GateCheck::NodeAnnotations { label, annotations })
+}
+
+/// `pods_ready`: a label selector, after the boot only.
+fn pods_check(selector: String, which: List, at: &At) -> Result<GateCheck, ConfigError> {
+    if which != List::AfterBoot {
+        return Err(at.bad(
+            "pods_ready",
+            format!("{selector:?}"),
+            "pods are checked after the boot: put this gate in [[gates.after_boot]]",
+        ));
+    }
+    if selector.trim().is_empty() || selector.chars().any(char::is_control) {
+        return Err(at.bad(
+            "pods_ready",
+            format!("{selector:?}"),
+            "a label selector such as \"app=csi-node\"",
+        ));
+    }
+    Ok(GateCheck::PodsReady {
+        selector: selector.trim().to_string(),
+    })
+}
+
+/// How a `query` or `alerts` gate reaches Prometheus, read once the gate's own key is checked.
+type Prometheus<'a> = dyn Fn() -> Result<Access, ConfigError> + 'a;
+
+/// `query`: a PromQL query, not empty.
+fn query_check(query: String, prometheus: &Prometheus, at: &At) -> Result<GateCheck, ConfigError> {
+    if query.trim().is_empty() {
+        return Err(at.bad(
+            "query",
+            format!("{query:?}"),
+            "the PromQL query must not be empty",
+        ));
+    }
+    Ok(GateCheck::Query {
+        prometheus: prometheus()?,
+        query,
+    })
+}
+
+/// `alerts`: label matchers, and where Alertmanager's silences are read, if anywhere.
+fn alerts_check(
+    matchers: Vec<String>,
+    prometheus: &Prometheus,
+    alertmanager_url: &Option<String>,
+    at: &At,
+) -> Result<GateCheck, ConfigError> {
+    let selector = matchers
+        .iter()
+        .map(|m| Matcher::parse(m))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| at.bad("alerts", format!("{matchers:?}"), &e))?;
+    let prometheus = prometheus()?;
+    let alertmanager_url = match alertmanager_url {
+        Some(u) if !url_ok(u) => {
+            return Err(at.bad(
+                "alertmanager_url",
+                format!("{u:?}"),
+                "not an http:// or https:// URL",
+            ))
+        }
+        other => other.clone(),
+    };
+    Ok(GateCheck::Alerts {
+        prometheus,
+        alertmanager_url,
+        selector,
+    })
+}
+
+/// A gate has no key that only another kind of gate reads: `node_label`, `alertmanager_url`.
+fn no_keys_of_other_kinds(
+    check: &GateCheck,
+    node_label: &Option<String>,
+    alertmanager_url: &Option<String>,
+    at: &At,
+) -> Result<(), ConfigError> {
     if let (Some(l), false) = (
-        &g.node_label,
+        node_label,
         matches!(check, GateCheck::NodeAnnotations { .. }),
     ) {
-        return Err(bad(
+        return Err(at.bad(
             "node_label",
             format!("{l:?}"),
             "only a `node_annotations` gate sets a label",
@@ -419,50 +511,45 @@ fn gate(
         | GateCheck::Query { .. }
         | GateCheck::NodeAnnotations { .. }
         | GateCheck::PodsReady { .. },
-    ) = (&g.alertmanager_url, &check)
+    ) = (alertmanager_url, check)
     {
-        return Err(bad(
+        return Err(at.bad(
             "alertmanager_url",
             format!("{u:?}"),
             "only an `alerts` gate reads Alertmanager's silences",
         ));
     }
-    let name = match g.name {
+    Ok(())
+}
+
+/// `name`: not empty; what the gate asks when not given.
+fn gate_name(name: Option<String>, check: &GateCheck, at: &At) -> Result<String, ConfigError> {
+    match name {
         Some(n) if n.trim().is_empty() => {
-            return Err(bad(
-                "name",
-                format!("{n:?}"),
-                "a gate's name must not be empty",
-            ))
+            Err(at.bad("name", format!("{n:?}"), "a gate's name must not be empty"))
         }
-        Some(n) => n,
-        None => default_name(&check),
-    };
-    Ok(GateSpec {
-        name,
-        key: at.to_string(),
-        check,
-        timeout,
-    })
+        Some(n) => Ok(n),
+        None => Ok(default_name(check)),
+    }
 }
 
 /// A gate that asks no Prometheus has none of its keys.
 /// `keys`: its `prometheus_url`, `ca_file` and `bearer_token_file`.
 fn no_prometheus_keys(
     keys: (&Option<String>, &Option<PathBuf>, &Option<PathBuf>),
-    bad: &dyn Fn(&str, String, &str) -> ConfigError,
+    at: &At,
 ) -> Result<(), ConfigError> {
     let (url, ca_file, bearer_token_file) = keys;
     let why = "only a `query` or `alerts` gate asks Prometheus";
     if let Some(u) = url {
-        return Err(bad("prometheus_url", format!("{u:?}"), why));
+        return Err(at.bad("prometheus_url", format!("{u:?}"), why));
     }
     for (key, file) in [
         ("ca_file", ca_file),
         ("bearer_token_file", bearer_token_file),
     ] {
         if let Some(f) = file {
-            return Err(bad(key, format!("{:?}", f.display().to_string()), why));
+            return Err(at.bad(key, format!("{:?}", f.display().to_string()), why));
         }
     }
     Ok(())

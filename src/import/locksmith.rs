@@ -258,7 +258,33 @@ fn not_ours(key: &str) -> Option<&'static str> {
     }
 }
 
-/// Translate locksmithd's configuration below `root`.
+/// The strategy.
+const STRATEGY: &str = "REBOOT_STRATEGY";
+
+/// The group.
+const GROUP: &str = "LOCKSMITHD_GROUP";
+
+/// The etcd settings, read whether or not the strategy uses them.
+const ETCD_FLAGS: [&str; 6] = [
+    "LOCKSMITHD_ENDPOINT",
+    "LOCKSMITHD_ETCD_CAFILE",
+    "LOCKSMITHD_ETCD_CERTFILE",
+    "LOCKSMITHD_ETCD_KEYFILE",
+    "LOCKSMITHD_ETCD_USERNAME",
+    "LOCKSMITHD_ETCD_PASSWORD",
+];
+
+/// The reboot window (with or without locksmithd's prefix) and the zone of its local time.
+const WINDOW_KEYS: [&str; 5] = [
+    "LOCKSMITHD_REBOOT_WINDOW_START",
+    "REBOOT_WINDOW_START",
+    "LOCKSMITHD_REBOOT_WINDOW_LENGTH",
+    "REBOOT_WINDOW_LENGTH",
+    "TZ",
+];
+
+/// Translate locksmithd's configuration below `root`: the strategy, the group, the etcd
+/// settings, the window, then a note for every other variable.
 pub fn import(root: &Root) -> Result<Import, ImportError> {
     let (vars, read, mut notes) = environment(root)?;
     if read.is_empty() {
@@ -267,268 +293,285 @@ pub fn import(root: &Root) -> Result<Import, ImportError> {
             root.0.display()
         )));
     }
-    let mut fragment = Fragment {
-        // locksmithd acts on update_engine's status, as rebootd does by default.
-        update_engine: Some(true),
-        ..Fragment::default()
-    };
+    let vars = Vars(vars);
     let mut secrets = Vec::new();
-    let mut used: Vec<&str> = Vec::new();
-    let get = |k: &str| vars.get(k).filter(|v| !v.value.is_empty());
-    let untranslatable = |k: &str, v: &Var, why: String| ImportError::Untranslatable {
-        file: v.file.clone(),
-        key: k.to_string(),
-        value: v.value.clone(),
-        why,
+    let takes_lock = takes_lock(&vars, &mut notes)?;
+    let group = group(&vars)?;
+    let backend = if takes_lock {
+        etcd_backend(&vars, &mut notes, &mut secrets)?
+    } else {
+        unused_etcd_flags(&vars, &mut notes);
+        BackendOut::None
     };
+    let window = window(root, &vars)?;
+    other_variables(&vars, &mut notes);
+    Ok(Import {
+        from: Tool::Locksmith,
+        read,
+        fragment: Fragment {
+            group,
+            // locksmithd acts on update_engine's status, as rebootd does by default.
+            update_engine: Some(true),
+            backend: Some(backend),
+            windows: window.into_iter().collect(),
+        },
+        notes,
+        secrets,
+    })
+}
 
-    // The strategy: locksmithd's own default is `reboot`.
-    let strategy = get("REBOOT_STRATEGY");
-    used.push("REBOOT_STRATEGY");
-    let etcd = match strategy.map(|v| v.value.as_str()) {
+/// locksmithd's final environment.
+struct Vars(BTreeMap<String, Var>);
+
+impl Vars {
+    /// A variable set to something: locksmithd reads an empty one as not set.
+    fn get(&self, key: &str) -> Option<&Var> {
+        self.0.get(key).filter(|v| !v.value.is_empty())
+    }
+}
+
+impl Var {
+    /// This variable, set as `key`, cannot be translated.
+    fn untranslatable(&self, key: &str, why: impl Into<String>) -> ImportError {
+        ImportError::untranslatable(self.file.clone(), key, self.value.clone(), why)
+    }
+}
+
+/// `REBOOT_STRATEGY`: whether it takes a lock (`etcd-lock`) or not (`reboot`, locksmithd's
+/// default); the others have no translation.
+fn takes_lock(vars: &Vars, notes: &mut Vec<Note>) -> Result<bool, ImportError> {
+    let strategy = vars.get(STRATEGY);
+    match strategy.map(|v| v.value.as_str()) {
         None => {
-            notes.push(Note {
-                file: "(locksmithd's default)".into(),
-                key: "REBOOT_STRATEGY".into(),
-                value: "reboot".into(),
-                why: "not set: locksmithd reboots without a lock, and so does the fragment (lock.backend = \"none\")".into(),
-            });
-            false
+            notes.push(Note::new(
+                "(locksmithd's default)",
+                STRATEGY,
+                "reboot",
+                "not set: locksmithd reboots without a lock, and so does the fragment (lock.backend = \"none\")",
+            ));
+            Ok(false)
         }
-        Some("reboot") => false,
-        Some("etcd-lock") => true,
+        Some("reboot") => Ok(false),
+        Some("etcd-lock") => Ok(true),
         Some(other) => {
             let v = strategy.cloned().unwrap_or(Var {
                 value: other.into(),
                 file: String::new(),
             });
             let why = match other {
-                "off" => "locksmithd does not reboot at all; rebootd has no such setting: keep this host from rebooting with `rebootctl pause` once rebootd runs, or leave rebootd disabled".into(),
-                "best-effort" => "`best-effort` chose etcd-lock or reboot by whether etcd answered; choose one and set REBOOT_STRATEGY before importing".into(),
-                _ => "unknown strategy (locksmithd knows reboot, etcd-lock, off)".into(),
+                "off" => "locksmithd does not reboot at all; rebootd has no such setting: keep this host from rebooting with `rebootctl pause` once rebootd runs, or leave rebootd disabled",
+                "best-effort" => "`best-effort` chose etcd-lock or reboot by whether etcd answered; choose one and set REBOOT_STRATEGY before importing",
+                _ => "unknown strategy (locksmithd knows reboot, etcd-lock, off)",
             };
-            return Err(untranslatable("REBOOT_STRATEGY", &v, why));
+            Err(v.untranslatable(STRATEGY, why))
         }
-    };
+    }
+}
 
-    // The group. locksmith's default group is "", which rebootd calls "default"; locksmith's
-    // group named "default" is a different key that rebootd cannot name.
-    used.push("LOCKSMITHD_GROUP");
-    if let Some(g) = get("LOCKSMITHD_GROUP") {
-        if g.value == "default" {
-            return Err(untranslatable(
-                "LOCKSMITHD_GROUP",
-                g,
-                "locksmith keeps this group at .../rebootlock/groups/default/semaphore, but rebootd's group \"default\" is locksmith's default group (no group key); rename the group".into(),
+/// `LOCKSMITHD_GROUP`. locksmith's default group is "", which rebootd calls "default";
+/// locksmith's group named "default" is a different key that rebootd cannot name.
+fn group(vars: &Vars) -> Result<Option<String>, ImportError> {
+    match vars.get(GROUP) {
+        Some(g) if g.value == "default" => Err(g.untranslatable(
+            GROUP,
+            "locksmith keeps this group at .../rebootlock/groups/default/semaphore, but rebootd's group \"default\" is locksmith's default group (no group key); rename the group",
+        )),
+        Some(g) => Ok(Some(g.value.clone())),
+        None => Ok(None),
+    }
+}
+
+/// The `etcd-lock` strategy: the etcd backend on locksmith's own semaphore (the v2 keys API).
+fn etcd_backend(
+    vars: &Vars,
+    notes: &mut Vec<Note>,
+    secrets: &mut Vec<Secret>,
+) -> Result<BackendOut, ImportError> {
+    let endpoints = endpoints(vars, notes);
+    let (cert_file, key_file) = client_certificate(vars)?;
+    let username = vars
+        .get("LOCKSMITHD_ETCD_USERNAME")
+        .map(|v| v.value.clone());
+    let password_file = password_file(vars, username.is_some(), notes, secrets);
+    notes.push(Note::new(
+        vars.get(STRATEGY).map(|v| v.file.clone()).unwrap_or_default(),
+        STRATEGY,
+        "etcd-lock",
+        "translated to lock.backend = \"etcd\" with api = \"v2\": locksmith's own semaphore in etcd's v2 keys API, shared with the locksmithd nodes (etcd needs --enable-v2=true); to move the fleet to v3 later see docs/migrating-from-locksmith.md",
+    ));
+    Ok(BackendOut::Etcd {
+        endpoints,
+        ca_file: vars.get("LOCKSMITHD_ETCD_CAFILE").map(|v| v.value.clone()),
+        cert_file,
+        key_file,
+        username,
+        password_file,
+    })
+}
+
+/// `LOCKSMITHD_ENDPOINT`, comma-separated; locksmithctl's defaults written out when not set.
+fn endpoints(vars: &Vars, notes: &mut Vec<Note>) -> Vec<String> {
+    match vars.get("LOCKSMITHD_ENDPOINT") {
+        Some(v) => v
+            .value
+            .split(',')
+            .map(|e| e.trim().to_string())
+            .filter(|e| !e.is_empty())
+            .collect(),
+        None => {
+            notes.push(Note::new(
+                "(locksmithd's default)",
+                "LOCKSMITHD_ENDPOINT",
+                DEFAULT_ENDPOINTS.join(","),
+                "not set: locksmithd's default endpoints are written out",
+            ));
+            DEFAULT_ENDPOINTS.iter().map(|s| s.to_string()).collect()
+        }
+    }
+}
+
+/// `LOCKSMITHD_ETCD_CERTFILE` and `LOCKSMITHD_ETCD_KEYFILE`: both or neither.
+fn client_certificate(vars: &Vars) -> Result<(Option<String>, Option<String>), ImportError> {
+    let (cert_key, key_key) = ("LOCKSMITHD_ETCD_CERTFILE", "LOCKSMITHD_ETCD_KEYFILE");
+    match (vars.get(cert_key), vars.get(key_key)) {
+        (Some(c), None) => Err(c.untranslatable(cert_key, HALF_A_CERTIFICATE)),
+        (None, Some(k)) => Err(k.untranslatable(key_key, HALF_A_CERTIFICATE)),
+        (c, k) => Ok((c.map(|v| v.value.clone()), k.map(|v| v.value.clone()))),
+    }
+}
+
+const HALF_A_CERTIFICATE: &str = "a client certificate needs both LOCKSMITHD_ETCD_CERTFILE and LOCKSMITHD_ETCD_KEYFILE (locksmithd fails to load it too)";
+
+/// `LOCKSMITHD_ETCD_PASSWORD`, used with a user name only: rebootd reads it from
+/// [`PASSWORD_FILE`], a secret written next to the fragment.
+fn password_file(
+    vars: &Vars,
+    has_username: bool,
+    notes: &mut Vec<Note>,
+    secrets: &mut Vec<Secret>,
+) -> Option<String> {
+    let key = "LOCKSMITHD_ETCD_PASSWORD";
+    match (has_username, vars.get(key)) {
+        (true, Some(p)) => {
+            secrets.push(Secret {
+                path: PASSWORD_FILE.into(),
+                content: p.value.clone(),
+                what: "the etcd password".into(),
+            });
+            notes.push(Note::new(
+                p.file.clone(),
+                key,
+                "(hidden)",
+                format!(
+                    "rebootd reads the password from a file: `--write` writes it to {PASSWORD_FILE} (mode 0600); otherwise write it there yourself"
+                ),
+            ));
+            Some(PASSWORD_FILE.to_string())
+        }
+        (true, None) => {
+            notes.push(Note::new(
+                vars.get("LOCKSMITHD_ETCD_USERNAME").map(|v| v.file.clone()).unwrap_or_default(),
+                key,
+                "",
+                format!("a user name without a password: the fragment reads the password from {PASSWORD_FILE}, which you must write"),
+            ));
+            Some(PASSWORD_FILE.to_string())
+        }
+        (false, Some(p)) => {
+            notes.push(Note::new(
+                p.file.clone(),
+                key,
+                "(hidden)",
+                "a password without LOCKSMITHD_ETCD_USERNAME is not used by locksmithd either",
+            ));
+            None
+        }
+        (false, None) => None,
+    }
+}
+
+/// A strategy without a lock: the etcd settings set are named, not translated.
+fn unused_etcd_flags(vars: &Vars, notes: &mut Vec<Note>) {
+    for k in ETCD_FLAGS {
+        if let Some(v) = vars.get(k) {
+            let value = if k.ends_with("PASSWORD") {
+                "(hidden)".into()
+            } else {
+                v.value.clone()
+            };
+            notes.push(Note::new(
+                v.file.clone(),
+                k,
+                value,
+                "not used: the strategy takes no lock",
             ));
         }
-        fragment.group = Some(g.value.clone());
     }
+}
 
-    // The etcd settings, read whether or not the strategy uses them.
-    let flags = [
-        "LOCKSMITHD_ENDPOINT",
-        "LOCKSMITHD_ETCD_CAFILE",
-        "LOCKSMITHD_ETCD_CERTFILE",
-        "LOCKSMITHD_ETCD_KEYFILE",
-        "LOCKSMITHD_ETCD_USERNAME",
-        "LOCKSMITHD_ETCD_PASSWORD",
-    ];
-    used.extend(flags);
-    if etcd {
-        let endpoints: Vec<String> = match get("LOCKSMITHD_ENDPOINT") {
-            Some(v) => v
-                .value
-                .split(',')
-                .map(|e| e.trim().to_string())
-                .filter(|e| !e.is_empty())
-                .collect(),
-            None => {
-                notes.push(Note {
-                    file: "(locksmithd's default)".into(),
-                    key: "LOCKSMITHD_ENDPOINT".into(),
-                    value: DEFAULT_ENDPOINTS.join(","),
-                    why: "not set: locksmithd's default endpoints are written out".into(),
-                });
-                DEFAULT_ENDPOINTS.iter().map(|s| s.to_string()).collect()
-            }
-        };
-        let file = |k: &str| get(k).map(|v| v.value.clone());
-        let (cert, key) = (
-            file("LOCKSMITHD_ETCD_CERTFILE"),
-            file("LOCKSMITHD_ETCD_KEYFILE"),
-        );
-        if cert.is_some() != key.is_some() {
-            let (k, v) = if cert.is_some() {
-                ("LOCKSMITHD_ETCD_CERTFILE", get("LOCKSMITHD_ETCD_CERTFILE"))
-            } else {
-                ("LOCKSMITHD_ETCD_KEYFILE", get("LOCKSMITHD_ETCD_KEYFILE"))
-            };
-            if let Some(v) = v {
-                return Err(untranslatable(
-                    k,
-                    v,
-                    "a client certificate needs both LOCKSMITHD_ETCD_CERTFILE and LOCKSMITHD_ETCD_KEYFILE (locksmithd fails to load it too)".into(),
-                ));
-            }
-        }
-        let username = file("LOCKSMITHD_ETCD_USERNAME");
-        let password = get("LOCKSMITHD_ETCD_PASSWORD");
-        let password_file = match (&username, password) {
-            (Some(_), Some(p)) => {
-                secrets.push(Secret {
-                    path: PASSWORD_FILE.into(),
-                    content: p.value.clone(),
-                    what: "the etcd password".into(),
-                });
-                notes.push(Note {
-                    file: p.file.clone(),
-                    key: "LOCKSMITHD_ETCD_PASSWORD".into(),
-                    value: "(hidden)".into(),
-                    why: format!(
-                        "rebootd reads the password from a file: `--write` writes it to {PASSWORD_FILE} (mode 0600); otherwise write it there yourself"
-                    ),
-                });
-                Some(PASSWORD_FILE.to_string())
-            }
-            (Some(_), None) => {
-                notes.push(Note {
-                    file: get("LOCKSMITHD_ETCD_USERNAME").map(|v| v.file.clone()).unwrap_or_default(),
-                    key: "LOCKSMITHD_ETCD_PASSWORD".into(),
-                    value: String::new(),
-                    why: format!("a user name without a password: the fragment reads the password from {PASSWORD_FILE}, which you must write"),
-                });
-                Some(PASSWORD_FILE.to_string())
-            }
-            (None, Some(p)) => {
-                notes.push(Note {
-                    file: p.file.clone(),
-                    key: "LOCKSMITHD_ETCD_PASSWORD".into(),
-                    value: "(hidden)".into(),
-                    why: "a password without LOCKSMITHD_ETCD_USERNAME is not used by locksmithd either".into(),
-                });
-                None
-            }
-            (None, None) => None,
-        };
-        notes.push(Note {
-            file: strategy.map(|v| v.file.clone()).unwrap_or_default(),
-            key: "REBOOT_STRATEGY".into(),
-            value: "etcd-lock".into(),
-            why: "translated to lock.backend = \"etcd\" with api = \"v2\": locksmith's own semaphore in etcd's v2 keys API, shared with the locksmithd nodes (etcd needs --enable-v2=true); to move the fleet to v3 later see docs/migrating-from-locksmith.md".into(),
-        });
-        fragment.backend = Some(BackendOut::Etcd {
-            endpoints,
-            ca_file: file("LOCKSMITHD_ETCD_CAFILE"),
-            cert_file: cert,
-            key_file: key,
-            username,
-            password_file,
-        });
-    } else {
-        fragment.backend = Some(BackendOut::None);
-        for k in flags {
-            if let Some(v) = get(k) {
-                notes.push(Note {
-                    file: v.file.clone(),
-                    key: k.into(),
-                    value: if k.ends_with("PASSWORD") {
-                        "(hidden)".into()
-                    } else {
-                        v.value.clone()
-                    },
-                    why: "not used: the strategy takes no lock".into(),
-                });
-            }
-        }
-    }
-
-    // The reboot window, in the host's local time as locksmithd (Go's time.Local) reads it.
+/// The reboot window, in the host's local time as locksmithd (Go's time.Local) reads it:
+/// both its start and its length, or neither.
+fn window(root: &Root, vars: &Vars) -> Result<Option<WindowOut>, ImportError> {
     let pick = |a: &'static str, b: &'static str| {
-        get(a).map(|v| (a, v)).or_else(|| get(b).map(|v| (b, v)))
+        vars.get(a)
+            .map(|v| (a, v))
+            .or_else(|| vars.get(b).map(|v| (b, v)))
     };
     let start = pick("LOCKSMITHD_REBOOT_WINDOW_START", "REBOOT_WINDOW_START");
     let length = pick("LOCKSMITHD_REBOOT_WINDOW_LENGTH", "REBOOT_WINDOW_LENGTH");
-    used.extend([
-        "LOCKSMITHD_REBOOT_WINDOW_START",
-        "REBOOT_WINDOW_START",
-        "LOCKSMITHD_REBOOT_WINDOW_LENGTH",
-        "REBOOT_WINDOW_LENGTH",
-        "TZ",
-    ]);
-    match (start, length) {
-        (None, None) => {}
+    let ((sk, sv), (lk, lv)) = match (start, length) {
+        (None, None) => return Ok(None),
         (Some((k, v)), None) | (None, Some((k, v))) => {
-            return Err(untranslatable(
+            return Err(v.untranslatable(
                 k,
-                v,
-                "the window needs both its start and its length (locksmithd refuses this too)"
-                    .into(),
+                "the window needs both its start and its length (locksmithd refuses this too)",
             ))
         }
-        (Some((sk, sv)), Some((lk, lv))) => {
-            let (days, start) =
-                window_start(&sv.value).map_err(|why| untranslatable(sk, sv, why))?;
-            let length = go_duration(&lv.value).map_err(|why| untranslatable(lk, lv, why))?;
-            let period = if days.len() == 1 { 7 * 86400 } else { 86400 };
-            if length >= Duration::from_secs(period) {
-                return Err(untranslatable(
-                    lk,
-                    lv,
-                    "the length is not shorter than the period (locksmithd refuses this too)"
-                        .into(),
-                ));
-            }
-            let tz = vars.get("TZ").map(|v| v.value.as_str());
-            let time_zone = match local_zone(root, tz) {
-                Ok(z) => z,
-                Err(why) => {
-                    return Err(ImportError::Untranslatable {
-                        file: "/etc/localtime".into(),
-                        key: "local time zone".into(),
-                        value: String::new(),
-                        why: format!(
-                        "locksmithd's window is in local time, but {why}; write the window by hand"
-                    ),
-                    })
-                }
-            };
-            fragment.windows.push(WindowOut {
-                days,
-                start,
-                length,
-                time_zone,
-            });
-        }
+        (Some(s), Some(l)) => (s, l),
+    };
+    let (days, start) = window_start(&sv.value).map_err(|why| sv.untranslatable(sk, why))?;
+    let length = go_duration(&lv.value).map_err(|why| lv.untranslatable(lk, why))?;
+    let period = if days.len() == 1 { 7 * 86400 } else { 86400 };
+    if length >= Duration::from_secs(period) {
+        return Err(lv.untranslatable(
+            lk,
+            "the length is not shorter than the period (locksmithd refuses this too)",
+        ));
     }
+    let tz = vars.0.get("TZ").map(|v| v.value.as_str());
+    let time_zone = local_zone(root, tz).map_err(|why| {
+        ImportError::untranslatable(
+            "/etc/localtime",
+            "local time zone",
+            "",
+            format!("locksmithd's window is in local time, but {why}; write the window by hand"),
+        )
+    })?;
+    Ok(Some(WindowOut {
+        days,
+        start,
+        length,
+        time_zone,
+    }))
+}
 
-    for (k, v) in &vars {
-        if used.contains(&k.as_str()) {
-            continue;
-        }
+/// A note for every variable no step above read.
+fn other_variables(vars: &Vars, notes: &mut Vec<Note>) {
+    let read = |k: &str| {
+        k == STRATEGY || k == GROUP || ETCD_FLAGS.contains(&k) || WINDOW_KEYS.contains(&k)
+    };
+    for (k, v) in vars.0.iter().filter(|(k, _)| !read(k)) {
         let why = if let Some(why) = not_ours(k) {
-            why.to_string()
+            why
         } else if k == "LOCKSMITHD_DEBUG" {
-            "locksmithd's debug logging; rebootd's log level is RUST_LOG".into()
+            "locksmithd's debug logging; rebootd's log level is RUST_LOG"
         } else if k.starts_with("LOCKSMITHD_") {
-            "not a setting locksmithd reads, so not translated".into()
+            "not a setting locksmithd reads, so not translated"
         } else {
-            "not a locksmithd setting".into()
+            "not a locksmithd setting"
         };
-        notes.push(Note {
-            file: v.file.clone(),
-            key: k.clone(),
-            value: v.value.clone(),
-            why,
-        });
+        notes.push(Note::new(v.file.clone(), k.clone(), v.value.clone(), why));
     }
-    Ok(Import {
-        from: Tool::Locksmith,
-        read,
-        fragment,
-        notes,
-        secrets,
-    })
 }
 
 #[cfg(test)]

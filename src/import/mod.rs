@@ -73,6 +73,23 @@ impl fmt::Display for Note {
     }
 }
 
+impl Note {
+    /// Why `key = value`, read from `file`, is not in the fragment as it is.
+    fn new(
+        file: impl Into<String>,
+        key: impl Into<String>,
+        value: impl Into<String>,
+        why: impl Into<String>,
+    ) -> Note {
+        Note {
+            file: file.into(),
+            key: key.into(),
+            value: value.into(),
+            why: why.into(),
+        }
+    }
+}
+
 /// A file to write next to the fragment (a secret that rebootd reads from a file).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Secret {
@@ -151,6 +168,23 @@ pub enum ImportError {
     },
     #[error("the imported fragment does not pass rebootd's validation (a bug in the import, please report it): {0}\n{1}")]
     Invalid(String, String),
+}
+
+impl ImportError {
+    /// `key = value`, read from `file`, has no translation, or one that would not do the same.
+    fn untranslatable(
+        file: impl Into<String>,
+        key: impl Into<String>,
+        value: impl Into<String>,
+        why: impl Into<String>,
+    ) -> ImportError {
+        ImportError::Untranslatable {
+            file: file.into(),
+            key: key.into(),
+            value: value.into(),
+            why: why.into(),
+        }
+    }
 }
 
 /// Read a file below the root; a missing one is `None`.

@@ -208,7 +208,8 @@ fn why_not(key: &str) -> &'static str {
     }
 }
 
-/// Translate Zincati's configuration below `root`.
+/// Translate Zincati's configuration below `root`: the merged fragments, the notes that hold
+/// whatever the strategy, then the strategy with its settings.
 pub fn import(root: &Root) -> Result<Import, ImportError> {
     let files = fragments(root);
     if files.is_empty() {
@@ -217,220 +218,46 @@ pub fn import(root: &Root) -> Result<Import, ImportError> {
             root.0.display()
         )));
     }
-    let mut m = Merged::default();
-    for path in &files {
-        let text = super::read_optional(root, path)?.unwrap_or_default();
-        let table: toml::Table =
-            text.parse()
-                .map_err(|e: toml::de::Error| ImportError::Untranslatable {
-                    file: path.clone(),
-                    key: "(file)".into(),
-                    value: String::new(),
-                    why: format!("not TOML: {}", e.message()),
-                })?;
-        merge(&mut m, path, table)?;
-    }
-
-    let mut notes: Vec<Note> = m
-        .other
-        .iter()
-        .map(|(file, key, value)| Note {
-            file: file.clone(),
-            key: key.clone(),
-            value: value.clone(),
-            why: why_not(key).into(),
-        })
-        .collect();
+    let m = read_merged(root, &files)?;
+    let mut notes = general_notes(&m);
     let mut fragment = Fragment {
         // Fedora CoreOS has no update_engine: the trigger has to be set.
         update_engine: Some(false),
         group: m.group.as_ref().map(|g| g.value.clone()),
         ..Fragment::default()
     };
-    notes.push(Note {
-        file: "(Zincati)".into(),
-        key: "trigger".into(),
-        value: String::new(),
-        why: "Zincati stages the update and reboots for it; rebootd has no update_engine to listen to here: set [triggers] sentinel_file or sentinel_command to what says a reboot is needed, or use `rebootctl reboot`".into(),
-    });
-    if let Some(e) = m.enabled.as_ref().filter(|e| !e.value) {
-        notes.push(Note {
-            file: e.file.clone(),
-            key: "updates.enabled".into(),
-            value: "false".into(),
-            why: "Zincati's auto-updates are off; rebootd has no such key: keep this node from rebooting with `rebootctl pause`".into(),
-        });
-    }
-
     let strategy = m.strategy.as_ref().map_or("", |s| s.value.as_str());
-    let unused = |notes: &mut Vec<Note>, what: &str| {
-        if what != "fleet_lock" {
-            if let Some(b) = &m.base_url {
-                notes.push(Note {
-                    file: b.file.clone(),
-                    key: "updates.fleet_lock.base_url".into(),
-                    value: b.value.clone(),
-                    why: format!("not in effect under strategy {what:?}, so not translated"),
-                });
-            }
-        }
-        if what != "periodic" {
-            for w in &m.windows {
-                notes.push(Note {
-                    file: w.file.clone(),
-                    key: "updates.periodic.window".into(),
-                    value: format!("{:?} {} {}m", w.days, w.start_time, w.length_minutes),
-                    why: format!("not in effect under strategy {what:?}, so not translated"),
-                });
-            }
-            if let Some(tz) = &m.time_zone {
-                notes.push(Note {
-                    file: tz.file.clone(),
-                    key: "updates.periodic.time_zone".into(),
-                    value: tz.value.clone(),
-                    why: format!("not in effect under strategy {what:?}, so not translated"),
-                });
-            }
-        }
-    };
     match strategy {
         "" | "immediate" => {
-            unused(&mut notes, "immediate");
+            not_in_effect(&m, "immediate", &mut notes);
             fragment.backend = Some(BackendOut::None);
         }
         "fleet_lock" => {
-            unused(&mut notes, "fleet_lock");
-            let url = m
-                .base_url
-                .as_ref()
-                .filter(|b| !b.value.is_empty())
-                .ok_or_else(|| ImportError::Untranslatable {
-                    file: m
-                        .strategy
-                        .as_ref()
-                        .map(|s| s.file.clone())
-                        .unwrap_or_default(),
-                    key: "updates.fleet_lock.base_url".into(),
-                    value: String::new(),
-                    why: "strategy \"fleet_lock\" needs a base_url (Zincati would not start)"
-                        .into(),
-                })?;
-            // Zincati reads node_uuid as a 128-bit id and sends it as 32 hex digits.
-            let id = match &m.node_uuid {
-                Some(u) => Some(
-                    crate::app_id::Id128::parse(&u.value)
-                        .map_err(|why| ImportError::Untranslatable {
-                            file: u.file.clone(),
-                            key: "identity.node_uuid".into(),
-                            value: u.value.clone(),
-                            why: format!("{why} (Zincati would not start)"),
-                        })?
-                        .to_hex(),
-                ),
-                None => None,
-            };
-            fragment.backend = Some(BackendOut::FleetLock {
-                url: url.value.clone(),
-                id,
-            });
+            not_in_effect(&m, "fleet_lock", &mut notes);
+            fragment.backend = Some(fleet_lock(&m)?);
         }
         "periodic" => {
-            unused(&mut notes, "periodic");
+            not_in_effect(&m, "periodic", &mut notes);
             fragment.backend = Some(BackendOut::None);
-            let tz = m.time_zone.as_ref();
-            let zone = match tz.map(|t| t.value.as_str()) {
-                None => "UTC".to_string(),
-                Some("localtime") => {
-                    local_zone(root, None).map_err(|why| ImportError::Untranslatable {
-                        file: tz.map(|t| t.file.clone()).unwrap_or_default(),
-                        key: "updates.periodic.time_zone".into(),
-                        value: "localtime".into(),
-                        why,
-                    })?
-                }
-                Some(name) => {
-                    jiff::tz::TimeZone::get(name).map_err(|_| ImportError::Untranslatable {
-                        file: tz.map(|t| t.file.clone()).unwrap_or_default(),
-                        key: "updates.periodic.time_zone".into(),
-                        value: name.into(),
-                        why: "not an IANA time zone name".into(),
-                    })?;
-                    name.to_string()
-                }
-            };
-            if m.windows.is_empty() {
-                return Err(ImportError::Untranslatable {
-                    file: m
-                        .strategy
-                        .as_ref()
-                        .map(|s| s.file.clone())
-                        .unwrap_or_default(),
-                    key: "updates.periodic.window".into(),
-                    value: String::new(),
-                    why: "strategy \"periodic\" without a window (Zincati would not start)".into(),
-                });
-            }
-            for w in &m.windows {
-                let bad = |key: &str, value: String, why: &str| ImportError::Untranslatable {
-                    file: w.file.clone(),
-                    key: format!("updates.periodic.window.{key}"),
-                    value,
-                    why: why.into(),
-                };
-                let mut days = Vec::new();
-                for d in &w.days {
-                    let d = day(d).ok_or_else(|| bad("days", d.clone(), "not a week day"))?;
-                    if !days.contains(&d) {
-                        days.push(d);
-                    }
-                }
-                let start = time_of_day(&w.start_time)
-                    .ok_or_else(|| bad("start_time", w.start_time.clone(), "not hh:mm"))?;
-                if w.length_minutes <= 0 || w.length_minutes > u32::MAX.into() {
-                    return Err(bad(
-                        "length_minutes",
-                        w.length_minutes.to_string(),
-                        "must be a number of minutes above zero",
-                    ));
-                }
-                fragment.windows.push(WindowOut {
-                    days,
-                    start,
-                    length: Duration::from_secs(w.length_minutes as u64 * 60),
-                    time_zone: zone.clone(),
-                });
-            }
-            if zone != "UTC" {
-                notes.push(Note {
-                    file: tz.map(|t| t.file.clone()).unwrap_or_default(),
-                    key: "updates.periodic.time_zone".into(),
-                    value: tz.map(|t| t.value.clone()).unwrap_or_default(),
-                    why: format!("translated to {zone:?}; one difference: on a day the clocks change, Zincati's window keeps its clock times and grows or shrinks, rebootd's keeps its length"),
-                });
-            }
+            fragment.windows = periodic(root, &m, &mut notes)?;
         }
         other => {
-            return Err(ImportError::Untranslatable {
-                file: m
-                    .strategy
-                    .as_ref()
-                    .map(|s| s.file.clone())
-                    .unwrap_or_default(),
-                key: "updates.strategy".into(),
-                value: other.into(),
-                why: "unknown strategy (Zincati knows immediate, fleet_lock, periodic)".into(),
-            })
+            return Err(ImportError::untranslatable(
+                strategy_file(&m),
+                "updates.strategy",
+                other,
+                "unknown strategy (Zincati knows immediate, fleet_lock, periodic)",
+            ))
         }
     }
     if strategy != "fleet_lock" {
         if let Some(u) = &m.node_uuid {
-            notes.push(Note {
-                file: u.file.clone(),
-                key: "identity.node_uuid".into(),
-                value: u.value.clone(),
-                why: "Zincati's id is sent only to a FleetLock server; not in effect without one"
-                    .into(),
-            });
+            notes.push(Note::new(
+                u.file.clone(),
+                "identity.node_uuid",
+                u.value.clone(),
+                "Zincati's id is sent only to a FleetLock server; not in effect without one",
+            ));
         }
     }
     Ok(Import {
@@ -439,5 +266,211 @@ pub fn import(root: &Root) -> Result<Import, ImportError> {
         fragment,
         notes,
         secrets: Vec::new(),
+    })
+}
+
+/// The fragments read and merged in order.
+fn read_merged(root: &Root, files: &[String]) -> Result<Merged, ImportError> {
+    let mut m = Merged::default();
+    for path in files {
+        let text = super::read_optional(root, path)?.unwrap_or_default();
+        let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+            ImportError::untranslatable(
+                path.clone(),
+                "(file)",
+                "",
+                format!("not TOML: {}", e.message()),
+            )
+        })?;
+        merge(&mut m, path, table)?;
+    }
+    Ok(m)
+}
+
+/// Notes whatever the strategy: the keys not translated, the trigger to set, auto-updates off.
+fn general_notes(m: &Merged) -> Vec<Note> {
+    let mut notes: Vec<Note> = m
+        .other
+        .iter()
+        .map(|(file, key, value)| Note::new(file.clone(), key.clone(), value.clone(), why_not(key)))
+        .collect();
+    notes.push(Note::new(
+        "(Zincati)",
+        "trigger",
+        "",
+        "Zincati stages the update and reboots for it; rebootd has no update_engine to listen to here: set [triggers] sentinel_file or sentinel_command to what says a reboot is needed, or use `rebootctl reboot`",
+    ));
+    if let Some(e) = m.enabled.as_ref().filter(|e| !e.value) {
+        notes.push(Note::new(
+            e.file.clone(),
+            "updates.enabled",
+            "false",
+            "Zincati's auto-updates are off; rebootd has no such key: keep this node from rebooting with `rebootctl pause`",
+        ));
+    }
+    notes
+}
+
+/// The fragment that set the strategy.
+fn strategy_file(m: &Merged) -> String {
+    m.strategy
+        .as_ref()
+        .map(|s| s.file.clone())
+        .unwrap_or_default()
+}
+
+/// Notes for the settings of the strategies not chosen (`what`): the FleetLock URL, the
+/// periodic windows and their zone.
+fn not_in_effect(m: &Merged, what: &str, notes: &mut Vec<Note>) {
+    let why = format!("not in effect under strategy {what:?}, so not translated");
+    if what != "fleet_lock" {
+        if let Some(b) = &m.base_url {
+            notes.push(Note::new(
+                b.file.clone(),
+                "updates.fleet_lock.base_url",
+                b.value.clone(),
+                why.clone(),
+            ));
+        }
+    }
+    if what != "periodic" {
+        for w in &m.windows {
+            notes.push(Note::new(
+                w.file.clone(),
+                "updates.periodic.window",
+                format!("{:?} {} {}m", w.days, w.start_time, w.length_minutes),
+                why.clone(),
+            ));
+        }
+        if let Some(tz) = &m.time_zone {
+            notes.push(Note::new(
+                tz.file.clone(),
+                "updates.periodic.time_zone",
+                tz.value.clone(),
+                why.clone(),
+            ));
+        }
+    }
+}
+
+/// Strategy `fleet_lock`: the server's URL, and Zincati's id for this node if set.
+fn fleet_lock(m: &Merged) -> Result<BackendOut, ImportError> {
+    let url = m
+        .base_url
+        .as_ref()
+        .filter(|b| !b.value.is_empty())
+        .ok_or_else(|| {
+            ImportError::untranslatable(
+                strategy_file(m),
+                "updates.fleet_lock.base_url",
+                "",
+                "strategy \"fleet_lock\" needs a base_url (Zincati would not start)",
+            )
+        })?;
+    // Zincati reads node_uuid as a 128-bit id and sends it as 32 hex digits.
+    let id = match &m.node_uuid {
+        Some(u) => Some(
+            crate::app_id::Id128::parse(&u.value)
+                .map_err(|why| {
+                    ImportError::untranslatable(
+                        u.file.clone(),
+                        "identity.node_uuid",
+                        u.value.clone(),
+                        format!("{why} (Zincati would not start)"),
+                    )
+                })?
+                .to_hex(),
+        ),
+        None => None,
+    };
+    Ok(BackendOut::FleetLock {
+        url: url.value.clone(),
+        id,
+    })
+}
+
+/// Strategy `periodic`: its windows in its time zone, and a note on what a zone other than UTC
+/// changes.
+fn periodic(root: &Root, m: &Merged, notes: &mut Vec<Note>) -> Result<Vec<WindowOut>, ImportError> {
+    let zone = periodic_zone(root, m)?;
+    if m.windows.is_empty() {
+        return Err(ImportError::untranslatable(
+            strategy_file(m),
+            "updates.periodic.window",
+            "",
+            "strategy \"periodic\" without a window (Zincati would not start)",
+        ));
+    }
+    let windows = m
+        .windows
+        .iter()
+        .map(|w| periodic_window(w, &zone))
+        .collect::<Result<Vec<_>, _>>()?;
+    if zone != "UTC" {
+        let tz = m.time_zone.as_ref();
+        notes.push(Note::new(
+            tz.map(|t| t.file.clone()).unwrap_or_default(),
+            "updates.periodic.time_zone",
+            tz.map(|t| t.value.clone()).unwrap_or_default(),
+            format!("translated to {zone:?}; one difference: on a day the clocks change, Zincati's window keeps its clock times and grows or shrinks, rebootd's keeps its length"),
+        ));
+    }
+    Ok(windows)
+}
+
+/// `updates.periodic.time_zone`: UTC when not set, `"localtime"` resolved as the host has it.
+fn periodic_zone(root: &Root, m: &Merged) -> Result<String, ImportError> {
+    let tz = m.time_zone.as_ref();
+    let file = || tz.map(|t| t.file.clone()).unwrap_or_default();
+    match tz.map(|t| t.value.as_str()) {
+        None => Ok("UTC".to_string()),
+        Some("localtime") => local_zone(root, None).map_err(|why| {
+            ImportError::untranslatable(file(), "updates.periodic.time_zone", "localtime", why)
+        }),
+        Some(name) => {
+            jiff::tz::TimeZone::get(name).map_err(|_| {
+                ImportError::untranslatable(
+                    file(),
+                    "updates.periodic.time_zone",
+                    name,
+                    "not an IANA time zone name",
+                )
+            })?;
+            Ok(name.to_string())
+        }
+    }
+}
+
+/// One `[[updates.periodic.window]]` in `zone`.
+fn periodic_window(w: &PeriodicWindow, zone: &str) -> Result<WindowOut, ImportError> {
+    let bad = |key: &str, value: String, why: &str| {
+        ImportError::untranslatable(
+            w.file.clone(),
+            format!("updates.periodic.window.{key}"),
+            value,
+            why,
+        )
+    };
+    let mut days = Vec::new();
+    for d in &w.days {
+        let d = day(d).ok_or_else(|| bad("days", d.clone(), "not a week day"))?;
+        if !days.contains(&d) {
+            days.push(d);
+        }
+    }
+    let start = time_of_day(&w.start_time)
+        .ok_or_else(|| bad("start_time", w.start_time.clone(), "not hh:mm"))?;
+    if w.length_minutes <= 0 || w.length_minutes > u32::MAX.into() {
+        return Err(bad(
+            "length_minutes",
+            w.length_minutes.to_string(),
+            "must be a number of minutes above zero",
+        ));
+    }
+    Ok(WindowOut {
+        days,
+        start,
+        length: Duration::from_secs(w.length_minutes as u64 * 60),
+        time_zone: zone.to_string(),
     })
 }

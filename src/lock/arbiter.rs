@@ -262,6 +262,7 @@ pub fn dead_waiters<'a>(
         .collect()
 }
 
+#[cfg(any(test, fuzzing))]
 pub mod props;
 
 #[cfg(test)]

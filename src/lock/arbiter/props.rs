@@ -1,6 +1,7 @@
 //! The arbiter's rules as properties, checked on a view built from arbitrary bytes: for the
 //! fuzz target `arbiter` (`fuzz/fuzz_targets/arbiter.rs`) and the property test below, which
-//! runs it on many pseudo-random inputs without cargo-fuzz.
+//! runs it on many pseudo-random inputs without cargo-fuzz. Compiled only for those two (tests,
+//! and builds with `--cfg fuzzing`, which cargo-fuzz sets); the daemon does not carry it.
 
 use std::time::{Duration, Instant};
 
@@ -43,15 +44,65 @@ impl Bytes<'_> {
 /// Build a view, a policy and what one observer saw from `data`, decide, and check every rule
 /// of the arbiter on the decision. Panics when one is broken.
 pub fn check_bytes(data: &[u8]) {
-    let mut b = Bytes(data);
-    let ids = ["m-me", "m-a", "m-b", "m-c"];
-    let nodes = ["node-me", "node-a", "node-b", "node-c"];
-    let max = u64::from(b.next() % 4);
-    // A holder id appears once (a document lists each holder once).
+    let case = Case::from_bytes(data);
+    let d = decide(&case.view, &ME, &case.seen, &case.policy, case.now);
+    assert_eq!(
+        decide(&case.view, &ME, &case.seen, &case.policy, case.now),
+        d,
+        "not deterministic"
+    );
+    check_rules(&case, &Expected::of(&case), &d);
+}
+
+/// One input to `decide`: a view, a policy, and what an observer saw of it at `t0` and `now`.
+struct Case {
+    view: View,
+    policy: Policy,
+    seen: Observations,
+    t0: Instant,
+    now: Instant,
+}
+
+impl Case {
+    fn from_bytes(data: &[u8]) -> Case {
+        let mut b = Bytes(data);
+        let max = u64::from(b.next() % 4);
+        let holders = holders(&mut b);
+        let waiters = waiters(&mut b);
+        let view = View {
+            max,
+            holders,
+            waiters,
+            node_is_identity: b.next() % 2 == 0,
+        };
+        let policy = Policy {
+            max_hold: (b.next() % 2 == 0).then(|| Duration::from_secs(u64::from(b.next() % 4))),
+            waiter_timeout: Duration::from_secs(u64::from(b.next() % 4 + 1)),
+        };
+        let t0 = Instant::now();
+        let now = t0 + Duration::from_secs(u64::from(b.next() % 6));
+        let mut seen = Observations::default();
+        seen.update(&view, t0);
+        seen.update(&view, now);
+        Case {
+            view,
+            policy,
+            seen,
+            t0,
+            now,
+        }
+    }
+}
+
+const IDS: [&str; 4] = ["m-me", "m-a", "m-b", "m-c"];
+const NODES: [&str; 4] = ["node-me", "node-a", "node-b", "node-c"];
+
+/// Up to four holders, each id once (a document lists each holder once).
+fn holders(b: &mut Bytes) -> Vec<HolderView> {
     let mut holders: Vec<HolderView> = (0..b.next() % 5)
         .map(|_| HolderView {
-            id: b.pick(&ids).to_owned(),
-            node: Some(b.pick(&nodes).to_owned()),
+            id: b.pick(&IDS).to_owned(),
+            node: Some(b.pick(&NODES).to_owned()),
             boot_id: None,
             phase: None,
             token: match b.next() % 3 {
@@ -66,8 +117,13 @@ pub fn check_bytes(data: &[u8]) {
         .collect();
     let mut seen_ids = std::collections::HashSet::new();
     holders.retain(|h| seen_ids.insert(h.id.clone()));
+    holders
+}
+
+/// Up to four waiters, mine among them or not.
+fn waiters(b: &mut Bytes) -> Vec<WaiterView> {
     let mine_at = b.next() % 6;
-    let waiters: Vec<WaiterView> = (0..b.next() % 5)
+    (0..b.next() % 5)
         .map(|i| {
             let mine = i == mine_at;
             WaiterView {
@@ -79,69 +135,80 @@ pub fn check_bytes(data: &[u8]) {
                 id: if mine {
                     Some(ME.id.to_owned())
                 } else {
-                    (b.next() % 2 == 0).then(|| b.pick(&ids[1..]).to_owned())
+                    (b.next() % 2 == 0).then(|| b.pick(&IDS[1..]).to_owned())
                 },
-                node: Some(b.pick(&nodes[1..]).to_owned()),
+                node: Some(b.pick(&NODES[1..]).to_owned()),
                 beat: b.beat(),
                 mine,
             }
         })
-        .collect();
-    let view = View {
-        max,
-        holders,
-        waiters,
-        node_is_identity: b.next() % 2 == 0,
-    };
-    let policy = Policy {
-        max_hold: (b.next() % 2 == 0).then(|| Duration::from_secs(u64::from(b.next() % 4))),
-        waiter_timeout: Duration::from_secs(u64::from(b.next() % 4 + 1)),
-    };
-    let t0 = Instant::now();
-    let now = t0 + Duration::from_secs(u64::from(b.next() % 6));
-    let mut seen = Observations::default();
-    seen.update(&view, t0);
-    seen.update(&view, now);
+        .collect()
+}
 
-    let d = decide(&view, &ME, &seen, &policy, now);
-    assert_eq!(
-        decide(&view, &ME, &seen, &policy, now),
-        d,
-        "not deterministic"
-    );
-    // Only a holder that is not foreign and, where nodes are authenticated, under my node.
-    let could_be_mine: Vec<&HolderView> = view
-        .holders
-        .iter()
-        .filter(|h| h.foreign.is_none())
-        .filter(|h| !view.node_is_identity || h.node.as_deref() == Some(ME.node))
-        .collect();
-    let by_id: Vec<&HolderView> = could_be_mine
-        .iter()
-        .copied()
-        .filter(|h| h.id == ME.id)
-        .collect();
-    let mine = by_id.iter().any(|h| h.token.as_deref() == Some(ME.token));
-    let adoptable = by_id.iter().any(|h| h.token.is_none())
-        || (by_id.is_empty() && view.node_is_identity && !could_be_mine.is_empty());
-    let my_ticket = view.my_ticket();
-    let ahead = view
-        .waiters
-        .iter()
-        .filter(|w| !w.mine && w.id.as_deref() != Some(ME.id))
-        .filter(|w| my_ticket.is_none_or(|t| w.ticket < *t))
-        .filter(|w| {
-            !view.holders.iter().any(|h| {
-                w.id.as_deref() == Some(h.id.as_str())
-                    || (view.node_is_identity && w.node.is_some() && w.node == h.node)
+/// What the rules say of a case, worked out here independently of `decide`.
+struct Expected<'a> {
+    /// The holders under my id that could be mine (not foreign, under my node where nodes are
+    /// authenticated).
+    by_id: Vec<&'a HolderView>,
+    /// One of them has my token.
+    mine: bool,
+    /// A holder I may adopt: mine without a token, or by node where nodes are identity.
+    adoptable: bool,
+    /// Live waiters ahead of me that hold no slot.
+    ahead: usize,
+    free: i64,
+}
+
+impl<'a> Expected<'a> {
+    fn of(case: &'a Case) -> Expected<'a> {
+        let view = &case.view;
+        let could_be_mine: Vec<&HolderView> = view
+            .holders
+            .iter()
+            .filter(|h| h.foreign.is_none())
+            .filter(|h| !view.node_is_identity || h.node.as_deref() == Some(ME.node))
+            .collect();
+        let by_id: Vec<&HolderView> = could_be_mine
+            .iter()
+            .copied()
+            .filter(|h| h.id == ME.id)
+            .collect();
+        let mine = by_id.iter().any(|h| h.token.as_deref() == Some(ME.token));
+        let adoptable = by_id.iter().any(|h| h.token.is_none())
+            || (by_id.is_empty() && view.node_is_identity && !could_be_mine.is_empty());
+        let my_ticket = view.my_ticket();
+        let ahead = view
+            .waiters
+            .iter()
+            .filter(|w| !w.mine && w.id.as_deref() != Some(ME.id))
+            .filter(|w| my_ticket.is_none_or(|t| w.ticket < *t))
+            .filter(|w| {
+                !view.holders.iter().any(|h| {
+                    w.id.as_deref() == Some(h.id.as_str())
+                        || (view.node_is_identity && w.node.is_some() && w.node == h.node)
+                })
             })
-        })
-        .filter(|w| waiter_live(w, &seen, &policy, now))
-        .count();
-    let free = view.free();
-    let ahead_i = i64::try_from(ahead).unwrap_or(i64::MAX);
+            .filter(|w| waiter_live(w, &case.seen, &case.policy, case.now))
+            .count();
+        Expected {
+            by_id,
+            mine,
+            adoptable,
+            ahead,
+            free: view.free(),
+        }
+    }
+}
+
+/// Check the decision `d` against what the rules say of the case.
+fn check_rules(case: &Case, e: &Expected, d: &Decision) {
+    let Case {
+        view, policy, now, ..
+    } = case;
+    let ahead_i = i64::try_from(e.ahead).unwrap_or(i64::MAX);
     let context = || format!("{d:?} on {view:?} with {policy:?}");
-    match &d {
+    let (mine, adoptable, free) = (e.mine, e.adoptable, e.free);
+    match d {
         Decision::Held => assert!(mine, "held without my id and token: {}", context()),
         Decision::Adopt { holder } => {
             assert!(!mine && adoptable, "adopted: {}", context());
@@ -154,7 +221,7 @@ pub fn check_bytes(data: &[u8]) {
         Decision::Duplicate { token, .. } => {
             assert!(!mine && !adoptable, "duplicate: {}", context());
             assert!(
-                by_id
+                e.by_id
                     .iter()
                     .any(|h| h.token.as_deref() == Some(token.as_str())),
                 "{}",
@@ -162,8 +229,8 @@ pub fn check_bytes(data: &[u8]) {
             );
         }
         Decision::Take { rank } => {
-            assert!(by_id.is_empty() && !adoptable, "took: {}", context());
-            assert_eq!(*rank, ahead, "{}", context());
+            assert!(e.by_id.is_empty() && !adoptable, "took: {}", context());
+            assert_eq!(*rank, e.ahead, "{}", context());
             assert!(
                 free > ahead_i,
                 "took without a slot for my place: {}",
@@ -174,46 +241,66 @@ pub fn check_bytes(data: &[u8]) {
             holder,
             why,
             take_over,
-        } => {
-            assert!(by_id.is_empty() && !adoptable, "reclaimed: {}", context());
-            assert_eq!(ahead, 0, "reclaimed behind other waiters: {}", context());
-            assert!(free <= 0, "reclaimed with a free slot: {}", context());
-            let h = view
-                .holders
-                .iter()
-                .find(|h| &h.id == holder)
-                .unwrap_or_else(|| panic!("reclaimed no holder: {}", context()));
-            match why {
-                ReclaimWhy::Gone(_) => assert!(h.gone.is_some(), "{}", context()),
-                ReclaimWhy::Silent { for_, max_hold } => {
-                    assert_eq!(policy.max_hold, Some(*max_hold), "{}", context());
-                    assert!(*for_ >= *max_hold, "{}", context());
-                    assert!(h.beat != Beat::Ttl, "a TTL-kept holder: {}", context());
-                    assert!(
-                        h.beat == Beat::Silent || now - t0 >= *max_hold,
-                        "{}",
-                        context()
-                    );
-                }
-            }
-            assert_eq!(
-                *take_over,
-                view.holders.len() as u64 <= max,
-                "{}",
-                context()
-            );
-        }
+        } => check_reclaim(case, e, (holder.as_str(), why, *take_over), &context),
         Decision::Wait { until, behind } => {
-            assert!(by_id.is_empty() && !adoptable, "waited: {}", context());
-            assert_eq!(*behind, ahead, "{}", context());
+            assert!(e.by_id.is_empty() && !adoptable, "waited: {}", context());
+            assert_eq!(*behind, e.ahead, "{}", context());
             assert!(
                 free <= ahead_i,
                 "waited with a slot for my place: {}",
                 context()
             );
-            assert!(until.is_none_or(|u| u >= now), "{}", context());
+            assert!(until.is_none_or(|u| u >= *now), "{}", context());
         }
     }
+}
+
+/// A reclaim (`holder`, why, take over): by the head of the queue, with no free slot, of a
+/// holder gone or silent for `max_hold` (never of one kept by TTL).
+fn check_reclaim(
+    case: &Case,
+    e: &Expected,
+    (holder, why, take_over): (&str, &ReclaimWhy, bool),
+    context: &dyn Fn() -> String,
+) {
+    let Case {
+        view,
+        policy,
+        t0,
+        now,
+        ..
+    } = case;
+    assert!(
+        e.by_id.is_empty() && !e.adoptable,
+        "reclaimed: {}",
+        context()
+    );
+    assert_eq!(e.ahead, 0, "reclaimed behind other waiters: {}", context());
+    assert!(e.free <= 0, "reclaimed with a free slot: {}", context());
+    let h = view
+        .holders
+        .iter()
+        .find(|h| h.id == holder)
+        .unwrap_or_else(|| panic!("reclaimed no holder: {}", context()));
+    match why {
+        ReclaimWhy::Gone(_) => assert!(h.gone.is_some(), "{}", context()),
+        ReclaimWhy::Silent { for_, max_hold } => {
+            assert_eq!(policy.max_hold, Some(*max_hold), "{}", context());
+            assert!(*for_ >= *max_hold, "{}", context());
+            assert!(h.beat != Beat::Ttl, "a TTL-kept holder: {}", context());
+            assert!(
+                h.beat == Beat::Silent || *now - *t0 >= *max_hold,
+                "{}",
+                context()
+            );
+        }
+    }
+    assert_eq!(
+        take_over,
+        view.holders.len() as u64 <= view.max,
+        "{}",
+        context()
+    );
 }
 
 #[cfg(test)]
