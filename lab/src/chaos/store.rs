@@ -7,12 +7,12 @@ use rebootd::lock::document::{semaphore_key, SemaphoreDoc};
 use std::path::Path;
 use std::time::Duration;
 
-/// A node's configuration fragment: the store at `etcd` (or Leases when `None`), reached
+/// A node's configuration fragment: the store at the `etcd` endpoints (or Leases when `None`), reached
 /// through the proxy at `via` when it is the node cut off (for Leases: `lease_kubeconfig`, which
 /// names the proxy; the node's drain still uses `kubeconfig`).
 pub(super) fn node_config(
     opts: &ChaosOptions,
-    etcd: Option<&str>,
+    etcd: Option<&[String]>,
     via: Option<&str>,
     kubeconfig: &Path,
     lease_kubeconfig: &Path,
@@ -22,15 +22,18 @@ pub(super) fn node_config(
         .map(|m| format!("max_hold = \"{}ms\"\n", m.as_millis()))
         .unwrap_or_default();
     let lock_config = match etcd {
-        Some(ep) => {
-            let ep = via.unwrap_or(ep);
+        Some(eps) => {
+            let eps: Vec<&str> = match via {
+                Some(v) => vec![v],
+                None => eps.iter().map(String::as_str).collect(),
+            };
             let api = if opts.backend == Backend::EtcdV2 {
                 "api = \"v2\"\n"
             } else {
                 ""
             };
             format!(
-                "[lock]\nbackend = \"etcd\"\n{max_hold}\n[lock.etcd]\n{api}endpoints = [{ep:?}]\n"
+                "[lock]\nbackend = \"etcd\"\n{max_hold}\n[lock.etcd]\n{api}endpoints = {eps:?}\n"
             )
         }
         None => {
@@ -105,10 +108,14 @@ pub(super) async fn read_doc(endpoint: &str, backend: Backend) -> Result<Semapho
     for _ in 0..20 {
         if backend == Backend::EtcdV2 {
             let attempt = async {
+                // A linearizable read (through the raft leader).
                 let r = v2_client(endpoint)?
                     .get(
                         &format!("/{}", semaphore_key("default")),
-                        rebootd::etcd_v2::Get::default(),
+                        rebootd::etcd_v2::Get {
+                            quorum: true,
+                            ..rebootd::etcd_v2::Get::default()
+                        },
                     )
                     .await
                     .map_err(|e| e.to_string())?;
@@ -127,6 +134,7 @@ pub(super) async fn read_doc(endpoint: &str, backend: Backend) -> Result<Semapho
             let mut c = etcd_client::Client::connect([endpoint], None)
                 .await
                 .map_err(|e| e.to_string())?;
+            // etcd's default read is linearizable.
             let r = c
                 .get(semaphore_key("default"), None)
                 .await

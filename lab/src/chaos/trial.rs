@@ -5,10 +5,12 @@
 //! ends them all before the trial returns.
 
 use super::check::{self, CutOff, Down, Observed, SemaphoreEnd, Timeline};
+use super::members::{self, node_order, EtcdAt};
 use super::{
     cutoff, disrupt, inject, store, watch, workload, Backend, ChaosOptions, Rng, Stats, Stop,
     TrialReport,
 };
+use crate::etcd_cluster::EtcdCluster;
 use crate::cut_proxy::CutProxy;
 use crate::etcd::{EtcdOptions, EtcdServer};
 use crate::kube_api::{Cluster, Kind, KubeApi, KubeApiHandle, NodeBuilder, Options as KubeOptions};
@@ -117,6 +119,8 @@ struct Rig {
     dir: Option<tempfile::TempDir>,
     kube: Option<KubeApiHandle>,
     etcd: Arc<tokio::sync::Mutex<Option<EtcdServer>>>,
+    /// A multi-member etcd (`--etcd-members`), instead of `etcd`.
+    cluster: Option<Arc<tokio::sync::Mutex<EtcdCluster>>>,
     /// The proxy a node's store traffic goes through (`--cut-off`).
     proxy: Option<Arc<CutProxy>>,
     nodes: Vec<Arc<ChaosNode>>,
@@ -144,6 +148,12 @@ impl Rig {
         self.nodes.clear();
         if let Some(mut e) = self.etcd.lock().await.take() {
             let _ = e.stop().await;
+        }
+        if let Some(c) = self.cluster.take() {
+            let mut c = c.lock().await;
+            for i in 0..c.size() {
+                let _ = c.kill(i).await;
+            }
         }
         self.proxy.take();
         if let Some(k) = self.kube.take() {
@@ -240,6 +250,11 @@ fn keep_logs(opts: &ChaosOptions, seed: u64, rig: &Rig, shared: &Shared) -> Opti
         })
         .collect();
     let _ = std::fs::write(out.join("cut-offs.txt"), cuts);
+    if let Some(c) = rig.cluster.as_ref().and_then(|c| c.try_lock().ok()) {
+        for (i, log) in c.log_files().iter().enumerate() {
+            let _ = std::fs::copy(log, out.join(format!("etcd-{}.log", c.name(i))));
+        }
+    }
     Some(out)
 }
 
@@ -291,7 +306,12 @@ async fn run_trial(
             .map_err(|e| format!("kubeconfig: {e}"))?;
     }
     check_stop(stop)?;
-    if opts.backend.etcd() {
+    if opts.backend.etcd() && opts.etcd_members > 1 {
+        let c = EtcdCluster::start(opts.etcd, opts.etcd_members, opts.backend == Backend::EtcdV2)
+            .await
+            .map_err(|e| format!("etcd cluster: {e}"))?;
+        rig.cluster = Some(Arc::new(tokio::sync::Mutex::new(c)));
+    } else if opts.backend.etcd() {
         let options = EtcdOptions {
             enable_v2: opts.backend == Backend::EtcdV2,
             ..EtcdOptions::default()
@@ -301,7 +321,21 @@ async fn run_trial(
             .map_err(|e| format!("etcd: {e}"))?;
         *rig.etcd.lock().await = Some(etcd);
     }
-    let etcd_endpoint = rig.etcd.lock().await.as_ref().map(|e| e.endpoint());
+    let etcd_at = match &rig.cluster {
+        Some(c) => Some(EtcdAt::cluster(&*c.lock().await)),
+        None => rig
+            .etcd
+            .lock()
+            .await
+            .as_ref()
+            .map(|e| EtcdAt::single(e.endpoint())),
+    };
+    // Every member, as each node lists them: in its own order.
+    let members = match &rig.cluster {
+        Some(c) => c.lock().await.endpoints(),
+        None => Vec::new(),
+    };
+    let etcd_endpoint = etcd_at.as_ref().map(|a| a.healthy().1);
     if let Some(ep) = &etcd_endpoint {
         let doc = SemaphoreDoc {
             semaphore: opts.max as i64,
@@ -356,9 +390,19 @@ async fn run_trial(
     let proxy_url = rig.proxy.as_ref().map(|p| p.url());
     let config_for = |i: usize| -> String {
         let via = proxy_url.as_deref().filter(|_| cut_node == Some(i));
+        let endpoints = match (&etcd_endpoint, members.is_empty()) {
+            (Some(ep), true) => Some(vec![ep.clone()]),
+            (Some(_), false) => Some(
+                node_order(members.len(), i)
+                    .into_iter()
+                    .map(|m| members[m].clone())
+                    .collect(),
+            ),
+            (None, _) => None,
+        };
         store::node_config(
             opts,
-            etcd_endpoint.as_deref(),
+            endpoints.as_deref(),
             via,
             &kubeconfig,
             &lease_kubeconfig,
@@ -438,11 +482,11 @@ async fn run_trial(
         .iter()
         .map(|n| (n.machine_id.clone(), n.name.clone()))
         .collect();
-    rig.tasks.push(match (&etcd_endpoint, opts.backend) {
-        (Some(ep), Backend::EtcdV2) => {
-            tokio::spawn(watch::etcd_v2(ep.clone(), ids, shared.clone()))
+    rig.tasks.push(match (&etcd_at, opts.backend) {
+        (Some(at), Backend::EtcdV2) => {
+            tokio::spawn(watch::etcd_v2(at.clone(), ids, shared.clone()))
         }
-        (Some(ep), _) => tokio::spawn(watch::etcd(ep.clone(), ids, shared.clone())),
+        (Some(at), _) => tokio::spawn(watch::etcd(at.clone(), ids, shared.clone())),
         (None, _) => tokio::spawn(watch::leases(client.clone(), shared.clone())),
     });
     for n in &rig.nodes {
@@ -472,6 +516,17 @@ async fn run_trial(
         cluster.clone(),
         shared.clone(),
     ));
+    // The members' faults, beside it, from a stream of their own.
+    let member_chaos = rig.cluster.clone().map(|c| {
+        tokio::spawn(members::chaos(
+            Rng::fork(seed, 9),
+            opts.actions,
+            opts.member_faults.clone(),
+            c,
+            rig.nodes.clone(),
+            shared.clone(),
+        ))
+    });
     let cutting = match (cut_node, &rig.proxy) {
         (Some(i), Some(p)) => Some(tokio::spawn(cutoff::cut_offs(
             seed,
@@ -499,6 +554,7 @@ async fn run_trial(
         if stop.is_set() {
             // The tear-down ends the chaos and the injection with the rest.
             rig.tasks.push(chaos);
+            rig.tasks.extend(member_chaos);
             rig.tasks.extend(injection);
             rig.tasks.extend(cutting);
             return Err(Cut::Stopped);
@@ -526,6 +582,7 @@ async fn run_trial(
     // did), clear the faults, etcd up.
     shared.stop.store(true, Ordering::SeqCst);
     let mut heal = vec![chaos];
+    heal.extend(member_chaos);
     heal.extend(injection);
     heal.extend(cutting);
     let healed = or_stop(stop, async {
@@ -549,6 +606,13 @@ async fn run_trial(
             }
         }
     }
+    if let Some(c) = &rig.cluster {
+        c.lock()
+            .await
+            .heal()
+            .await
+            .map_err(|e| format!("etcd cluster heal: {e}"))?;
+    }
     // A late second reboot would show here.
     or_stop(stop, tokio::time::sleep(SETTLE)).await?;
     let workload_unsettled = or_stop(stop, workload::settle(&cluster, WORKLOAD_SETTLE)).await?;
@@ -571,8 +635,8 @@ async fn run_trial(
         })
         .cloned()
         .collect();
-    let semaphore_end = match &etcd_endpoint {
-        Some(ep) => match or_stop(stop, store::read_doc(ep, opts.backend)).await? {
+    let semaphore_end = match &etcd_at {
+        Some(at) => match or_stop(stop, store::read_doc(&at.healthy().1, opts.backend)).await? {
             Ok(doc) => SemaphoreEnd::Etcd(doc),
             Err(e) => SemaphoreEnd::Unreadable(e),
         },
