@@ -245,7 +245,10 @@ async fn member_of(c: &EtcdCluster, n: &ChaosNode) -> (usize, &'static str) {
     let used = pid.map(|p| c.members_used_by(p)).unwrap_or_default();
     match used.first() {
         Some(m) => (*m, "connected"),
-        None => (node_order(c.size(), node_index(&n.name))[0], "first endpoint"),
+        None => (
+            node_order(c.size(), node_index(&n.name))[0],
+            "first endpoint",
+        ),
     }
 }
 

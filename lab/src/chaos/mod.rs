@@ -182,7 +182,7 @@ impl ChaosOptions {
         if self.etcd_members > 1 && self.cut_off {
             return Err("--cut-off is not supported with --etcd-members > 1 yet".into());
         }
-        if self.etcd_members == 0 || self.etcd_members % 2 == 0 {
+        if self.etcd_members == 0 || self.etcd_members.is_multiple_of(2) {
             return Err(format!(
                 "--etcd-members {}: expected an odd number (1, 3, 5)",
                 self.etcd_members

@@ -10,9 +10,9 @@ use super::{
     cutoff, disrupt, inject, store, watch, workload, Backend, ChaosOptions, Rng, Stats, Stop,
     TrialReport,
 };
-use crate::etcd_cluster::EtcdCluster;
 use crate::cut_proxy::CutProxy;
 use crate::etcd::{EtcdOptions, EtcdServer};
+use crate::etcd_cluster::EtcdCluster;
 use crate::kube_api::{Cluster, Kind, KubeApi, KubeApiHandle, NodeBuilder, Options as KubeOptions};
 use crate::node::{Node, NodeOptions};
 use rebootd::lock::document::SemaphoreDoc;
@@ -307,9 +307,13 @@ async fn run_trial(
     }
     check_stop(stop)?;
     if opts.backend.etcd() && opts.etcd_members > 1 {
-        let c = EtcdCluster::start(opts.etcd, opts.etcd_members, opts.backend == Backend::EtcdV2)
-            .await
-            .map_err(|e| format!("etcd cluster: {e}"))?;
+        let c = EtcdCluster::start(
+            opts.etcd,
+            opts.etcd_members,
+            opts.backend == Backend::EtcdV2,
+        )
+        .await
+        .map_err(|e| format!("etcd cluster: {e}"))?;
         rig.cluster = Some(Arc::new(tokio::sync::Mutex::new(c)));
     } else if opts.backend.etcd() {
         let options = EtcdOptions {
