@@ -201,6 +201,66 @@ async fn chaos_trials_max_hold_a_node_cut_off_and_a_clock_hours_off_on_every_sto
     );
 }
 
+/// The multi-member etcd's smoke trials: one per store (v3 and v2) at once.
+const MEMBERS_SEEDS_FROM: u64 = 90_000;
+
+/// CI-sized chaos on a 3-member etcd (etcd 3.4), v3 and v2 side by side: 3 nodes (max 1), each
+/// listing the members in its own order, while the leader is killed and a member is cut off
+/// from the others (v3: any member; v2: the member a node talks to), beside the usual kills and
+/// API faults. A fixed seed per store; the long runs, with every fault, are in RELIABILITY.md.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_smoke_on_a_three_member_etcd_v3_and_v2() {
+    let seed = env_u64("REBOOTD_CHAOS_SEED", 1) + MEMBERS_SEEDS_FROM;
+    let opts = |backend, seed, member_faults| ChaosOptions {
+        trials: 1,
+        seed,
+        backend,
+        nodes: 3,
+        max: 1,
+        actions: 4,
+        etcd_members: 3,
+        member_faults,
+        ..ChaosOptions::new(env!("CARGO_BIN_EXE_rebootd"))
+    };
+    let started = Instant::now();
+    // Two faults each, so that a trial of a few faults takes both: the leader killed on both
+    // stores; on v3 a member cut off, on v2 the member a node talks to.
+    use chaos::MemberFault::{Isolate, Leader, Partition};
+    let v3 = opts(Backend::Etcd, seed, vec![Leader, Partition]);
+    let v2 = opts(Backend::EtcdV2, seed + 1, vec![Leader, Isolate]);
+    let stop = Stop::new();
+    let (a, b) = tokio::join!(
+        chaos::run(&v3, &stop, |_| {}),
+        chaos::run(&v2, &stop, |_| {})
+    );
+    for (opts, report) in [(&v3, a), (&v2, b)] {
+        assert_eq!(report.trials.len(), 1);
+        let t = &report.trials[0];
+        eprintln!(
+            "chaos {} on 3 members, seed {}: {} in {:.1}s ({})",
+            opts.backend,
+            t.seed,
+            if t.ok() { "ok" } else { "FAILED" },
+            t.duration.as_secs_f64(),
+            t.stats
+        );
+        assert!(
+            t.ok(),
+            "seed {}: {}\n  logs: {:?}\n  replay: {}",
+            t.seed,
+            t.violations.join("\n  "),
+            t.logs,
+            chaos::replay_command(opts, t.seed)
+        );
+        assert!(
+            !t.stats.member_faults.is_empty(),
+            "no member fault: {}",
+            t.stats
+        );
+    }
+    eprintln!("3-member smoke: {:.0}s", started.elapsed().as_secs_f64());
+}
+
 /// A trial's `max_hold` must be one rebootd accepts.
 #[test]
 fn a_max_hold_shorter_than_drain_reboot_and_ready_is_refused_before_any_trial() {
