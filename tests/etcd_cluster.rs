@@ -113,3 +113,80 @@ async fn the_v2_client_moves_off_a_member_cut_off_from_the_others() {
         c.reconnect();
     }
 }
+
+/// How long a watch may wait for an event that is there.
+const WATCH: Duration = Duration::from_secs(10);
+
+/// A v2 client of member `i` alone.
+fn v2_client(c: &EtcdCluster, i: usize) -> rebootd::etcd_v2::KeysClient {
+    use rebootd::etcd_v2::{KeysClient, Settings, Timeouts};
+    KeysClient::new(&Settings {
+        endpoints: vec![c.endpoint(i)],
+        tls: rebootd::http::TlsFiles {
+            table: "lock.etcd",
+            ..rebootd::http::TlsFiles::default()
+        },
+        basic_auth: None,
+        timeouts: Timeouts::default(),
+    })
+    .unwrap()
+}
+
+/// What etcd's v2 keys API keeps across a leader change, which the v2 semaphore relies on:
+/// the v2 store is replicated through raft, so every member gives a key the same
+/// `modifiedIndex`, and a compare-and-swap on an index read from the old leader succeeds on
+/// the new one once (and fails the second time); a long-poll watch from an index before the
+/// change, on a surviving member, gets every later event in order, without a gap; the leader
+/// killed and restarted serves that same history again (its v2 store rebuilt from its log).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_v2_keys_api_across_a_leader_change() {
+    use rebootd::etcd_v2::{Get, Put};
+    let quorum = Get {
+        quorum: true,
+        ..Get::default()
+    };
+    for v in EtcdVersion::available() {
+        let mut c = EtcdCluster::start(v, 3, true).await.unwrap();
+        let old = leader(&c).await;
+        let on_old = v2_client(&c, old);
+        let first = on_old.put("/doc", "a", Put::default()).await.unwrap();
+        let before = first.node.modified_index;
+        let read = on_old.get("/doc", quorum).await.unwrap();
+        assert_eq!(read.node.modified_index, before, "{v}");
+        c.kill(old).await.unwrap();
+        let new = leader(&c).await;
+        assert_ne!(new, old, "{v}");
+        let on_new = v2_client(&c, new);
+        let r = on_new.get("/doc", quorum).await.unwrap();
+        assert_eq!(
+            (r.node.value.as_deref(), r.node.modified_index),
+            (Some("a"), before),
+            "{v}"
+        );
+        let swapped = on_new
+            .compare_and_swap("/doc", "b", before, None)
+            .await
+            .unwrap();
+        assert!(swapped.node.modified_index > before, "{v}");
+        let again = on_new.compare_and_swap("/doc", "c", before, None).await;
+        assert!(again.unwrap_err().is_compare_failed(), "{v}");
+        on_new.put("/doc", "d", Put::default()).await.unwrap();
+        // The events since `before`, from the surviving follower and from the old leader back.
+        let follower = (0..3).find(|i| *i != old && *i != new).unwrap();
+        c.restart(old).await.unwrap();
+        for i in [follower, old] {
+            let k = v2_client(&c, i);
+            let mut seen = Vec::new();
+            let mut next = before + 1;
+            while seen.len() < 2 {
+                let watch = tokio::time::timeout(WATCH, k.watch("/doc", false, next)).await;
+                let Ok(Ok(Some(e))) = watch else {
+                    panic!("{v}: watch from index {next} on member {i}: {watch:?}");
+                };
+                next = e.node.modified_index + 1;
+                seen.push(e.node.value.unwrap_or_default());
+            }
+            assert_eq!(seen, ["b", "d"], "{v}: member {i}");
+        }
+    }
+}
