@@ -27,6 +27,7 @@ pub mod cutoff;
 mod disrupt;
 mod inject;
 mod members;
+mod report;
 mod rng;
 mod store;
 mod trial;

@@ -2,10 +2,60 @@
 //! store reached directly, or through the cut-off proxy; `max_hold` and the timeouts it must
 //! outlast), and the locksmith document written and read in etcd v3 or v2.
 
+use super::members::node_order;
 use super::{Backend, ChaosOptions};
+use crate::etcd::{EtcdOptions, EtcdServer};
+use crate::etcd_cluster::EtcdCluster;
 use rebootd::lock::document::{semaphore_key, SemaphoreDoc};
 use std::path::Path;
 use std::time::Duration;
+
+/// A trial's etcd.
+pub(super) enum Etcd {
+    Single(Box<EtcdServer>),
+    Cluster(EtcdCluster),
+}
+
+/// Start the trial's etcd when the semaphore is in etcd: one server, or a cluster of
+/// `opts.etcd_members` (the v2 API on for the v2 store).
+pub(super) async fn start_etcd(opts: &ChaosOptions) -> Result<Option<Etcd>, String> {
+    let v2 = opts.backend == Backend::EtcdV2;
+    if !opts.backend.etcd() {
+        return Ok(None);
+    }
+    if opts.etcd_members > 1 {
+        let c = EtcdCluster::start(opts.etcd, opts.etcd_members, v2)
+            .await
+            .map_err(|e| format!("etcd cluster: {e}"))?;
+        return Ok(Some(Etcd::Cluster(c)));
+    }
+    let options = EtcdOptions {
+        enable_v2: v2,
+        ..EtcdOptions::default()
+    };
+    let e = EtcdServer::start_with(opts.etcd, options)
+        .await
+        .map_err(|e| format!("etcd: {e}"))?;
+    Ok(Some(Etcd::Single(Box::new(e))))
+}
+
+/// The endpoints node `i` lists: the single etcd's, or every member in the node's own order.
+pub(super) fn node_endpoints(
+    single: Option<&str>,
+    members: &[String],
+    i: usize,
+) -> Option<Vec<String>> {
+    let single = single?;
+    if members.is_empty() {
+        return Some(vec![single.to_owned()]);
+    }
+    Some(
+        node_order(members.len(), i)
+            .into_iter()
+            .map(|m| members[m].clone())
+            .collect(),
+    )
+}
 
 /// A node's configuration fragment: the store at the `etcd` endpoints (or Leases when `None`), reached
 /// through the proxy at `via` when it is the node cut off (for Leases: `lease_kubeconfig`, which

@@ -5,13 +5,13 @@
 //! ends them all before the trial returns.
 
 use super::check::{self, CutOff, Down, Observed, SemaphoreEnd, Timeline};
-use super::members::{self, node_order, EtcdAt};
+use super::members::{self, EtcdAt};
 use super::{
-    cutoff, disrupt, inject, store, watch, workload, Backend, ChaosOptions, Rng, Stats, Stop,
-    TrialReport,
+    cutoff, disrupt, inject, report, store, watch, workload, Backend, ChaosOptions, Rng, Stats,
+    Stop, TrialReport,
 };
 use crate::cut_proxy::CutProxy;
-use crate::etcd::{EtcdOptions, EtcdServer};
+use crate::etcd::EtcdServer;
 use crate::etcd_cluster::EtcdCluster;
 use crate::kube_api::{Cluster, Kind, KubeApi, KubeApiHandle, NodeBuilder, Options as KubeOptions};
 use crate::node::{Node, NodeOptions};
@@ -58,7 +58,7 @@ pub(super) struct Shared {
     pub stop: AtomicBool,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -204,7 +204,19 @@ pub async fn trial(opts: &ChaosOptions, seed: u64, stop: &Stop) -> TrialReport {
     let logs = if violations.is_empty() {
         None
     } else {
-        keep_logs(opts, seed, &rig, &shared)
+        {
+            let etcd_logs = rig
+                .cluster
+                .as_ref()
+                .and_then(|c| c.try_lock().ok())
+                .map(|c| {
+                    (0..c.size())
+                        .map(|i| (c.name(i).to_string(), c.log_files()[i].clone()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            report::keep_logs(opts, seed, &rig.nodes, etcd_logs, &shared)
+        }
     };
     rig.teardown(&shared).await;
     let stats = lock(&shared.stats).clone();
@@ -219,43 +231,6 @@ pub async fn trial(opts: &ChaosOptions, seed: u64, stop: &Stop) -> TrialReport {
         logs,
         interrupted,
     }
-}
-
-/// Copy each node's rebootd log and state file, and the watchers' timelines, for a failing
-/// trial.
-fn keep_logs(opts: &ChaosOptions, seed: u64, rig: &Rig, shared: &Shared) -> Option<PathBuf> {
-    let base = opts.keep_logs.as_ref()?;
-    let out = base.join(format!("rebootd-chaos-{}-seed-{seed}", opts.backend));
-    std::fs::create_dir_all(&out).ok()?;
-    for n in &rig.nodes {
-        let _ = std::fs::copy(&n.log_path, out.join(format!("{}.log", n.name)));
-        let _ = std::fs::copy(n.store.path(), out.join(format!("{}.state.json", n.name)));
-    }
-    let text = |t: Timeline| -> String {
-        t.iter()
-            .map(|(at, h)| format!("{:.3}s {:?}\n", at.as_secs_f64(), h))
-            .collect()
-    };
-    let _ = std::fs::write(out.join("holders.txt"), text(shared.holders()));
-    let _ = std::fs::write(out.join("cordoned.txt"), text(shared.cordoned()));
-    let cuts: String = lock(&shared.cut_offs)
-        .iter()
-        .map(|c| {
-            format!(
-                "{} cut off {:.3}s - {:.3}s\n",
-                c.node,
-                c.from.as_secs_f64(),
-                c.to.as_secs_f64()
-            )
-        })
-        .collect();
-    let _ = std::fs::write(out.join("cut-offs.txt"), cuts);
-    if let Some(c) = rig.cluster.as_ref().and_then(|c| c.try_lock().ok()) {
-        for (i, log) in c.log_files().iter().enumerate() {
-            let _ = std::fs::copy(log, out.join(format!("etcd-{}.log", c.name(i))));
-        }
-    }
-    Some(out)
 }
 
 /// The phases after whose write the chaos may kill rebootd.
@@ -306,38 +281,19 @@ async fn run_trial(
             .map_err(|e| format!("kubeconfig: {e}"))?;
     }
     check_stop(stop)?;
-    if opts.backend.etcd() && opts.etcd_members > 1 {
-        let c = EtcdCluster::start(
-            opts.etcd,
-            opts.etcd_members,
-            opts.backend == Backend::EtcdV2,
-        )
-        .await
-        .map_err(|e| format!("etcd cluster: {e}"))?;
-        rig.cluster = Some(Arc::new(tokio::sync::Mutex::new(c)));
-    } else if opts.backend.etcd() {
-        let options = EtcdOptions {
-            enable_v2: opts.backend == Backend::EtcdV2,
-            ..EtcdOptions::default()
-        };
-        let etcd = EtcdServer::start_with(opts.etcd, options)
-            .await
-            .map_err(|e| format!("etcd: {e}"))?;
-        *rig.etcd.lock().await = Some(etcd);
-    }
-    let etcd_at = match &rig.cluster {
-        Some(c) => Some(EtcdAt::cluster(&*c.lock().await)),
-        None => rig
-            .etcd
-            .lock()
-            .await
-            .as_ref()
-            .map(|e| EtcdAt::single(e.endpoint())),
-    };
-    // Every member, as each node lists them: in its own order.
-    let members = match &rig.cluster {
-        Some(c) => c.lock().await.endpoints(),
-        None => Vec::new(),
+    // Where the lab's readers reach etcd, and every member (none for a single etcd).
+    let (etcd_at, members) = match store::start_etcd(opts).await? {
+        Some(store::Etcd::Single(e)) => {
+            let at = EtcdAt::single(e.endpoint());
+            *rig.etcd.lock().await = Some(*e);
+            (Some(at), Vec::new())
+        }
+        Some(store::Etcd::Cluster(c)) => {
+            let found = (Some(EtcdAt::cluster(&c)), c.endpoints());
+            rig.cluster = Some(Arc::new(tokio::sync::Mutex::new(c)));
+            found
+        }
+        None => (None, Vec::new()),
     };
     let etcd_endpoint = etcd_at.as_ref().map(|a| a.healthy().1);
     if let Some(ep) = &etcd_endpoint {
@@ -394,16 +350,7 @@ async fn run_trial(
     let proxy_url = rig.proxy.as_ref().map(|p| p.url());
     let config_for = |i: usize| -> String {
         let via = proxy_url.as_deref().filter(|_| cut_node == Some(i));
-        let endpoints = match (&etcd_endpoint, members.is_empty()) {
-            (Some(ep), true) => Some(vec![ep.clone()]),
-            (Some(_), false) => Some(
-                node_order(members.len(), i)
-                    .into_iter()
-                    .map(|m| members[m].clone())
-                    .collect(),
-            ),
-            (None, _) => None,
-        };
+        let endpoints = store::node_endpoints(etcd_endpoint.as_deref(), &members, i);
         store::node_config(
             opts,
             endpoints.as_deref(),
@@ -576,7 +523,7 @@ async fn run_trial(
         if Instant::now() > deadline {
             timed_out = Some(opts.trial_timeout);
             for n in &rig.nodes {
-                processes.insert(n.name.clone(), process_report(n));
+                processes.insert(n.name.clone(), report::process_report(n));
             }
             break;
         }
@@ -708,36 +655,4 @@ pub(super) fn post_boot_id(cluster: &Cluster, node: &str, boot_id: &str) {
     let _ = cluster.update(Kind::Node, "", node, |n| {
         n["status"]["nodeInfo"]["bootID"] = boot_id.into();
     });
-}
-
-/// What node `n`'s rebootd process is doing, for a trial that timed out: whether the lab holds
-/// the node (a kill, restart or reboot of it in progress), or the process's state and each of
-/// its threads' state and kernel wait channel.
-fn process_report(n: &ChaosNode) -> String {
-    let Ok(mut node) = n.node.try_lock() else {
-        return "the lab holds this node: a kill, restart or reboot of it is in progress".into();
-    };
-    if let Some(code) = node.daemon_exit() {
-        return format!("rebootd exited with {code:?}");
-    }
-    let Some(pid) = node.daemon_pid() else {
-        return "no rebootd process".into();
-    };
-    let threads: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .map(|tasks| {
-            tasks
-                .flatten()
-                .map(|t| {
-                    let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-                    let state = stat
-                        .rsplit_once(')')
-                        .and_then(|(_, r)| r.trim_start().chars().next())
-                        .unwrap_or('?');
-                    let wchan = std::fs::read_to_string(t.path().join("wchan")).unwrap_or_default();
-                    format!("{state}:{}", if wchan.is_empty() { "-" } else { &wchan })
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    format!("rebootd pid {pid} running, threads {}", threads.join(" "))
 }
