@@ -374,11 +374,16 @@ fn group_members(pgid: u32) -> Vec<String> {
     found
 }
 
+/// No extra arguments: a single etcd.
+const NO_MEMBERS: &[&str] = &[];
+/// A 3-member etcd, every fault.
+const THREE_MEMBERS: &[&str] = &["--etcd-members", "3"];
+
 /// The checker's self-test, end to end: with max 2, the lab itself tops the semaphore up to 3
 /// holders with made-up ones (etcd v3 and v2 documents; Leases), takes a live holder's slot
 /// over (v2 document; a Lease) or cordons nodes up to 3 mid-trial (rebootd may add one more
-/// meanwhile). The trial must fail with that violation, and print its seed, its
-/// logs directory and the command replaying it.
+/// meanwhile); made-up holders on a 3-member etcd too (v3 and v2). The trial must fail with
+/// that violation, and print its seed, its logs directory and the command replaying it.
 #[test]
 fn a_violation_injected_by_the_lab_fails_the_trial_with_seed_and_replay() {
     let logs = tempfile::tempdir().unwrap();
@@ -390,6 +395,7 @@ fn a_violation_injected_by_the_lab_fails_the_trial_with_seed_and_replay() {
             31,
             "holders at once (max 2): ",
             "chaos-injected-1",
+            NO_MEMBERS,
         ),
         (
             "holder",
@@ -397,6 +403,7 @@ fn a_violation_injected_by_the_lab_fails_the_trial_with_seed_and_replay() {
             32,
             "holders at once (max 2): ",
             "chaos-injected-1",
+            NO_MEMBERS,
         ),
         (
             "holder",
@@ -404,6 +411,7 @@ fn a_violation_injected_by_the_lab_fails_the_trial_with_seed_and_replay() {
             34,
             "holders at once (max 2): ",
             "chaos-injected-1",
+            NO_MEMBERS,
         ),
         (
             "takeover",
@@ -411,6 +419,7 @@ fn a_violation_injected_by_the_lab_fails_the_trial_with_seed_and_replay() {
             35,
             "slot was taken over by chaos-injected-1 at ",
             "without lock.max_hold",
+            NO_MEMBERS,
         ),
         (
             "takeover",
@@ -418,6 +427,7 @@ fn a_violation_injected_by_the_lab_fails_the_trial_with_seed_and_replay() {
             36,
             "slot was taken over by chaos-injected-1 at ",
             "without lock.max_hold",
+            NO_MEMBERS,
         ),
         (
             "cordon",
@@ -425,13 +435,31 @@ fn a_violation_injected_by_the_lab_fails_the_trial_with_seed_and_replay() {
             33,
             "nodes cordoned at once (max 2): ",
             "node-",
+            NO_MEMBERS,
+        ),
+        // On a 3-member etcd, whose watchers move between members.
+        (
+            "holder",
+            "etcd",
+            37,
+            "holders at once (max 2): ",
+            "chaos-injected-1",
+            THREE_MEMBERS,
+        ),
+        (
+            "holder",
+            "etcd-v2",
+            38,
+            "holders at once (max 2): ",
+            "chaos-injected-1",
+            THREE_MEMBERS,
         ),
     ];
     let mut children: Vec<_> = cases
         .iter()
-        .map(|(violation, backend, seed, _, _)| {
+        .map(|(violation, backend, seed, _, _, members)| {
             let seed = seed.to_string();
-            let mut child = spawn_chaos(&[
+            let mut args = vec![
                 "--trials",
                 "1",
                 "--seed",
@@ -448,12 +476,14 @@ fn a_violation_injected_by_the_lab_fails_the_trial_with_seed_and_replay() {
                 &keep,
                 "--inject-violation",
                 violation,
-            ]);
+            ];
+            args.extend_from_slice(members);
+            let mut child = spawn_chaos(&args);
             let lines = collect(&mut child);
             (child, lines)
         })
         .collect();
-    for ((violation, backend, seed, words, who), (child, lines)) in
+    for ((violation, backend, seed, words, who, members), (child, lines)) in
         cases.iter().zip(children.iter_mut())
     {
         let code = wait_exit(child, Duration::from_secs(180), lines);
@@ -488,8 +518,15 @@ fn a_violation_injected_by_the_lab_fails_the_trial_with_seed_and_replay() {
             .lines()
             .find(|l| l.starts_with(&replay))
             .unwrap_or_else(|| panic!("{violation}/{backend}: {replay:?} in:\n{out}"));
+        let members = if members.is_empty() {
+            String::new()
+        } else {
+            " --etcd-members 3 --faults leader,follower,partition,isolate".to_string()
+        };
         assert!(
-            line.ends_with(&format!("--actions 3 --inject-violation {violation}")),
+            line.ends_with(&format!(
+                "--actions 3{members} --inject-violation {violation}"
+            )),
             "{line}"
         );
         assert!(out.contains("seeds: ") && out.contains(&seed.to_string()));
