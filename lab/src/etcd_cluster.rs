@@ -78,9 +78,12 @@ impl EtcdCluster {
         loop {
             attempts += 1;
             match Self::try_start(v, size, enable_v2).await {
-                // A port free when picked may be taken before etcd binds it: pick again.
-                Err(EtcdLabError::Start { log, .. })
-                    if attempts < 3 && log.contains("address already in use") => {}
+                // A port free when picked may be taken before etcd binds it, and on a shared
+                // machine a member has failed to create its WAL for a moment (run M): start
+                // afresh, with new ports and data dirs.
+                Err(e @ EtcdLabError::Start { .. }) if attempts < 3 => {
+                    tracing::warn!(error = %e, "an etcd member did not start; starting the cluster afresh");
+                }
                 other => return other,
             }
         }
@@ -443,10 +446,19 @@ impl EtcdCluster {
         Ok(())
     }
 
+    /// The last lines of member `i`'s log, after its first panic or fatal line if it has one
+    /// (a Go panic's message comes before a long stack).
     fn log_tail(&self, i: usize) -> String {
         let text = std::fs::read_to_string(self.log_file(i)).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(20)..].join("\n")
+        let tail = lines[lines.len().saturating_sub(20)..].join("\n");
+        match lines
+            .iter()
+            .find(|l| l.contains("\"level\":\"panic\"") || l.contains("\"level\":\"fatal\""))
+        {
+            Some(first) => format!("{first}\n...\n{tail}"),
+            None => tail,
+        }
     }
 }
 
