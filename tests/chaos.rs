@@ -201,6 +201,66 @@ async fn chaos_trials_max_hold_a_node_cut_off_and_a_clock_hours_off_on_every_sto
     );
 }
 
+/// The multi-member etcd's smoke trials: one per store (v3 and v2) at once.
+const MEMBERS_SEEDS_FROM: u64 = 90_000;
+
+/// CI-sized chaos on a 3-member etcd (etcd 3.4), v3 and v2 side by side: 3 nodes (max 1), each
+/// listing the members in its own order, while the leader is killed and a member is cut off
+/// from the others (v3: any member; v2: the member a node talks to), beside the usual kills and
+/// API faults. A fixed seed per store; the long runs, with every fault, are in RELIABILITY.md.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_smoke_on_a_three_member_etcd_v3_and_v2() {
+    let seed = env_u64("REBOOTD_CHAOS_SEED", 1) + MEMBERS_SEEDS_FROM;
+    let opts = |backend, seed, member_faults| ChaosOptions {
+        trials: 1,
+        seed,
+        backend,
+        nodes: 3,
+        max: 1,
+        actions: 4,
+        etcd_members: 3,
+        member_faults,
+        ..ChaosOptions::new(env!("CARGO_BIN_EXE_rebootd"))
+    };
+    let started = Instant::now();
+    // Two faults each, so that a trial of a few faults takes both: the leader killed on both
+    // stores; on v3 a member cut off, on v2 the member a node talks to.
+    use chaos::MemberFault::{Isolate, Leader, Partition};
+    let v3 = opts(Backend::Etcd, seed, vec![Leader, Partition]);
+    let v2 = opts(Backend::EtcdV2, seed + 1, vec![Leader, Isolate]);
+    let stop = Stop::new();
+    let (a, b) = tokio::join!(
+        chaos::run(&v3, &stop, |_| {}),
+        chaos::run(&v2, &stop, |_| {})
+    );
+    for (opts, report) in [(&v3, a), (&v2, b)] {
+        assert_eq!(report.trials.len(), 1);
+        let t = &report.trials[0];
+        eprintln!(
+            "chaos {} on 3 members, seed {}: {} in {:.1}s ({})",
+            opts.backend,
+            t.seed,
+            if t.ok() { "ok" } else { "FAILED" },
+            t.duration.as_secs_f64(),
+            t.stats
+        );
+        assert!(
+            t.ok(),
+            "seed {}: {}\n  logs: {:?}\n  replay: {}",
+            t.seed,
+            t.violations.join("\n  "),
+            t.logs,
+            chaos::replay_command(opts, t.seed)
+        );
+        assert!(
+            !t.stats.member_faults.is_empty(),
+            "no member fault: {}",
+            t.stats
+        );
+    }
+    eprintln!("3-member smoke: {:.0}s", started.elapsed().as_secs_f64());
+}
+
 /// A trial's `max_hold` must be one rebootd accepts.
 #[test]
 fn a_max_hold_shorter_than_drain_reboot_and_ready_is_refused_before_any_trial() {
@@ -315,11 +375,16 @@ fn group_members(pgid: u32) -> Vec<String> {
     found
 }
 
+/// No extra arguments: a single etcd.
+const NO_MEMBERS: &[&str] = &[];
+/// A 3-member etcd, every fault.
+const THREE_MEMBERS: &[&str] = &["--etcd-members", "3"];
+
 /// The checker's self-test, end to end: with max 2, the lab itself tops the semaphore up to 3
 /// holders with made-up ones (etcd v3 and v2 documents; Leases), takes a live holder's slot
 /// over (v2 document; a Lease) or cordons nodes up to 3 mid-trial (rebootd may add one more
-/// meanwhile). The trial must fail with that violation, and print its seed, its
-/// logs directory and the command replaying it.
+/// meanwhile); made-up holders on a 3-member etcd too (v3 and v2). The trial must fail with
+/// that violation, and print its seed, its logs directory and the command replaying it.
 #[test]
 fn a_violation_injected_by_the_lab_fails_the_trial_with_seed_and_replay() {
     let logs = tempfile::tempdir().unwrap();
@@ -331,6 +396,7 @@ fn a_violation_injected_by_the_lab_fails_the_trial_with_seed_and_replay() {
             31,
             "holders at once (max 2): ",
             "chaos-injected-1",
+            NO_MEMBERS,
         ),
         (
             "holder",
@@ -338,6 +404,7 @@ fn a_violation_injected_by_the_lab_fails_the_trial_with_seed_and_replay() {
             32,
             "holders at once (max 2): ",
             "chaos-injected-1",
+            NO_MEMBERS,
         ),
         (
             "holder",
@@ -345,6 +412,7 @@ fn a_violation_injected_by_the_lab_fails_the_trial_with_seed_and_replay() {
             34,
             "holders at once (max 2): ",
             "chaos-injected-1",
+            NO_MEMBERS,
         ),
         (
             "takeover",
@@ -352,6 +420,7 @@ fn a_violation_injected_by_the_lab_fails_the_trial_with_seed_and_replay() {
             35,
             "slot was taken over by chaos-injected-1 at ",
             "without lock.max_hold",
+            NO_MEMBERS,
         ),
         (
             "takeover",
@@ -359,6 +428,7 @@ fn a_violation_injected_by_the_lab_fails_the_trial_with_seed_and_replay() {
             36,
             "slot was taken over by chaos-injected-1 at ",
             "without lock.max_hold",
+            NO_MEMBERS,
         ),
         (
             "cordon",
@@ -366,13 +436,31 @@ fn a_violation_injected_by_the_lab_fails_the_trial_with_seed_and_replay() {
             33,
             "nodes cordoned at once (max 2): ",
             "node-",
+            NO_MEMBERS,
+        ),
+        // On a 3-member etcd, whose watchers move between members.
+        (
+            "holder",
+            "etcd",
+            37,
+            "holders at once (max 2): ",
+            "chaos-injected-1",
+            THREE_MEMBERS,
+        ),
+        (
+            "holder",
+            "etcd-v2",
+            38,
+            "holders at once (max 2): ",
+            "chaos-injected-1",
+            THREE_MEMBERS,
         ),
     ];
     let mut children: Vec<_> = cases
         .iter()
-        .map(|(violation, backend, seed, _, _)| {
+        .map(|(violation, backend, seed, _, _, members)| {
             let seed = seed.to_string();
-            let mut child = spawn_chaos(&[
+            let mut args = vec![
                 "--trials",
                 "1",
                 "--seed",
@@ -389,12 +477,14 @@ fn a_violation_injected_by_the_lab_fails_the_trial_with_seed_and_replay() {
                 &keep,
                 "--inject-violation",
                 violation,
-            ]);
+            ];
+            args.extend_from_slice(members);
+            let mut child = spawn_chaos(&args);
             let lines = collect(&mut child);
             (child, lines)
         })
         .collect();
-    for ((violation, backend, seed, words, who), (child, lines)) in
+    for ((violation, backend, seed, words, who, members), (child, lines)) in
         cases.iter().zip(children.iter_mut())
     {
         let code = wait_exit(child, Duration::from_secs(180), lines);
@@ -429,8 +519,15 @@ fn a_violation_injected_by_the_lab_fails_the_trial_with_seed_and_replay() {
             .lines()
             .find(|l| l.starts_with(&replay))
             .unwrap_or_else(|| panic!("{violation}/{backend}: {replay:?} in:\n{out}"));
+        let members = if members.is_empty() {
+            String::new()
+        } else {
+            " --etcd-members 3 --faults leader,follower,partition,isolate".to_string()
+        };
         assert!(
-            line.ends_with(&format!("--actions 3 --inject-violation {violation}")),
+            line.ends_with(&format!(
+                "--actions 3{members} --inject-violation {violation}"
+            )),
             "{line}"
         );
         assert!(out.contains("seeds: ") && out.contains(&seed.to_string()));

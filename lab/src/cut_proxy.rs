@@ -9,7 +9,13 @@
 //!   closed.
 //! - `Reset`: open connections are closed at once and new ones are closed as soon as accepted,
 //!   as a store that is gone does.
+//!
+//! A proxy started with a classifier ([`CutProxy::start_classified`]) knows which source each
+//! connection comes from (for an etcd member's peer port: which other member dialled it), and
+//! can cut the connections of one source only ([`CutProxy::cut_from`]), so that one proxy per
+//! member is enough to cut any member off from the others.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -34,35 +40,79 @@ impl std::fmt::Display for CutMode {
     }
 }
 
+/// Which source a connection comes from, by the client's address (`None`: unknown).
+pub type Classify = Arc<dyn Fn(SocketAddr) -> Option<usize> + Send + Sync>;
+
+/// What is cut: every connection, or those of some sources.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Cuts {
+    all: Option<CutMode>,
+    from: BTreeMap<usize, CutMode>,
+}
+
+impl Cuts {
+    /// The cut that applies to a connection from `source`.
+    fn of(&self, source: Option<usize>) -> Option<CutMode> {
+        self.all
+            .or_else(|| source.and_then(|s| self.from.get(&s).copied()))
+    }
+}
+
 /// A running proxy to one upstream address. Dropping it stops it and closes its connections.
 pub struct CutProxy {
     addr: SocketAddr,
-    cut: Arc<watch::Sender<Option<CutMode>>>,
+    cut: Arc<watch::Sender<Cuts>>,
     /// Connections accepted so far (forwarded or not).
     accepted: Arc<AtomicU64>,
     task: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for CutProxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CutProxy({})", self.addr)
+    }
 }
 
 impl Drop for CutProxy {
     fn drop(&mut self) {
         self.task.abort();
         // Ends every connection task (they wait on this too).
-        self.cut.send_replace(Some(CutMode::Reset));
+        self.cut.send_replace(Cuts {
+            all: Some(CutMode::Reset),
+            ..Cuts::default()
+        });
     }
 }
 
 impl CutProxy {
     /// Listen on 127.0.0.1 (a free port) and forward to `upstream`.
     pub async fn start(upstream: SocketAddr) -> std::io::Result<CutProxy> {
+        Self::start_with(upstream, None).await
+    }
+
+    /// [`CutProxy::start`], telling each connection's source with `classify` (called once per
+    /// connection, as it is accepted).
+    pub async fn start_classified(
+        upstream: SocketAddr,
+        classify: Classify,
+    ) -> std::io::Result<CutProxy> {
+        Self::start_with(upstream, Some(classify)).await
+    }
+
+    async fn start_with(
+        upstream: SocketAddr,
+        classify: Option<Classify>,
+    ) -> std::io::Result<CutProxy> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let cut = Arc::new(watch::Sender::new(None));
+        let cut = Arc::new(watch::Sender::new(Cuts::default()));
         let accepted = Arc::new(AtomicU64::new(0));
         let (c, n) = (cut.clone(), accepted.clone());
         let task = tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
+            while let Ok((client, from)) = listener.accept().await {
                 n.fetch_add(1, Ordering::Relaxed);
-                tokio::spawn(connection(client, upstream, c.subscribe()));
+                let source = classify.as_ref().and_then(|f| f(from));
+                tokio::spawn(connection(client, upstream, source, c.subscribe()));
             }
         });
         Ok(CutProxy {
@@ -85,16 +135,25 @@ impl CutProxy {
 
     /// Cut the traffic off, as `mode` says, until [`CutProxy::restore`].
     pub fn cut(&self, mode: CutMode) {
-        self.cut.send_replace(Some(mode));
+        self.cut.send_modify(|c| c.all = Some(mode));
     }
 
-    /// Forward again (connections left silent by a blackhole are closed).
+    /// Cut the connections from `source` (as the classifier tells it) off, as `mode` says, until
+    /// [`CutProxy::restore`].
+    pub fn cut_from(&self, source: usize, mode: CutMode) {
+        self.cut.send_modify(|c| {
+            c.from.insert(source, mode);
+        });
+    }
+
+    /// Forward again, every source (connections left silent by a blackhole are closed).
     pub fn restore(&self) {
-        self.cut.send_replace(None);
+        self.cut.send_replace(Cuts::default());
     }
 
+    /// Whether every connection is cut.
     pub fn is_cut(&self) -> bool {
-        self.cut.borrow().is_some()
+        self.cut.borrow().all.is_some()
     }
 
     /// Connections accepted so far.
@@ -107,11 +166,12 @@ impl CutProxy {
 async fn connection(
     mut client: TcpStream,
     upstream: SocketAddr,
-    mut cut: watch::Receiver<Option<CutMode>>,
+    source: Option<usize>,
+    mut cut: watch::Receiver<Cuts>,
 ) {
-    let now = *cut.borrow_and_update();
+    let now = cut.borrow_and_update().of(source);
     if let Some(mode) = now {
-        hold_until_restored(mode, &mut cut).await;
+        hold_until_restored(mode, source, &mut cut).await;
         return;
     }
     let Ok(mut server) = TcpStream::connect(upstream).await else {
@@ -121,19 +181,23 @@ async fn connection(
     let _ = server.set_nodelay(true);
     let mode = tokio::select! {
         _ = tokio::io::copy_bidirectional(&mut client, &mut server) => None,
-        m = cut.wait_for(|c| c.is_some()) => Some(m.map(|m| (*m).unwrap_or(CutMode::Reset)).unwrap_or(CutMode::Reset)),
+        m = cut.wait_for(|c| c.of(source).is_some()) => Some(m.map(|m| m.of(source).unwrap_or(CutMode::Reset)).unwrap_or(CutMode::Reset)),
     };
     if let Some(mode) = mode {
-        hold_until_restored(mode, &mut cut).await;
+        hold_until_restored(mode, source, &mut cut).await;
     }
     // Both ends are closed here, as they drop.
 }
 
 /// During a cut: a blackholed connection stays open and silent until the cut ends; a reset one
 /// closes now.
-async fn hold_until_restored(mode: CutMode, cut: &mut watch::Receiver<Option<CutMode>>) {
+async fn hold_until_restored(
+    mode: CutMode,
+    source: Option<usize>,
+    cut: &mut watch::Receiver<Cuts>,
+) {
     if mode == CutMode::Blackhole {
-        let _ = cut.wait_for(|c| c.is_none()).await;
+        let _ = cut.wait_for(|c| c.of(source).is_none()).await;
     }
 }
 
@@ -201,5 +265,30 @@ mod tests {
         let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
         assert_eq!(round_trip(&mut s).await.as_deref(), Some(&b"ping"[..]));
         assert!(proxy.accepted() >= 5);
+    }
+
+    #[tokio::test]
+    async fn cuts_only_the_source_it_is_told() {
+        // Sources by the client's port (Linux gives connect() even ports: by the next bit).
+        let classify: Classify = Arc::new(|a: SocketAddr| Some(usize::from(a.port() / 2 % 2)));
+        let proxy = CutProxy::start_classified(echo().await, classify)
+            .await
+            .unwrap();
+        let src = |s: &TcpStream| usize::from(s.local_addr().unwrap().port() / 2 % 2);
+        let mut a = TcpStream::connect(proxy.addr()).await.unwrap();
+        let mut b = TcpStream::connect(proxy.addr()).await.unwrap();
+        for _ in 0..50 {
+            if src(&a) != src(&b) {
+                break;
+            }
+            b = TcpStream::connect(proxy.addr()).await.unwrap();
+        }
+        assert_ne!(src(&a), src(&b), "50 connections from one source");
+        proxy.cut_from(src(&a), CutMode::Blackhole);
+        assert_eq!(round_trip(&mut a).await, None);
+        assert_eq!(round_trip(&mut b).await.as_deref(), Some(&b"ping"[..]));
+        proxy.restore();
+        let mut a = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert_eq!(round_trip(&mut a).await.as_deref(), Some(&b"ping"[..]));
     }
 }

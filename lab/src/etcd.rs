@@ -152,7 +152,7 @@ pub enum EtcdLabError {
     Command { command: String, output: String },
 }
 
-fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> EtcdLabError {
+pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> EtcdLabError {
     let what = what.into();
     move |source| EtcdLabError::Io { what, source }
 }
@@ -250,7 +250,7 @@ fn binary_version(etcd: &Path) -> Option<String> {
 }
 
 /// Whether every thread of process `pid` is stopped (state `T` in `/proc/PID/task/*/stat`).
-fn all_threads_stopped(pid: u32) -> bool {
+pub(crate) fn all_threads_stopped(pid: u32) -> bool {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return false;
     };
@@ -271,7 +271,7 @@ fn all_threads_stopped(pid: u32) -> bool {
     any
 }
 
-fn free_port() -> Result<u16, EtcdLabError> {
+pub(crate) fn free_port() -> Result<u16, EtcdLabError> {
     let l = TcpListener::bind("127.0.0.1:0").map_err(io("bind a free loopback port"))?;
     Ok(l.local_addr().map_err(io("read a bound port"))?.port())
 }

@@ -7,6 +7,7 @@ pub mod chaos;
 pub mod cut_proxy;
 pub mod dbus;
 pub mod etcd;
+pub mod etcd_cluster;
 pub mod fake_logind;
 pub mod fake_update_engine;
 pub mod fleet;

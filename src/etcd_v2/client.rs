@@ -415,7 +415,7 @@ impl KeysClient {
     }
 
     /// One request, on the endpoint that answered last, then on the others while they cannot
-    /// be reached.
+    /// be reached or have no quorum ([`try_next`]).
     async fn call(
         &self,
         method: Method,
@@ -440,8 +440,8 @@ impl KeysClient {
                 key: key.clone(),
             };
             match self.once(&at, &method, query, form.as_deref(), wait).await {
-                Err(e @ V2Error::Unreachable { .. }) => {
-                    tracing::debug!(error = %e, "etcd endpoint unreachable; trying the next one");
+                Err(e) if try_next(&e) => {
+                    tracing::debug!(error = %e, "etcd endpoint unreachable or without a quorum; trying the next one");
                     last_error = Some(e);
                 }
                 other => {
@@ -632,6 +632,18 @@ impl KeysClient {
             .flatten()
             .map(|v| v.etcdserver)
     }
+}
+
+/// Whether a call goes on to the next endpoint after `e`: no answer, or a member that has no
+/// quorum. A member cut off from the others still answers, but every write and quorum read
+/// fails after etcd's request time-out with `Raft Internal Error` (`etcdserver: request timed
+/// out`, code 300), or with code 301 during an election; another member may have a quorum.
+/// Such a write may still be applied (as after a time-out on our side): callers write with
+/// compare-and-swap, and a retry that finds it applied fails its comparison.
+fn try_next(e: &V2Error) -> bool {
+    use super::types::code;
+    matches!(e, V2Error::Unreachable { .. })
+        || matches!(e.code(), Some(code::RAFT_INTERNAL | code::LEADER_ELECT))
 }
 
 /// How long a request's answer may take.

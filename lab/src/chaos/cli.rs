@@ -4,7 +4,9 @@
 //! printed, and the exit status is 128 + the signal (130 for SIGINT). A second signal exits at
 //! once, without the tear-down.
 
-use super::{replay_command, run, Backend, ChaosOptions, Stop, TrialReport, Violation};
+use super::{
+    replay_command, run, Backend, ChaosOptions, MemberFault, Stop, TrialReport, Violation,
+};
 use crate::etcd::EtcdVersion;
 use clap::Parser;
 use std::path::PathBuf;
@@ -70,6 +72,16 @@ struct Cli {
     /// One node per trial runs with its clock hours off (libfaketime: apt-get install faketime).
     #[arg(long)]
     skew_clock: bool,
+    /// etcd members (odd): with 3, a cluster on loopback whose members the chaos disrupts one
+    /// at a time (--faults) instead of stopping and freezing a single etcd; each node lists
+    /// every member, in its own order.
+    #[arg(long, default_value_t = 1)]
+    etcd_members: usize,
+    /// The faults of a multi-member etcd: any of leader (killed), follower (stopped),
+    /// partition (a member cut off from the others), isolate (the member a node talks to cut
+    /// off from the others).
+    #[arg(long, default_value = "leader,follower,partition,isolate")]
+    faults: String,
     /// Checker self-test: the lab itself adds a holder (`holder`) or cordons a node
     /// (`cordon`) beyond max mid-trial; every trial must then fail.
     #[arg(long, hide = true)]
@@ -250,6 +262,8 @@ fn options(cli: Cli) -> Result<ChaosOptions, String> {
         ready_timeout: cli.ready_timeout,
         cut_off: cli.cut_off,
         skew_clock: cli.skew_clock,
+        etcd_members: cli.etcd_members,
+        member_faults: MemberFault::parse_list(&cli.faults)?,
         ..ChaosOptions::new(rebootd)
     })
     .and_then(|o: ChaosOptions| o.check().map(|()| o))
@@ -269,6 +283,14 @@ fn extras(opts: &ChaosOptions) -> String {
     }
     if opts.skew_clock {
         out.push_str(", a node's clock hours off");
+    }
+    if opts.etcd_members > 1 {
+        let faults: Vec<String> = opts.member_faults.iter().map(|f| f.to_string()).collect();
+        out.push_str(&format!(
+            ", {} etcd members (faults: {})",
+            opts.etcd_members,
+            faults.join(", ")
+        ));
     }
     out
 }

@@ -26,6 +26,8 @@ mod cli;
 pub mod cutoff;
 mod disrupt;
 mod inject;
+mod members;
+mod report;
 mod rng;
 mod store;
 mod trial;
@@ -34,6 +36,7 @@ mod workload;
 
 pub use cli::command;
 pub use inject::Violation;
+pub use members::MemberFault;
 pub use rng::Rng;
 pub use trial::trial;
 
@@ -133,6 +136,11 @@ pub struct ChaosOptions {
     pub cut_off: bool,
     /// One node per trial runs with its clock hours off (libfaketime).
     pub skew_clock: bool,
+    /// etcd members: 1 (a single etcd, stopped and frozen as a whole) or more (a cluster whose
+    /// members the chaos disrupts one at a time with `member_faults`).
+    pub etcd_members: usize,
+    /// The faults of a multi-member etcd the chaos takes.
+    pub member_faults: Vec<MemberFault>,
 }
 
 /// The default `kubernetes.drain_timeout` and `ready_timeout` of a trial.
@@ -161,12 +169,26 @@ impl ChaosOptions {
             ready_timeout: DEFAULT_KUBE_TIMEOUT,
             cut_off: false,
             skew_clock: false,
+            etcd_members: 1,
+            member_faults: MemberFault::ALL.to_vec(),
         }
     }
 
     /// rebootd's own rule, said before any trial starts: `max_hold` must outlast a live
     /// holder's drain, reboot, boot and wait for Ready.
     pub fn check(&self) -> Result<(), String> {
+        if self.etcd_members > 1 && !self.backend.etcd() {
+            return Err("--etcd-members: the semaphore is not in etcd (--backend)".into());
+        }
+        if self.etcd_members > 1 && self.cut_off {
+            return Err("--cut-off is not supported with --etcd-members > 1 yet".into());
+        }
+        if self.etcd_members == 0 || self.etcd_members.is_multiple_of(2) {
+            return Err(format!(
+                "--etcd-members {}: expected an odd number (1, 3, 5)",
+                self.etcd_members
+            ));
+        }
         let Some(max_hold) = self.max_hold else {
             return Ok(());
         };
@@ -217,6 +239,9 @@ pub struct Stats {
     /// Times the node cut off found, at a fence (before a cordon or the reboot call), that its
     /// slot was gone, and backed out (its log says so).
     pub fenced: u32,
+    /// Faults of a multi-member etcd, by kind (`leader`, `follower`, `partition`, `partition
+    /// (leader)`, `isolate (connected)`, `isolate (first endpoint)`).
+    pub member_faults: BTreeMap<String, u32>,
 }
 
 impl Stats {
@@ -242,6 +267,9 @@ impl Stats {
         self.reclaims += o.reclaims;
         self.skewed.extend(o.skewed.iter().cloned());
         self.fenced += o.fenced;
+        for (k, v) in &o.member_faults {
+            *self.member_faults.entry(k.clone()).or_default() += v;
+        }
     }
 }
 
@@ -273,6 +301,14 @@ impl std::fmt::Display for Stats {
         }
         if !self.skewed.is_empty() {
             write!(f, ", clocks off: {}", self.skewed.len())?;
+        }
+        if !self.member_faults.is_empty() {
+            let faults: Vec<String> = self
+                .member_faults
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect();
+            write!(f, ", member faults: {}", faults.join(", "))?;
         }
         if !self.injected.is_empty() {
             write!(f, "; injected: {}", self.injected.join(", "))?;
@@ -416,6 +452,14 @@ pub fn replay_command(opts: &ChaosOptions, seed: u64) -> String {
     }
     if opts.etcd != EtcdVersion::V34 && opts.backend.etcd() {
         cmd.push_str(&format!(" --etcd {}", opts.etcd.as_str()));
+    }
+    if opts.etcd_members > 1 {
+        let faults: Vec<String> = opts.member_faults.iter().map(|f| f.to_string()).collect();
+        cmd.push_str(&format!(
+            " --etcd-members {} --faults {}",
+            opts.etcd_members,
+            faults.join(",")
+        ));
     }
     if opts.trial_timeout != DEFAULT_TRIAL_TIMEOUT {
         cmd.push_str(&format!(

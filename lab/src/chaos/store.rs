@@ -2,17 +2,67 @@
 //! store reached directly, or through the cut-off proxy; `max_hold` and the timeouts it must
 //! outlast), and the locksmith document written and read in etcd v3 or v2.
 
+use super::members::node_order;
 use super::{Backend, ChaosOptions};
+use crate::etcd::{EtcdOptions, EtcdServer};
+use crate::etcd_cluster::EtcdCluster;
 use rebootd::lock::document::{semaphore_key, SemaphoreDoc};
 use std::path::Path;
 use std::time::Duration;
 
-/// A node's configuration fragment: the store at `etcd` (or Leases when `None`), reached
+/// A trial's etcd.
+pub(super) enum Etcd {
+    Single(Box<EtcdServer>),
+    Cluster(EtcdCluster),
+}
+
+/// Start the trial's etcd when the semaphore is in etcd: one server, or a cluster of
+/// `opts.etcd_members` (the v2 API on for the v2 store).
+pub(super) async fn start_etcd(opts: &ChaosOptions) -> Result<Option<Etcd>, String> {
+    let v2 = opts.backend == Backend::EtcdV2;
+    if !opts.backend.etcd() {
+        return Ok(None);
+    }
+    if opts.etcd_members > 1 {
+        let c = EtcdCluster::start(opts.etcd, opts.etcd_members, v2)
+            .await
+            .map_err(|e| format!("etcd cluster: {e}"))?;
+        return Ok(Some(Etcd::Cluster(c)));
+    }
+    let options = EtcdOptions {
+        enable_v2: v2,
+        ..EtcdOptions::default()
+    };
+    let e = EtcdServer::start_with(opts.etcd, options)
+        .await
+        .map_err(|e| format!("etcd: {e}"))?;
+    Ok(Some(Etcd::Single(Box::new(e))))
+}
+
+/// The endpoints node `i` lists: the single etcd's, or every member in the node's own order.
+pub(super) fn node_endpoints(
+    single: Option<&str>,
+    members: &[String],
+    i: usize,
+) -> Option<Vec<String>> {
+    let single = single?;
+    if members.is_empty() {
+        return Some(vec![single.to_owned()]);
+    }
+    Some(
+        node_order(members.len(), i)
+            .into_iter()
+            .map(|m| members[m].clone())
+            .collect(),
+    )
+}
+
+/// A node's configuration fragment: the store at the `etcd` endpoints (or Leases when `None`), reached
 /// through the proxy at `via` when it is the node cut off (for Leases: `lease_kubeconfig`, which
 /// names the proxy; the node's drain still uses `kubeconfig`).
 pub(super) fn node_config(
     opts: &ChaosOptions,
-    etcd: Option<&str>,
+    etcd: Option<&[String]>,
     via: Option<&str>,
     kubeconfig: &Path,
     lease_kubeconfig: &Path,
@@ -22,15 +72,18 @@ pub(super) fn node_config(
         .map(|m| format!("max_hold = \"{}ms\"\n", m.as_millis()))
         .unwrap_or_default();
     let lock_config = match etcd {
-        Some(ep) => {
-            let ep = via.unwrap_or(ep);
+        Some(eps) => {
+            let eps: Vec<&str> = match via {
+                Some(v) => vec![v],
+                None => eps.iter().map(String::as_str).collect(),
+            };
             let api = if opts.backend == Backend::EtcdV2 {
                 "api = \"v2\"\n"
             } else {
                 ""
             };
             format!(
-                "[lock]\nbackend = \"etcd\"\n{max_hold}\n[lock.etcd]\n{api}endpoints = [{ep:?}]\n"
+                "[lock]\nbackend = \"etcd\"\n{max_hold}\n[lock.etcd]\n{api}endpoints = {eps:?}\n"
             )
         }
         None => {
@@ -107,10 +160,14 @@ pub(super) async fn read_doc(endpoint: &str, backend: Backend) -> Result<Semapho
     for _ in 0..20 {
         if backend == Backend::EtcdV2 {
             let attempt = async {
+                // A linearizable read (through the raft leader).
                 let r = v2_client(endpoint)?
                     .get(
                         &format!("/{}", semaphore_key("default")),
-                        rebootd::etcd_v2::Get::default(),
+                        rebootd::etcd_v2::Get {
+                            quorum: true,
+                            ..rebootd::etcd_v2::Get::default()
+                        },
                     )
                     .await
                     .map_err(|e| e.to_string())?;
@@ -129,6 +186,7 @@ pub(super) async fn read_doc(endpoint: &str, backend: Backend) -> Result<Semapho
             let mut c = etcd_client::Client::connect([endpoint], None)
                 .await
                 .map_err(|e| e.to_string())?;
+            // etcd's default read is linearizable.
             let r = c
                 .get(semaphore_key("default"), None)
                 .await

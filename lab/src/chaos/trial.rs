@@ -5,12 +5,14 @@
 //! ends them all before the trial returns.
 
 use super::check::{self, CutOff, Down, Observed, SemaphoreEnd, Timeline};
+use super::members::{self, EtcdAt};
 use super::{
-    cutoff, disrupt, inject, store, watch, workload, Backend, ChaosOptions, Rng, Stats, Stop,
-    TrialReport,
+    cutoff, disrupt, inject, report, store, watch, workload, Backend, ChaosOptions, Rng, Stats,
+    Stop, TrialReport,
 };
 use crate::cut_proxy::CutProxy;
-use crate::etcd::{EtcdOptions, EtcdServer};
+use crate::etcd::EtcdServer;
+use crate::etcd_cluster::EtcdCluster;
 use crate::kube_api::{Cluster, Kind, KubeApi, KubeApiHandle, NodeBuilder, Options as KubeOptions};
 use crate::node::{Node, NodeOptions};
 use rebootd::lock::document::SemaphoreDoc;
@@ -56,7 +58,7 @@ pub(super) struct Shared {
     pub stop: AtomicBool,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -117,6 +119,8 @@ struct Rig {
     dir: Option<tempfile::TempDir>,
     kube: Option<KubeApiHandle>,
     etcd: Arc<tokio::sync::Mutex<Option<EtcdServer>>>,
+    /// A multi-member etcd (`--etcd-members`), instead of `etcd`.
+    cluster: Option<Arc<tokio::sync::Mutex<EtcdCluster>>>,
     /// The proxy a node's store traffic goes through (`--cut-off`).
     proxy: Option<Arc<CutProxy>>,
     nodes: Vec<Arc<ChaosNode>>,
@@ -144,6 +148,12 @@ impl Rig {
         self.nodes.clear();
         if let Some(mut e) = self.etcd.lock().await.take() {
             let _ = e.stop().await;
+        }
+        if let Some(c) = self.cluster.take() {
+            let mut c = c.lock().await;
+            for i in 0..c.size() {
+                let _ = c.kill(i).await;
+            }
         }
         self.proxy.take();
         if let Some(k) = self.kube.take() {
@@ -194,7 +204,19 @@ pub async fn trial(opts: &ChaosOptions, seed: u64, stop: &Stop) -> TrialReport {
     let logs = if violations.is_empty() {
         None
     } else {
-        keep_logs(opts, seed, &rig, &shared)
+        {
+            let etcd_logs = rig
+                .cluster
+                .as_ref()
+                .and_then(|c| c.try_lock().ok())
+                .map(|c| {
+                    (0..c.size())
+                        .map(|i| (c.name(i).to_string(), c.log_files()[i].clone()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            report::keep_logs(opts, seed, &rig.nodes, etcd_logs, &shared)
+        }
     };
     rig.teardown(&shared).await;
     let stats = lock(&shared.stats).clone();
@@ -209,38 +231,6 @@ pub async fn trial(opts: &ChaosOptions, seed: u64, stop: &Stop) -> TrialReport {
         logs,
         interrupted,
     }
-}
-
-/// Copy each node's rebootd log and state file, and the watchers' timelines, for a failing
-/// trial.
-fn keep_logs(opts: &ChaosOptions, seed: u64, rig: &Rig, shared: &Shared) -> Option<PathBuf> {
-    let base = opts.keep_logs.as_ref()?;
-    let out = base.join(format!("rebootd-chaos-{}-seed-{seed}", opts.backend));
-    std::fs::create_dir_all(&out).ok()?;
-    for n in &rig.nodes {
-        let _ = std::fs::copy(&n.log_path, out.join(format!("{}.log", n.name)));
-        let _ = std::fs::copy(n.store.path(), out.join(format!("{}.state.json", n.name)));
-    }
-    let text = |t: Timeline| -> String {
-        t.iter()
-            .map(|(at, h)| format!("{:.3}s {:?}\n", at.as_secs_f64(), h))
-            .collect()
-    };
-    let _ = std::fs::write(out.join("holders.txt"), text(shared.holders()));
-    let _ = std::fs::write(out.join("cordoned.txt"), text(shared.cordoned()));
-    let cuts: String = lock(&shared.cut_offs)
-        .iter()
-        .map(|c| {
-            format!(
-                "{} cut off {:.3}s - {:.3}s\n",
-                c.node,
-                c.from.as_secs_f64(),
-                c.to.as_secs_f64()
-            )
-        })
-        .collect();
-    let _ = std::fs::write(out.join("cut-offs.txt"), cuts);
-    Some(out)
 }
 
 /// The phases after whose write the chaos may kill rebootd.
@@ -291,17 +281,21 @@ async fn run_trial(
             .map_err(|e| format!("kubeconfig: {e}"))?;
     }
     check_stop(stop)?;
-    if opts.backend.etcd() {
-        let options = EtcdOptions {
-            enable_v2: opts.backend == Backend::EtcdV2,
-            ..EtcdOptions::default()
-        };
-        let etcd = EtcdServer::start_with(opts.etcd, options)
-            .await
-            .map_err(|e| format!("etcd: {e}"))?;
-        *rig.etcd.lock().await = Some(etcd);
-    }
-    let etcd_endpoint = rig.etcd.lock().await.as_ref().map(|e| e.endpoint());
+    // Where the lab's readers reach etcd, and every member (none for a single etcd).
+    let (etcd_at, members) = match store::start_etcd(opts).await? {
+        Some(store::Etcd::Single(e)) => {
+            let at = EtcdAt::single(e.endpoint());
+            *rig.etcd.lock().await = Some(*e);
+            (Some(at), Vec::new())
+        }
+        Some(store::Etcd::Cluster(c)) => {
+            let found = (Some(EtcdAt::cluster(&c)), c.endpoints());
+            rig.cluster = Some(Arc::new(tokio::sync::Mutex::new(c)));
+            found
+        }
+        None => (None, Vec::new()),
+    };
+    let etcd_endpoint = etcd_at.as_ref().map(|a| a.healthy().1);
     if let Some(ep) = &etcd_endpoint {
         let doc = SemaphoreDoc {
             semaphore: opts.max as i64,
@@ -356,9 +350,10 @@ async fn run_trial(
     let proxy_url = rig.proxy.as_ref().map(|p| p.url());
     let config_for = |i: usize| -> String {
         let via = proxy_url.as_deref().filter(|_| cut_node == Some(i));
+        let endpoints = store::node_endpoints(etcd_endpoint.as_deref(), &members, i);
         store::node_config(
             opts,
-            etcd_endpoint.as_deref(),
+            endpoints.as_deref(),
             via,
             &kubeconfig,
             &lease_kubeconfig,
@@ -438,11 +433,11 @@ async fn run_trial(
         .iter()
         .map(|n| (n.machine_id.clone(), n.name.clone()))
         .collect();
-    rig.tasks.push(match (&etcd_endpoint, opts.backend) {
-        (Some(ep), Backend::EtcdV2) => {
-            tokio::spawn(watch::etcd_v2(ep.clone(), ids, shared.clone()))
+    rig.tasks.push(match (&etcd_at, opts.backend) {
+        (Some(at), Backend::EtcdV2) => {
+            tokio::spawn(watch::etcd_v2(at.clone(), ids, shared.clone()))
         }
-        (Some(ep), _) => tokio::spawn(watch::etcd(ep.clone(), ids, shared.clone())),
+        (Some(at), _) => tokio::spawn(watch::etcd(at.clone(), ids, shared.clone())),
         (None, _) => tokio::spawn(watch::leases(client.clone(), shared.clone())),
     });
     for n in &rig.nodes {
@@ -472,6 +467,17 @@ async fn run_trial(
         cluster.clone(),
         shared.clone(),
     ));
+    // The members' faults, beside it, from a stream of their own.
+    let member_chaos = rig.cluster.clone().map(|c| {
+        tokio::spawn(members::chaos(
+            Rng::fork(seed, 9),
+            opts.actions,
+            opts.member_faults.clone(),
+            c,
+            rig.nodes.clone(),
+            shared.clone(),
+        ))
+    });
     let cutting = match (cut_node, &rig.proxy) {
         (Some(i), Some(p)) => Some(tokio::spawn(cutoff::cut_offs(
             seed,
@@ -499,6 +505,7 @@ async fn run_trial(
         if stop.is_set() {
             // The tear-down ends the chaos and the injection with the rest.
             rig.tasks.push(chaos);
+            rig.tasks.extend(member_chaos);
             rig.tasks.extend(injection);
             rig.tasks.extend(cutting);
             return Err(Cut::Stopped);
@@ -516,7 +523,7 @@ async fn run_trial(
         if Instant::now() > deadline {
             timed_out = Some(opts.trial_timeout);
             for n in &rig.nodes {
-                processes.insert(n.name.clone(), process_report(n));
+                processes.insert(n.name.clone(), report::process_report(n));
             }
             break;
         }
@@ -526,6 +533,7 @@ async fn run_trial(
     // did), clear the faults, etcd up.
     shared.stop.store(true, Ordering::SeqCst);
     let mut heal = vec![chaos];
+    heal.extend(member_chaos);
     heal.extend(injection);
     heal.extend(cutting);
     let healed = or_stop(stop, async {
@@ -549,6 +557,13 @@ async fn run_trial(
             }
         }
     }
+    if let Some(c) = &rig.cluster {
+        c.lock()
+            .await
+            .heal()
+            .await
+            .map_err(|e| format!("etcd cluster heal: {e}"))?;
+    }
     // A late second reboot would show here.
     or_stop(stop, tokio::time::sleep(SETTLE)).await?;
     let workload_unsettled = or_stop(stop, workload::settle(&cluster, WORKLOAD_SETTLE)).await?;
@@ -571,8 +586,8 @@ async fn run_trial(
         })
         .cloned()
         .collect();
-    let semaphore_end = match &etcd_endpoint {
-        Some(ep) => match or_stop(stop, store::read_doc(ep, opts.backend)).await? {
+    let semaphore_end = match &etcd_at {
+        Some(at) => match or_stop(stop, store::read_doc(&at.healthy().1, opts.backend)).await? {
             Ok(doc) => SemaphoreEnd::Etcd(doc),
             Err(e) => SemaphoreEnd::Unreadable(e),
         },
@@ -640,36 +655,4 @@ pub(super) fn post_boot_id(cluster: &Cluster, node: &str, boot_id: &str) {
     let _ = cluster.update(Kind::Node, "", node, |n| {
         n["status"]["nodeInfo"]["bootID"] = boot_id.into();
     });
-}
-
-/// What node `n`'s rebootd process is doing, for a trial that timed out: whether the lab holds
-/// the node (a kill, restart or reboot of it in progress), or the process's state and each of
-/// its threads' state and kernel wait channel.
-fn process_report(n: &ChaosNode) -> String {
-    let Ok(mut node) = n.node.try_lock() else {
-        return "the lab holds this node: a kill, restart or reboot of it is in progress".into();
-    };
-    if let Some(code) = node.daemon_exit() {
-        return format!("rebootd exited with {code:?}");
-    }
-    let Some(pid) = node.daemon_pid() else {
-        return "no rebootd process".into();
-    };
-    let threads: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .map(|tasks| {
-            tasks
-                .flatten()
-                .map(|t| {
-                    let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-                    let state = stat
-                        .rsplit_once(')')
-                        .and_then(|(_, r)| r.trim_start().chars().next())
-                        .unwrap_or('?');
-                    let wchan = std::fs::read_to_string(t.path().join("wchan")).unwrap_or_default();
-                    format!("{state}:{}", if wchan.is_empty() { "-" } else { &wchan })
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    format!("rebootd pid {pid} running, threads {}", threads.join(" "))
 }

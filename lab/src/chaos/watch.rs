@@ -2,6 +2,7 @@
 //! locksmith key in v3, a long-poll watch on it in v2, or a kube-rs watch on the Leases) and of the Nodes' cordons, over the same
 //! APIs a user would, and record them in the trial's timelines. The chaos never touches them.
 
+use super::members::EtcdAt;
 use super::trial::Shared;
 use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -13,11 +14,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// The outside watcher of the etcd semaphore: every revision of the document, across etcd
-/// restarts (resuming from the last revision seen).
-pub(super) async fn etcd(endpoint: String, ids: Vec<(String, String)>, shared: Arc<Shared>) {
+/// restarts (resuming from the last revision seen). With a cluster it watches through a member
+/// the lab is not disrupting, and moves to another (resuming) when the lab disrupts it.
+pub(super) async fn etcd(at: EtcdAt, ids: Vec<(String, String)>, shared: Arc<Shared>) {
     let key = semaphore_key("default");
     let mut next_rev: i64 = 0;
     while !shared.stopped() {
+        let (member, endpoint) = at.healthy();
         let opts = etcd_client::ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(1))
             .with_timeout(Duration::from_secs(2));
@@ -38,7 +41,12 @@ pub(super) async fn etcd(endpoint: String, ids: Vec<(String, String)>, shared: A
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
-        while let Some(Ok(resp)) = stream.next().await {
+        loop {
+            let resp = tokio::select! {
+                r = stream.next() => r,
+                _ = at.disrupted(member) => None,
+            };
+            let Some(Ok(resp)) = resp else { break };
             if resp.compact_revision() > 0 {
                 shared.problem(format!(
                     "etcd watch compacted at {}; history incomplete",
@@ -77,12 +85,32 @@ fn holder_names(value: &[u8], ids: &[(String, String)], shared: &Shared) -> BTre
 /// The outside watcher of the v2 semaphore document: every version of the key, by long-poll
 /// watches that resume at the index after the last event, across etcd stops and freezes (a
 /// request that fails is made again). An index etcd no longer keeps (a cleared history) is a
-/// gap: reported, then the key is read again.
-pub(super) async fn etcd_v2(endpoint: String, ids: Vec<(String, String)>, shared: Arc<Shared>) {
-    use rebootd::etcd_v2::{Get, KeysClient, Settings, Timeouts};
+/// gap: reported, then the key is read again. With a cluster it asks a member the lab is not
+/// disrupting, and moves to another when the lab disrupts it; its reads are linearizable.
+pub(super) async fn etcd_v2(at: EtcdAt, ids: Vec<(String, String)>, shared: Arc<Shared>) {
     let key = format!("/{}", semaphore_key("default"));
+    // 0: read the key first.
+    let mut next_index: u64 = 0;
+    while !shared.stopped() {
+        let (member, endpoint) = at.healthy();
+        tokio::select! {
+            _ = v2_watch_on(&endpoint, &key, &mut next_index, &ids, &shared) => {}
+            _ = at.disrupted(member) => {}
+        }
+    }
+}
+
+/// Follow the v2 key on `endpoint` from `next_index` (0: read it first) until the chaos stops.
+async fn v2_watch_on(
+    endpoint: &str,
+    key: &str,
+    next_index: &mut u64,
+    ids: &[(String, String)],
+    shared: &Shared,
+) {
+    use rebootd::etcd_v2::{Get, KeysClient, Settings, Timeouts};
     let settings = Settings {
-        endpoints: vec![endpoint],
+        endpoints: vec![endpoint.to_owned()],
         tls: rebootd::http::TlsFiles {
             table: "chaos watcher",
             ..rebootd::http::TlsFiles::default()
@@ -100,27 +128,29 @@ pub(super) async fn etcd_v2(endpoint: String, ids: Vec<(String, String)>, shared
             return;
         }
     };
-    // 0: read the key first.
-    let mut next_index: u64 = 0;
+    let quorum = Get {
+        quorum: true,
+        ..Get::default()
+    };
     while !shared.stopped() {
-        if next_index == 0 {
-            match client.get(&key, Get::default()).await {
+        if *next_index == 0 {
+            match client.get(key, quorum).await {
                 Ok(r) => {
                     if let Some(v) = &r.node.value {
-                        shared.record_holders(holder_names(v.as_bytes(), &ids, &shared));
+                        shared.record_holders(holder_names(v.as_bytes(), ids, shared));
                     }
-                    next_index = r.etcd_index + 1;
+                    *next_index = r.etcd_index + 1;
                 }
                 Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
             }
             continue;
         }
-        match client.watch(&key, false, next_index).await {
+        match client.watch(key, false, *next_index).await {
             Ok(None) => {}
             Ok(Some(event)) => {
-                next_index = event.node.modified_index + 1;
+                *next_index = event.node.modified_index + 1;
                 let holders = match (&event.node.value, event.action.removes()) {
-                    (Some(v), false) => holder_names(v.as_bytes(), &ids, &shared),
+                    (Some(v), false) => holder_names(v.as_bytes(), ids, shared),
                     _ => {
                         shared.problem(format!(
                             "the v2 semaphore document was removed at index {}",
@@ -135,7 +165,7 @@ pub(super) async fn etcd_v2(endpoint: String, ids: Vec<(String, String)>, shared
                 shared.problem(format!(
                     "v2 watch from index {next_index}: {e}; history incomplete"
                 ));
-                next_index = 0;
+                *next_index = 0;
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
