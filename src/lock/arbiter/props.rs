@@ -73,10 +73,13 @@ impl Case {
             max,
             holders,
             waiters,
-            node_is_identity: b.next() % 2 == 0,
+            node_is_identity: b.next().is_multiple_of(2),
         };
         let policy = Policy {
-            max_hold: (b.next() % 2 == 0).then(|| Duration::from_secs(u64::from(b.next() % 4))),
+            max_hold: b
+                .next()
+                .is_multiple_of(2)
+                .then(|| Duration::from_secs(u64::from(b.next() % 4))),
             waiter_timeout: Duration::from_secs(u64::from(b.next() % 4 + 1)),
         };
         let t0 = Instant::now();
@@ -111,8 +114,14 @@ fn holders(b: &mut Bytes) -> Vec<HolderView> {
                 _ => Some("t-other".into()),
             },
             beat: b.beat(),
-            gone: (b.next() % 4 == 0).then(|| "its Node is gone".to_owned()),
-            foreign: (b.next() % 5 == 0).then(|| "a slot past max".to_owned()),
+            gone: b
+                .next()
+                .is_multiple_of(4)
+                .then(|| "its Node is gone".to_owned()),
+            foreign: b
+                .next()
+                .is_multiple_of(5)
+                .then(|| "a slot past max".to_owned()),
         })
         .collect();
     let mut seen_ids = std::collections::HashSet::new();
@@ -135,7 +144,9 @@ fn waiters(b: &mut Bytes) -> Vec<WaiterView> {
                 id: if mine {
                     Some(ME.id.to_owned())
                 } else {
-                    (b.next() % 2 == 0).then(|| b.pick(&IDS[1..]).to_owned())
+                    b.next()
+                        .is_multiple_of(2)
+                        .then(|| b.pick(&IDS[1..]).to_owned())
                 },
                 node: Some(b.pick(&NODES[1..]).to_owned()),
                 beat: b.beat(),
