@@ -17,7 +17,7 @@ pub async fn run(cmd: Vec<String>, interval: Duration, tx: mpsc::Sender<Need>, r
         // A command that hangs must not stop later checks: give it one interval at most.
         let ran = crate::child::run(&cmd, interval).await;
         if let Ok(out) = &ran {
-            log_stderr(&cmd, out);
+            log_stderr(out);
         }
         match ran {
             Ok(out) if out.status.success() => {
@@ -40,10 +40,11 @@ const STDERR_LINES: usize = 50;
 
 /// What the command wrote on stderr, a line each in the journal (bounded and escaped), as it
 /// reached the journal when the command shared rebootd's stderr.
-fn log_stderr(cmd: &[String], out: &crate::child::Output) {
+fn log_stderr(out: &crate::child::Output) {
     let text = String::from_utf8_lossy(&out.stderr);
     for line in text.lines().take(STDERR_LINES) {
-        info!(command = ?cmd, "sentinel command: {}", crate::text::clean(line));
+        // The line alone: the command is in the configuration and in `rebootctl status`.
+        info!("sentinel command: {}", crate::text::clean(line));
     }
 }
 
