@@ -680,27 +680,11 @@ impl EtcdServer {
     /// Stop etcd gracefully (SIGTERM, SIGKILL after a grace period) and keep its data dir.
     #[tracing::instrument(skip(self), fields(endpoint = %self.endpoint()))]
     pub async fn stop(&mut self) -> Result<(), EtcdLabError> {
-        let Some(mut child) = self.child.take() else {
+        let Some(child) = self.child.take() else {
             return Ok(());
         };
-        if let Some(pid) = child.id() {
-            let pid = Pid::from_raw(pid as i32);
-            let _ = kill(pid, Signal::SIGTERM);
-            if self.paused {
-                let _ = kill(pid, Signal::SIGCONT);
-            }
-        }
-        self.paused = false;
-        match tokio::time::timeout(STOP_GRACE, child.wait()).await {
-            Ok(status) => {
-                status.map_err(io("wait for etcd to stop"))?;
-            }
-            Err(_) => {
-                tracing::warn!("etcd did not stop within {STOP_GRACE:?}; killing it");
-                child.kill().await.map_err(io("kill etcd"))?;
-            }
-        }
-        Ok(())
+        let paused = std::mem::replace(&mut self.paused, false);
+        stop_gracefully(child, paused).await
     }
 
     /// Start etcd again on the same ports and data dir (stopping it first if it runs) and wait
@@ -986,4 +970,29 @@ impl Drop for EtcdServer {
             let _ = child.start_kill();
         }
     }
+}
+
+/// Stop an etcd process: SIGTERM (and SIGCONT when it was frozen), SIGKILL after
+/// [`STOP_GRACE`]. Shared by the single etcd and the cluster's members.
+pub(crate) async fn stop_gracefully(
+    mut child: tokio::process::Child,
+    paused: bool,
+) -> Result<(), EtcdLabError> {
+    if let Some(pid) = child.id() {
+        let pid = Pid::from_raw(pid as i32);
+        let _ = kill(pid, Signal::SIGTERM);
+        if paused {
+            let _ = kill(pid, Signal::SIGCONT);
+        }
+    }
+    match tokio::time::timeout(STOP_GRACE, child.wait()).await {
+        Ok(status) => {
+            status.map_err(io("wait for etcd to stop"))?;
+        }
+        Err(_) => {
+            tracing::warn!("etcd did not stop within {STOP_GRACE:?}; killing it");
+            child.kill().await.map_err(io("kill etcd"))?;
+        }
+    }
+    Ok(())
 }

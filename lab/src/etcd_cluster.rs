@@ -29,8 +29,6 @@ use tokio::process::{Child, Command};
 
 /// How long a member's start may take (it needs a quorum to answer).
 const START_DEADLINE: Duration = Duration::from_secs(30);
-/// How long a graceful stop may take before the member is killed.
-const STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// One member.
 #[derive(Debug)]
@@ -224,24 +222,11 @@ impl EtcdCluster {
     pub async fn stop(&mut self, i: usize) -> Result<(), EtcdLabError> {
         self.set_pid(i, None);
         let m = &mut self.members[i];
-        let Some(mut child) = m.child.take() else {
+        let Some(child) = m.child.take() else {
             return Ok(());
         };
-        if let Some(pid) = child.id() {
-            let pid = Pid::from_raw(pid as i32);
-            let _ = kill(pid, Signal::SIGTERM);
-            if m.paused {
-                let _ = kill(pid, Signal::SIGCONT);
-            }
-        }
-        m.paused = false;
-        if tokio::time::timeout(STOP_GRACE, child.wait())
-            .await
-            .is_err()
-        {
-            child.kill().await.map_err(io("kill an etcd member"))?;
-        }
-        Ok(())
+        let paused = std::mem::replace(&mut m.paused, false);
+        crate::etcd::stop_gracefully(child, paused).await
     }
 
     /// Start member `i` again with its data and ports (stopping it first if it runs) and wait
