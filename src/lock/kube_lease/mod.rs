@@ -118,13 +118,16 @@
 //!
 //! # Identity
 //!
-//! `release(id)` and `holds(id)` match a holder by `holderIdentity` (node name) or by the
-//! `rebootd.io/machine-id` annotation. `acquire(me)` holds a slot whose machine id is `me.id`
-//! and whose holder token is `me.token`. A slot with `me.id` and no token, or held under
-//! `me.node` by another machine id (node names are unique in a cluster, and a reinstalled node
-//! must not wait for itself), is adopted (warn) and its annotations rewritten. A slot with
-//! `me.id` and another token belongs to another host with the same machine id: reported, and
-//! this host waits.
+//! A slot is a node's only through `spec.holderIdentity`, the one field the admission policy
+//! binds to the writer (see the arbiter's rule, [`super::arbiter::whose`]): the annotations
+//! (machine id, boot id, token, phase) are claims any node may write, and only tell two boots or
+//! two installs of that node apart. Among the slots held under `me.node`, one with `me.id` and
+//! `me.token` is held; one without a token, or under another machine id (a reinstalled node), is
+//! adopted (warn) and its annotations rewritten; one with `me.id` and another token belongs to
+//! another host with this node name and machine id: reported, and this host waits. A slot Lease
+//! past `max` or without the slot role is foreign: counted as held, never anyone's. `release(me)`
+//! frees only slots held under `me.node`; `unlock(id)` (an administrator's) matches a holder by
+//! node name or machine id.
 //!
 //! # Permissions
 //!
