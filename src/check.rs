@@ -19,7 +19,7 @@ pub async fn offline(config: &Config) -> Vec<String> {
     match &config.lock.backend {
         LockBackend::None => {}
         LockBackend::Etcd(settings) if settings.api == EtcdApi::V3 => {
-            if let Err(e) = crate::lock::etcd::check_settings(settings) {
+            if let Err(e) = crate::clients::etcd_v3::check_settings(settings) {
                 problems.push(e.to_string());
             }
         }

@@ -12,12 +12,12 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::*;
+use rebootd::clients::etcd_v2::{Action, Get, KeysClient, Settings};
 use rebootd::config;
-use rebootd::etcd_v2::{Action, Get, KeysClient, Settings};
 use rebootd::http::TlsFiles;
 use rebootd::lock::document::{holder_record_key, semaphore_key};
-use rebootd::lock::etcd::{EtcdSemaphore, Timeouts};
 use rebootd::lock::etcd_v2::tree;
+use rebootd::lock::etcd_v3::{EtcdSemaphore, Timeouts};
 use rebootd::lock::{Identity, LockError, Semaphore};
 use rebootd::state::Phase;
 use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};

@@ -75,7 +75,7 @@ async fn three_members_elect_lose_their_leader_and_one_is_cut_off() {
 /// the calls after it start there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_v2_client_moves_off_a_member_cut_off_from_the_others() {
-    use rebootd::etcd_v2::{Get, KeysClient, Put, Settings, Timeouts};
+    use rebootd::clients::etcd_v2::{Get, KeysClient, Put, Settings, Timeouts};
     for v in EtcdVersion::available() {
         let c = EtcdCluster::start(v, 3, true).await.unwrap();
         let cut = (leader(&c).await + 1) % 3;
@@ -118,8 +118,8 @@ async fn the_v2_client_moves_off_a_member_cut_off_from_the_others() {
 const WATCH: Duration = Duration::from_secs(10);
 
 /// A v2 client of member `i` alone.
-fn v2_client(c: &EtcdCluster, i: usize) -> rebootd::etcd_v2::KeysClient {
-    use rebootd::etcd_v2::{KeysClient, Settings, Timeouts};
+fn v2_client(c: &EtcdCluster, i: usize) -> rebootd::clients::etcd_v2::KeysClient {
+    use rebootd::clients::etcd_v2::{KeysClient, Settings, Timeouts};
     KeysClient::new(&Settings {
         endpoints: vec![c.endpoint(i)],
         tls: rebootd::http::TlsFiles {
@@ -140,7 +140,7 @@ fn v2_client(c: &EtcdCluster, i: usize) -> rebootd::etcd_v2::KeysClient {
 /// killed and restarted serves that same history again (its v2 store rebuilt from its log).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_v2_keys_api_across_a_leader_change() {
-    use rebootd::etcd_v2::{Get, Put};
+    use rebootd::clients::etcd_v2::{Get, Put};
     let quorum = Get {
         quorum: true,
         ..Get::default()

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use rebootd::config;
 use rebootd::lock::document::{self, HolderRecord, SemaphoreDoc};
-use rebootd::lock::etcd::{EtcdSemaphore, Timeouts};
+use rebootd::lock::etcd_v3::{EtcdSemaphore, Timeouts};
 use rebootd::lock::{Acquired, Admin, Identity, LockError, Reported, Semaphore};
 use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
 

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use rebootd::etcd_v2::{Action, Get, KeysClient, Put, Settings, Timeouts, V2Error};
+use rebootd::clients::etcd_v2::{Action, Get, KeysClient, Put, Settings, Timeouts, V2Error};
 use rebootd::http::TlsFiles;
 use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
 

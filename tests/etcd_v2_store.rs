@@ -670,7 +670,7 @@ async fn a_waiter_survives_a_cleared_watch_index_and_an_etcd_restart(mut env: En
     assert!(ctl.run(&["lock", "locksmith-node"]).await.unwrap().success);
     // Long polls re-asked every 500 ms (same index): the index falls out of etcd's history.
     let timeouts = Timeouts {
-        client: rebootd::etcd_v2::Timeouts {
+        client: rebootd::clients::etcd_v2::Timeouts {
             watch: Duration::from_millis(500),
             request: Duration::from_secs(3),
             connect: Duration::from_secs(2),
@@ -700,7 +700,7 @@ async fn a_waiter_survives_a_cleared_watch_index_and_an_etcd_restart(mut env: En
             .put(
                 "/elsewhere",
                 &i.to_string(),
-                rebootd::etcd_v2::Put::default(),
+                rebootd::clients::etcd_v2::Put::default(),
             )
             .await
             .unwrap();
@@ -827,14 +827,14 @@ async fn tls_and_password(v: EtcdVersion) {
     );
 }
 
-fn test_client(etcd: &EtcdServer) -> rebootd::etcd_v2::KeysClient {
-    rebootd::etcd_v2::KeysClient::new(&rebootd::etcd_v2::Settings {
+fn test_client(etcd: &EtcdServer) -> rebootd::clients::etcd_v2::KeysClient {
+    rebootd::clients::etcd_v2::KeysClient::new(&rebootd::clients::etcd_v2::Settings {
         endpoints: vec![etcd.endpoint()],
         tls: rebootd::http::TlsFiles {
             table: "test",
             ..Default::default()
         },
-        ..rebootd::etcd_v2::Settings::default()
+        ..rebootd::clients::etcd_v2::Settings::default()
     })
     .unwrap()
 }

@@ -54,12 +54,12 @@ impl World {
     async fn store(&self, who: &str, max_hold: Option<Duration>) -> Arc<dyn Store> {
         match self.kind {
             Kind::V3(_) => {
-                let t = rebootd::lock::etcd::Timeouts {
+                let t = rebootd::lock::etcd_v3::Timeouts {
                     backoff_min: Duration::from_millis(50),
                     backoff_max: Duration::from_millis(500),
                     ..Default::default()
                 };
-                let s = rebootd::lock::etcd::EtcdSemaphore::connect_with(
+                let s = rebootd::lock::etcd_v3::EtcdSemaphore::connect_with(
                     &self.etcd_settings(config::EtcdApi::V3),
                     "default",
                     max_hold,

@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rebootd::etcd_v2::{Get, KeysClient, Settings, Timeouts};
+use rebootd::clients::etcd_v2::{Get, KeysClient, Settings, Timeouts};
 use rebootd::http::TlsFiles;
 use rebootd::lock::document::SemaphoreDoc;
 use tokio::sync::watch;
@@ -205,9 +205,9 @@ impl V2DocWatcher {
 }
 
 /// etcd's index in an error answer (a read of a missing key).
-fn e_index(e: &rebootd::etcd_v2::V2Error) -> u64 {
+fn e_index(e: &rebootd::clients::etcd_v2::V2Error) -> u64 {
     match e {
-        rebootd::etcd_v2::V2Error::Etcd { index, .. } => *index,
+        rebootd::clients::etcd_v2::V2Error::Etcd { index, .. } => *index,
         _ => 0,
     }
 }

@@ -20,7 +20,7 @@
 //! deleted in any later transaction guarded by the document's mod revision.
 //!
 //! A rebootd waiting for a slot keeps a queue entry ([`WaiterRecord`]) attached to an etcd lease;
-//! the entries' create revisions order the waiters (see `super::etcd`). locksmith never reads them.
+//! the entries' create revisions order the waiters (see `super::etcd_v3`). locksmith never reads them.
 //! Sorted, the keys of one group run: holder records < queue entries < the document, with nothing
 //! of locksmith's in between, so one watch of the range [`holder_records_prefix`] ..= document
 //! sees all three.

@@ -8,8 +8,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::OnceCell;
 
-use super::etcd::EtcdSemaphore;
 use super::etcd_v2::follow::FollowV3;
+use super::etcd_v3::EtcdSemaphore;
 use super::fleetlock::{FleetLock, Options as FleetLockOptions};
 use super::kube_lease::KubeLeaseSemaphore;
 use super::none::NoLock;

@@ -13,8 +13,8 @@ use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
 use rebootd_lab::kube_api::{KubeApi, KubeApiHandle, Options};
 
 use super::acquire::Waiting;
-use super::etcd::EtcdSemaphore;
 use super::etcd_v2::{EtcdV2Semaphore, Timeouts};
+use super::etcd_v3::EtcdSemaphore;
 use super::kube_lease::KubeLeaseSemaphore;
 use super::{Fence, Identity, Semaphore};
 use crate::config;
@@ -166,9 +166,9 @@ per_store! {
     v2_a_reclaim_that_lands_first_makes_the_holders_write_say_lost:
         on_etcd_v2, super::etcd_v2::waiting::waiting, reclaim_first;
     v3_a_holder_write_after_the_waiters_read_makes_the_reclaim_fail:
-        on_etcd_v3, super::etcd::waiting::waiting, write_first;
+        on_etcd_v3, super::etcd_v3::waiting::waiting, write_first;
     v3_a_reclaim_that_lands_first_makes_the_holders_write_say_lost:
-        on_etcd_v3, super::etcd::waiting::waiting, reclaim_first;
+        on_etcd_v3, super::etcd_v3::waiting::waiting, reclaim_first;
     leases_a_holder_write_after_the_waiters_read_makes_the_reclaim_fail:
         on_leases, super::kube_lease::waiting::waiting, write_first;
     leases_a_reclaim_that_lands_first_makes_the_holders_write_say_lost:

@@ -264,7 +264,7 @@ async fn edit_doc_v2<T>(
     endpoint: &str,
     mut f: impl FnMut(&mut SemaphoreDoc) -> T,
 ) -> Result<T, String> {
-    use rebootd::etcd_v2::{Get, KeysClient, Settings, Timeouts};
+    use rebootd::clients::etcd_v2::{Get, KeysClient, Settings, Timeouts};
     let key = format!("/{}", semaphore_key("default"));
     let client = KeysClient::new(&Settings {
         endpoints: vec![endpoint.to_owned()],

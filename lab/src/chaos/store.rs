@@ -114,8 +114,8 @@ pub(super) fn node_config(
 }
 
 /// A client of etcd's v2 keys API at `endpoint` (plain http).
-fn v2_client(endpoint: &str) -> Result<rebootd::etcd_v2::KeysClient, String> {
-    use rebootd::etcd_v2::{KeysClient, Settings, Timeouts};
+fn v2_client(endpoint: &str) -> Result<rebootd::clients::etcd_v2::KeysClient, String> {
+    use rebootd::clients::etcd_v2::{KeysClient, Settings, Timeouts};
     KeysClient::new(&Settings {
         endpoints: vec![endpoint.to_owned()],
         tls: rebootd::http::TlsFiles {
@@ -139,7 +139,7 @@ pub(super) async fn put_doc(
             .put(
                 &format!("/{}", semaphore_key("default")),
                 &doc.to_json(),
-                rebootd::etcd_v2::Put::default(),
+                rebootd::clients::etcd_v2::Put::default(),
             )
             .await
             .map_err(|e| format!("etcd v2 put: {e}"))?;
@@ -164,9 +164,9 @@ pub(super) async fn read_doc(endpoint: &str, backend: Backend) -> Result<Semapho
                 let r = v2_client(endpoint)?
                     .get(
                         &format!("/{}", semaphore_key("default")),
-                        rebootd::etcd_v2::Get {
+                        rebootd::clients::etcd_v2::Get {
                             quorum: true,
-                            ..rebootd::etcd_v2::Get::default()
+                            ..rebootd::clients::etcd_v2::Get::default()
                         },
                     )
                     .await

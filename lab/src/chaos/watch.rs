@@ -108,7 +108,7 @@ async fn v2_watch_on(
     ids: &[(String, String)],
     shared: &Shared,
 ) {
-    use rebootd::etcd_v2::{Get, KeysClient, Settings, Timeouts};
+    use rebootd::clients::etcd_v2::{Get, KeysClient, Settings, Timeouts};
     let settings = Settings {
         endpoints: vec![endpoint.to_owned()],
         tls: rebootd::http::TlsFiles {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::OnceCell;
 
-use super::super::etcd::EtcdSemaphore;
+use super::super::etcd_v3::EtcdSemaphore;
 use super::super::{
     Acquired, Admin, Fence, GroupPause, Identity, LockError, Reported, Semaphore, SemaphoreStatus,
 };

@@ -19,12 +19,12 @@
 //! Waiters queued in v2 keep nothing: they queue again in v3 when they follow.
 
 use super::super::document::{semaphore_key, HolderRecord, SemaphoreDoc};
-use super::super::etcd::{EtcdSemaphore, Import};
+use super::super::etcd_v3::{EtcdSemaphore, Import};
 use super::super::LockError;
 use super::tree::{self, DocState, Snapshot};
 use super::{lock_error, EtcdV2Semaphore};
+use crate::clients::etcd_v2::{Get, KeysClient, Timeouts};
 use crate::config::{self, EtcdApi};
-use crate::etcd_v2::{Get, KeysClient, Timeouts};
 
 /// Attempts before the migration gives up on a v2 semaphore that keeps changing.
 const ATTEMPTS: usize = 8;

@@ -31,8 +31,8 @@ use super::{
     Acquired, Admin, Fence, GroupPause, Holder, Identity, LockError, Reported, Semaphore,
     SemaphoreStatus,
 };
+use crate::clients::etcd_v2::{Get, KeysClient, Put, Settings, V2Error};
 use crate::config;
-use crate::etcd_v2::{Get, KeysClient, Put, Settings, V2Error};
 use tree::{DocState, Keys, Snapshot};
 
 const BACKEND: &str = "etcd";
@@ -40,7 +40,7 @@ const BACKEND: &str = "etcd";
 /// Time limits of the v2 store beyond the client's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timeouts {
-    pub client: crate::etcd_v2::Timeouts,
+    pub client: crate::clients::etcd_v2::Timeouts,
     /// First pause after a transient error inside `acquire`, doubled up to `backoff_max`.
     pub backoff_min: Duration,
     pub backoff_max: Duration,
@@ -52,7 +52,7 @@ pub struct Timeouts {
 impl Default for Timeouts {
     fn default() -> Self {
         Timeouts {
-            client: crate::etcd_v2::Timeouts::default(),
+            client: crate::clients::etcd_v2::Timeouts::default(),
             backoff_min: Duration::from_millis(100),
             backoff_max: Duration::from_secs(10),
             queue_ttl: Duration::from_secs(30),
@@ -87,7 +87,7 @@ impl std::fmt::Debug for EtcdV2Semaphore {
 /// The client settings of `[lock.etcd]` (TLS files, user and password file).
 pub fn client_settings(
     settings: &config::Etcd,
-    timeouts: crate::etcd_v2::Timeouts,
+    timeouts: crate::clients::etcd_v2::Timeouts,
 ) -> Result<Settings, LockError> {
     let basic_auth = match (&settings.username, &settings.password_file) {
         (Some(user), Some(file)) => Some((user.clone(), read_password(file)?)),
@@ -227,7 +227,7 @@ impl EtcdV2Semaphore {
         match self.client.get(&self.keys.root, get).await {
             Ok(r) => Ok(Snapshot::from_read(&self.keys, Some(&r.node), r.etcd_index)),
             Err(V2Error::Etcd {
-                code: crate::etcd_v2::code::KEY_NOT_FOUND,
+                code: crate::clients::etcd_v2::code::KEY_NOT_FOUND,
                 index,
                 ..
             }) => Ok(Snapshot::from_read(&self.keys, None, index)),

@@ -7,7 +7,7 @@
 use super::super::pause::{self, GroupPause};
 use super::super::LockError;
 use super::{lock_error, EtcdV2Semaphore};
-use crate::etcd_v2::{Action, Get, Put, V2Error};
+use crate::clients::etcd_v2::{Action, Get, Put, V2Error};
 
 impl EtcdV2Semaphore {
     /// The key of this group's pause.

@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use super::super::document::{self, HolderRecord, SemaphoreDoc};
 use super::super::pause::{self, GroupPause};
 use super::super::view::{Beat, HolderView, Me, Ticket, View, WaiterView};
-use crate::etcd_v2::{Node, Response};
+use crate::clients::etcd_v2::{Node, Response};
 
 /// The holder id the migration leaves in the v2 document; `locksmithctl status` shows it.
 pub const MOVED_HOLDER: &str = "moved-to-etcd-v3-by-rebootctl-migrate";
@@ -372,7 +372,7 @@ impl Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::etcd_v2::Action;
+    use crate::clients::etcd_v2::Action;
 
     fn node(key: &str, value: &str, created: u64, modified: u64) -> Node {
         Node {

@@ -26,7 +26,7 @@ use super::super::view::{Me, View};
 use super::super::{Acquired, GroupPause, Identity, LockError};
 use super::tree::{DocState, QueueRecord, Snapshot};
 use super::{lock_error, EtcdV2Semaphore, BACKEND};
-use crate::etcd_v2::{KeysClient, Response, V2Error, WatchStream};
+use crate::clients::etcd_v2::{KeysClient, Response, V2Error, WatchStream};
 
 /// Take a slot for `me` in `store`, waiting in its queue as long as it takes.
 pub(super) async fn acquire(store: &EtcdV2Semaphore, me: &Identity) -> Result<(), LockError> {

@@ -33,7 +33,6 @@
 //! host is compared. A reclaim compares the stopped holder's record revision too, so a holder
 //! that beats at the last moment keeps its slot.
 
-mod connect;
 mod import;
 mod pause;
 mod report;
@@ -53,43 +52,11 @@ use super::{
     Acquired, Admin, Fence, GroupPause, Holder, Identity, LockError, Reported, Semaphore,
     SemaphoreStatus,
 };
+pub use crate::clients::etcd_v3::{check_settings, Timeouts};
+use crate::clients::etcd_v3::{classify, connect_options, explain_wrong_protocol, BACKEND};
 use crate::config;
-pub use connect::check_settings;
-use connect::{classify, connect_options, explain_wrong_protocol};
 pub use import::Import;
 use snapshot::{Keys, Kv, Snapshot};
-
-const BACKEND: &str = "etcd";
-
-/// Time limits of the etcd backend.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Timeouts {
-    /// Connecting to an endpoint.
-    pub connect: Duration,
-    /// One request (read, transaction, opening a watch).
-    pub request: Duration,
-    /// First pause after a transient error inside `acquire`; doubled each time, up to
-    /// `backoff_max`.
-    pub backoff_min: Duration,
-    pub backoff_max: Duration,
-    /// Time to live of a waiter's queue entry (its etcd lease, kept alive every third of it
-    /// while `acquire` runs): the longest a waiter that died without a word holds up the queue.
-    /// Whole seconds, rounded up; etcd may raise a very short one to its minimum.
-    pub queue_ttl: Duration,
-}
-
-impl Default for Timeouts {
-    fn default() -> Self {
-        Timeouts {
-            connect: Duration::from_secs(5),
-            request: Duration::from_secs(10),
-            backoff_min: Duration::from_millis(100),
-            backoff_max: Duration::from_secs(10),
-            // Longer than backoff_max, so a waiter retrying an unreachable cluster keeps its place.
-            queue_ttl: Duration::from_secs(30),
-        }
-    }
-}
 
 /// locksmith's semaphore in etcd, plus rebootd's records about its holders and its waiters.
 pub struct EtcdSemaphore {

@@ -8,19 +8,51 @@ use std::time::Duration;
 use etcd_client::{Certificate, ConnectOptions, Identity as TlsIdentity, TlsOptions};
 use tokio::time::Instant;
 
-use super::{Timeouts, BACKEND};
 use crate::config;
 use crate::lock::LockError;
 
+/// The backend name in errors and logs.
+pub(crate) const BACKEND: &str = "etcd";
+
+/// Time limits of the etcd backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// Connecting to an endpoint.
+    pub connect: Duration,
+    /// One request (read, transaction, opening a watch).
+    pub request: Duration,
+    /// First pause after a transient error inside `acquire`; doubled each time, up to
+    /// `backoff_max`.
+    pub backoff_min: Duration,
+    pub backoff_max: Duration,
+    /// Time to live of a waiter's queue entry (its etcd lease, kept alive every third of it
+    /// while `acquire` runs): the longest a waiter that died without a word holds up the queue.
+    /// Whole seconds, rounded up; etcd may raise a very short one to its minimum.
+    pub queue_ttl: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            connect: Duration::from_secs(5),
+            request: Duration::from_secs(10),
+            backoff_min: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(10),
+            // Longer than backoff_max, so a waiter retrying an unreachable cluster keeps its place.
+            queue_ttl: Duration::from_secs(30),
+        }
+    }
+}
+
 /// What an endpoint that is not an etcd gRPC server is told it is, and asked.
-pub(super) const NOT_GRPC: &str =
+pub(crate) const NOT_GRPC: &str =
     "the endpoint answered but does not speak etcd's gRPC (HTTP/2) protocol";
-pub(super) const NOT_GRPC_HINT: &str = "is this an etcd client URL (usually port 2379)?";
+pub(crate) const NOT_GRPC_HINT: &str = "is this an etcd client URL (usually port 2379)?";
 
 /// Sort etcd client errors: connection trouble and "try again" answers are
 /// [`LockError::Unreachable`]; the rest (permission denied, bad request...) is
 /// [`LockError::Backend`]. The reason carries the causes tonic hides behind "transport error".
-pub(super) fn classify(target: &str, e: etcd_client::Error) -> LockError {
+pub(crate) fn classify(target: &str, e: etcd_client::Error) -> LockError {
     use etcd_client::Error as E;
     use std::error::Error as _;
     let unreachable = |reason: String| LockError::Unreachable {
@@ -67,7 +99,7 @@ fn with_causes(message: &str, source: Option<&(dyn std::error::Error + 'static)>
 /// HTTP/1 over a bare TCP connection, for `GET /version`: etcd serves that on its client port
 /// (`{"etcdserver":...}`); another HTTP server answers something else. If one does, say so.
 /// Anything else leaves `e` as it is.
-pub(super) async fn explain_wrong_protocol(
+pub(crate) async fn explain_wrong_protocol(
     e: LockError,
     endpoints: &[String],
     wait: Duration,
@@ -223,7 +255,7 @@ pub fn check_settings(settings: &config::Etcd) -> Result<(), LockError> {
     Ok(())
 }
 
-pub(super) fn connect_options(
+pub(crate) fn connect_options(
     settings: &config::Etcd,
     timeouts: Timeouts,
 ) -> Result<ConnectOptions, LockError> {
