@@ -7,6 +7,7 @@
 
 pub mod agent;
 pub mod app_id;
+pub mod backoff;
 pub mod check;
 pub mod child;
 pub mod clients;

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use super::arbiter::{self, Decision, Policy};
-use super::retry::{self, Backoff};
+use super::retry;
+use crate::backoff::Backoff;
 use super::view::{HolderView, Observations, View};
 use super::{Acquired, GroupPause, Identity, LockError};
 

@@ -1,9 +1,7 @@
-//! Retrying, written once for every store: which errors are worth another try, the capped
-//! exponential back-off between tries, and the compare-and-swap loop of the calls other than
+//! Retrying, written once for every store: which errors are worth another try (the pause
+//! between tries is [`crate::backoff::Backoff`]), and the compare-and-swap loop of the calls other than
 //! `acquire` ([`cas_loop!`]: read, build, commit on what was read; a lost race reads again, up
 //! to [`MAX_CONFLICTS`] times).
-
-use std::time::Duration;
 
 use super::LockError;
 
@@ -12,41 +10,6 @@ use super::LockError;
 /// does not parse) is permanent and returned at once.
 pub fn is_transient(e: &LockError) -> bool {
     matches!(e, LockError::Unreachable { .. })
-}
-
-/// Capped exponential back-off: `min`, doubled each time up to `max`.
-#[derive(Debug, Clone)]
-pub struct Backoff {
-    min: Duration,
-    max: Duration,
-    next: Duration,
-}
-
-impl Backoff {
-    pub fn new(min: Duration, max: Duration) -> Backoff {
-        Backoff {
-            min,
-            max: max.max(min),
-            next: min,
-        }
-    }
-
-    /// The pause to make now; the next one is twice as long (up to `max`).
-    pub fn next_delay(&mut self) -> Duration {
-        let d = self.next;
-        self.next = self.next.saturating_mul(2).min(self.max);
-        d
-    }
-
-    /// Start again from `min` (after a success, or a session that ran for a while).
-    pub fn reset(&mut self) {
-        self.next = self.min;
-    }
-
-    /// The longest pause.
-    pub fn max(&self) -> Duration {
-        self.max
-    }
 }
 
 /// What one attempt of a compare-and-swap update came to.
@@ -126,15 +89,6 @@ pub(crate) use cas_loop;
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn backoff_doubles_up_to_the_cap_and_resets() {
-        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_millis(350));
-        let got: Vec<u128> = (0..4).map(|_| b.next_delay().as_millis()).collect();
-        assert_eq!(got, vec![100, 200, 350, 350]);
-        b.reset();
-        assert_eq!(b.next_delay(), Duration::from_millis(100));
-    }
 
     #[test]
     fn only_unreachable_is_transient() {
