@@ -39,7 +39,8 @@ impl Backoff {
         let r = std::collections::hash_map::RandomState::new()
             .build_hasher()
             .finish();
-        self.next_delay().mul_f64(0.9 + (r % 2001) as f64 / 10_000.0)
+        self.next_delay()
+            .mul_f64(0.9 + (r % 2001) as f64 / 10_000.0)
     }
 
     /// The longest pause.

@@ -117,14 +117,20 @@ pub enum LockBackend {
 }
 
 impl LockBackend {
+    /// Which store it is; its name is what `lock.backend` says.
+    pub fn kind(&self) -> crate::lock::Backend {
+        use crate::lock::Backend;
+        match self {
+            LockBackend::None => Backend::None,
+            LockBackend::Etcd(_) => Backend::Etcd,
+            LockBackend::Kubernetes(_) => Backend::Kubernetes,
+            LockBackend::FleetLock(_) => Backend::FleetLock,
+        }
+    }
+
     /// The name `lock.backend` gives it.
     pub fn name(&self) -> &'static str {
-        match self {
-            LockBackend::None => "none",
-            LockBackend::Etcd(_) => "etcd",
-            LockBackend::Kubernetes(_) => "kubernetes",
-            LockBackend::FleetLock(_) => "fleetlock",
-        }
+        self.kind().as_str()
     }
 }
 

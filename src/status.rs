@@ -356,7 +356,7 @@ impl Screen {
         if let Some(sem) = s
             .semaphore
             .as_ref()
-            .filter(|sem| sem.backend == "fleetlock")
+            .filter(|sem| sem.backend == crate::lock::Backend::FleetLock)
         {
             self.row(
                 "semaphore",

@@ -4,6 +4,7 @@
 //! (fails when `CI=true`). Synchronisation is by events (watches, log events, task completion)
 //! with timeouts, never by sleeping.
 
+use rebootd::state::Phase;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -403,7 +404,7 @@ async fn create_if_absent_writes_locksmiths_document(env: Env) {
     assert_eq!(version, 1, "created in one write");
 
     // rebootd's data sits beside the document, never inside it.
-    s.report_phase(&me("a"), "Draining").await.unwrap();
+    s.report_phase(&me("a"), Phase::Draining).await.unwrap();
     assert_eq!(
         ctl_get(etcd, DEFAULT_KEY).unwrap(),
         r#"{"semaphore":0,"max":1,"holders":["a"]}"#
@@ -415,17 +416,17 @@ async fn create_if_absent_writes_locksmiths_document(env: Env) {
     );
     let record = HolderRecord::parse(ctl_get(etcd, &record_key).unwrap().as_bytes()).unwrap();
     assert_eq!(record.node, "node-a");
-    assert_eq!(record.phase.as_deref(), Some("Draining"));
+    assert_eq!(record.phase.as_deref(), Some("draining"));
 
     let st = s.status().await.unwrap();
-    assert_eq!(st.backend, "etcd");
+    assert_eq!(st.backend, rebootd::lock::Backend::Etcd);
     assert_eq!(st.group, "default");
     assert_eq!((st.max, st.free), (1, 0));
     assert_eq!(st.holders.len(), 1);
     let h = &st.holders[0];
     assert_eq!(h.id, "a");
     assert_eq!(h.node.as_deref(), Some("node-a"));
-    assert_eq!(h.phase.as_deref(), Some("Draining"));
+    assert_eq!(h.phase.as_deref(), Some("draining"));
     assert_eq!(h.boot_id.as_deref(), Some("boot-a"));
     assert_eq!(h.since, Some(record.since));
 
@@ -518,7 +519,7 @@ async fn corrupt_documents_are_refused_and_left_untouched(env: Env) {
         check("set_max", s.set_max(3, true).await);
         check(
             "report_phase",
-            s.report_phase(&me("a"), "Rebooting").await.map(drop),
+            s.report_phase(&me("a"), Phase::Rebooting).await.map(drop),
         );
         check("fence", s.fence(&me("a")).await.map(|_| ()));
         check("status", s.status().await.map(|_| ()));
@@ -615,7 +616,7 @@ async fn acquire_twice_and_release_twice_are_no_ops(env: Env) {
     assert!(!holds(&s, "a").await);
 
     // Reporting a phase without a slot records nothing.
-    s.report_phase(&me("a"), "Idle").await.unwrap();
+    s.report_phase(&me("a"), Phase::Idle).await.unwrap();
     assert_eq!(
         ctl_get(etcd, &document::holder_record_key("default", "a")),
         None
@@ -917,7 +918,7 @@ async fn a_phase_report_is_one_request_whatever_other_holders_do(env: Env) {
     a.acquire(&me("a")).await.unwrap();
     let others = sem(etcd, "default", None).await;
     let record_key = document::holder_record_key("default", "a");
-    for (k, phase) in ["draining", "rebooting", "waiting_for_healthy"]
+    for (k, phase) in [Phase::Draining, Phase::Rebooting, Phase::WaitingForHealthy]
         .into_iter()
         .enumerate()
     {
@@ -938,12 +939,12 @@ async fn a_phase_report_is_one_request_whatever_other_holders_do(env: Env) {
         );
         assert_eq!(used.len(), 2, "only the Txn and its message: {used:?}");
         let record = HolderRecord::parse(ctl_get(etcd, &record_key).unwrap().as_bytes()).unwrap();
-        assert_eq!(record.phase.as_deref(), Some(phase));
+        assert_eq!(record.phase.as_deref(), Some(phase.as_str()));
     }
     // Reporting the phase it already reported costs nothing.
     let before = etcd_requests(etcd).await;
     let proof = a
-        .report_phase(&me("a"), "waiting_for_healthy")
+        .report_phase(&me("a"), Phase::WaitingForHealthy)
         .await
         .unwrap();
     assert!(minus(&etcd_requests(etcd).await, &before).is_empty());
@@ -952,7 +953,7 @@ async fn a_phase_report_is_one_request_whatever_other_holders_do(env: Env) {
     // Given back by an operator: the report reads in its one transaction, and writes nothing.
     admin.unlock("a").await.unwrap();
     assert_eq!(ctl_get(etcd, &record_key), None);
-    let proof = a.report_phase(&me("a"), "uncordoning").await.unwrap();
+    let proof = a.report_phase(&me("a"), Phase::Uncordoning).await.unwrap();
     assert_eq!(proof, Reported::Unproven, "not held");
     assert_eq!(
         ctl_get(etcd, &record_key),
@@ -973,12 +974,12 @@ async fn a_release_right_after_a_report_is_one_request(env: Env) {
     admin.set_max(3, false).await.unwrap();
     let a = sem(etcd, "default", None).await;
     a.acquire(&me("a")).await.unwrap();
-    a.report_phase(&me("a"), "rebooting").await.unwrap();
+    a.report_phase(&me("a"), Phase::Rebooting).await.unwrap();
     // After the boot: a new process, whose first report reads and writes.
     let a = sem(etcd, "default", None).await;
     let mut after_boot = me("a");
     after_boot.boot_id = "boot-2".into();
-    a.report_phase(&after_boot, "waiting_for_healthy")
+    a.report_phase(&after_boot, Phase::WaitingForHealthy)
         .await
         .unwrap();
     let before = etcd_requests(etcd).await;
@@ -993,7 +994,7 @@ async fn a_release_right_after_a_report_is_one_request(env: Env) {
 
     // Another holder takes a slot between the report and the release: one more try.
     a.acquire(&after_boot).await.unwrap();
-    a.report_phase(&after_boot, "rebooting").await.unwrap();
+    a.report_phase(&after_boot, Phase::Rebooting).await.unwrap();
     admin.acquire(&me("b")).await.unwrap();
     let before = etcd_requests(etcd).await;
     a.release(&after_boot).await.unwrap();
@@ -1010,13 +1011,13 @@ async fn after_a_boot_the_connection_read_serves_the_first_report(env: Env) {
     let etcd = &env.etcd;
     let a = sem(etcd, "default", None).await;
     a.acquire(&me("a")).await.unwrap();
-    a.report_phase(&me("a"), "rebooting").await.unwrap();
+    a.report_phase(&me("a"), Phase::Rebooting).await.unwrap();
     let mut after_boot = me("a");
     after_boot.boot_id = "boot-2".into();
 
     let before = etcd_requests(etcd).await;
     let a = sem(etcd, "default", None).await;
-    let reported = a.report_phase(&after_boot, "waiting_for_healthy").await;
+    let reported = a.report_phase(&after_boot, Phase::WaitingForHealthy).await;
     assert_eq!(reported.unwrap(), Reported::Held);
     let used = minus(&etcd_requests(etcd).await, &before);
     assert_eq!(used.get("Txn").copied(), Some(2.0), "{used:?}");
@@ -1034,7 +1035,7 @@ async fn after_a_boot_the_connection_read_serves_the_first_report(env: Env) {
     let a = sem(etcd, "default", None).await;
     admin.acquire(&me("b")).await.unwrap();
     let before = etcd_requests(etcd).await;
-    let reported = a.report_phase(&after_boot, "rebooting").await;
+    let reported = a.report_phase(&after_boot, Phase::Rebooting).await;
     assert_eq!(reported.unwrap(), Reported::Held);
     let used = minus(&etcd_requests(etcd).await, &before);
     assert_eq!(used.get("Txn").copied(), Some(1.0), "{used:?}");
@@ -1579,10 +1580,10 @@ async fn tls_and_password_auth(mut env: Env) {
         ctl_get(etcd, DEFAULT_KEY).unwrap(),
         r#"{"semaphore":0,"max":1,"holders":["a"]}"#
     );
-    s.report_phase(&me("a"), "Rebooting").await.unwrap();
+    s.report_phase(&me("a"), Phase::Rebooting).await.unwrap();
     assert_eq!(
         s.status().await.unwrap().holders[0].phase.as_deref(),
-        Some("Rebooting")
+        Some("rebooting")
     );
     s.unlock("a").await.unwrap();
 

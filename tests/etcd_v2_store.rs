@@ -4,6 +4,7 @@
 //! a moved document makes every call say so, and a node on v2 follows the semaphore to v3.
 //! No sleeps: waits are on watches and task completion.
 
+use rebootd::state::Phase;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -214,7 +215,11 @@ async fn changes_while_waiting_cost_the_waiter_no_requests(env: Env) {
     let from = store.requests();
     let phases = 20;
     for i in 0..phases {
-        let phase = if i % 2 == 0 { "draining" } else { "rebooting" };
+        let phase = if i % 2 == 0 {
+            Phase::Draining
+        } else {
+            Phase::Rebooting
+        };
         holder.report_phase(&me("holder"), phase).await.unwrap();
     }
     // The last report reached the waiter's view: it is in etcd, and the waiter's stream is in
@@ -244,7 +249,7 @@ async fn a_release_right_after_a_report_reads_nothing(env: Env) {
     let node = me("0123456789abcdef0123456789abcdef");
     store.acquire(&node).await.unwrap();
     store
-        .report_phase(&node, "waiting_for_healthy")
+        .report_phase(&node, Phase::WaitingForHealthy)
         .await
         .unwrap();
     let from = store.requests();
@@ -256,7 +261,7 @@ async fn a_release_right_after_a_report_reads_nothing(env: Env) {
 
     store.acquire(&node).await.unwrap();
     store
-        .report_phase(&node, "waiting_for_healthy")
+        .report_phase(&node, Phase::WaitingForHealthy)
         .await
         .unwrap();
     assert!(ctl.run(&["lock", "locksmith-a"]).await.unwrap().success);
@@ -277,7 +282,7 @@ async fn kept_reads_serve_the_first_report(env: Env) {
     holder.set_max(2, true).await.unwrap();
     holder.acquire(&node).await.unwrap();
     let from = holder.requests();
-    let reported = holder.report_phase(&node, "rebooting").await.unwrap();
+    let reported = holder.report_phase(&node, Phase::Rebooting).await.unwrap();
     assert_eq!(reported, Reported::Held);
     assert_eq!(holder.requests() - from, 1, "the record's write alone");
 
@@ -285,7 +290,7 @@ async fn kept_reads_serve_the_first_report(env: Env) {
     let after = env.store("default").await;
     assert_eq!(after.requests(), 1, "the connection's read");
     let reported = after
-        .report_phase(&node, "waiting_for_healthy")
+        .report_phase(&node, Phase::WaitingForHealthy)
         .await
         .unwrap();
     assert_eq!(reported, Reported::Held);
@@ -296,7 +301,7 @@ async fn kept_reads_serve_the_first_report(env: Env) {
     let other = me("b");
     let early = env.store("default").await;
     holder.acquire(&other).await.unwrap();
-    let reported = early.report_phase(&other, "rebooting").await.unwrap();
+    let reported = early.report_phase(&other, Phase::Rebooting).await.unwrap();
     assert_eq!(reported, Reported::Held, "not acted on the stale read");
     assert_eq!(early.requests(), 3, "connection read, read, write");
 }
@@ -305,7 +310,7 @@ async fn locksmithctl_sees_and_respects_rebootds_holder(env: Env) {
     let store = env.store("default").await;
     let node = me("0123456789abcdef0123456789abcdef");
     store.acquire(&node).await.unwrap();
-    store.report_phase(&node, "rebooting").await.unwrap();
+    store.report_phase(&node, Phase::Rebooting).await.unwrap();
     let ctl = env.ctl("default");
     let status = ctl.status().await.unwrap();
     assert_eq!(status.holders, vec![node.id.clone()]);
@@ -347,7 +352,7 @@ async fn unlock_and_set_max_agree_in_both_directions(env: Env) {
     let node = me("rebootd-b");
     store.acquire(&node).await.unwrap();
     // A report that wrote proves the slot held (the runtime sends no fence right after it).
-    let proof = store.report_phase(&node, "draining").await.unwrap();
+    let proof = store.report_phase(&node, Phase::Draining).await.unwrap();
     assert_eq!(proof, Reported::Held);
     let c = ctl.status().await.unwrap();
     assert_eq!((c.available, c.max), (1, 2));
@@ -363,7 +368,7 @@ async fn unlock_and_set_max_agree_in_both_directions(env: Env) {
     ));
     // locksmith's unlock left rebootd's record as it was: the report reads the document (a
     // quorum read, as the fence's), writes nothing and proves nothing.
-    let proof = store.report_phase(&node, "rebooting").await.unwrap();
+    let proof = store.report_phase(&node, Phase::Rebooting).await.unwrap();
     assert_eq!(proof, Reported::Unproven);
     store.set_max(1, false).await.unwrap();
     assert!(store.status().await.unwrap().holders.is_empty());

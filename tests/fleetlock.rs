@@ -6,6 +6,7 @@
 //! state, captured log events and task completion, each awaited with a timeout; never by
 //! sleeping.
 
+use rebootd::state::Phase;
 use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
@@ -189,7 +190,7 @@ both_servers!(
 
 async fn acquire_release_and_what_the_protocol_cannot_do(server: Server) {
     let s = client(&server.url());
-    assert_eq!(s.backend(), "fleetlock");
+    assert_eq!(s.backend(), rebootd::lock::Backend::FleetLock);
 
     within("acquire", s.acquire(&me("a"))).await.unwrap();
     assert_eq!(server.holders(), vec!["a".to_string()]);
@@ -206,7 +207,7 @@ async fn acquire_release_and_what_the_protocol_cannot_do(server: Server) {
         );
     }
 
-    s.report_phase(&me("a"), "Draining").await.unwrap();
+    s.report_phase(&me("a"), Phase::Draining).await.unwrap();
     assert_eq!(s.heartbeat_every(), None, "the server keeps its holders");
     // rebootctl's calls: the server owns the semaphore, and rebootctl says so.
     let dir = tempfile::tempdir().unwrap();
@@ -470,7 +471,7 @@ async fn unreachable_server() {
             target,
             reason,
         }) => {
-            assert_eq!(backend, "fleetlock");
+            assert_eq!(backend, rebootd::lock::Backend::FleetLock);
             assert_eq!(target, format!("{url}/v1/steady-state"));
             assert!(
                 reason.to_lowercase().contains("refused"),

@@ -6,6 +6,7 @@
 //! watches, task completion) with timeouts, never by sleeping; the few timeouts expected to
 //! expire assert that something does NOT happen.
 
+use rebootd::state::Phase;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -717,7 +718,7 @@ mod scenarios {
     pub async fn first_use_creates_the_objects(mut env: Env) {
         add_node(&env, "a");
         let a = sem(&env, "a").await;
-        assert_eq!(a.backend(), "kubernetes");
+        assert_eq!(a.backend(), rebootd::lock::Backend::Kubernetes);
         assert!(lease(&env, NAME).is_none() && lease(&env, &slot(0)).is_none());
 
         // status reads only: it creates nothing.
@@ -764,7 +765,7 @@ mod scenarios {
         let renew0 = s0.pointer("/spec/renewTime").cloned().unwrap();
 
         let st = a.status().await.expect("status");
-        assert_eq!(st.backend, "kubernetes");
+        assert_eq!(st.backend, rebootd::lock::Backend::Kubernetes);
         assert_eq!(st.group, NAME);
         assert_eq!((st.max, st.free), (1, 0));
         assert_eq!(st.holders.len(), 1);
@@ -778,7 +779,9 @@ mod scenarios {
         // A phase report (after a "reboot": new boot id) lands on the Lease.
         let mut rebooted = me("a");
         rebooted.boot_id = "boot-a2".into();
-        a.report_phase(&rebooted, "rebooting").await.expect("phase");
+        a.report_phase(&rebooted, Phase::Rebooting)
+            .await
+            .expect("phase");
         let s0 = lease(&env, &slot(0)).unwrap();
         assert_eq!(ann(&s0, kube_lease::ANNOTATION_PHASE), Some("rebooting"));
         assert_eq!(ann(&s0, kube_lease::ANNOTATION_BOOT_ID), Some("boot-a2"));
@@ -788,7 +791,9 @@ mod scenarios {
 
         // Not holding: a phase report is a no-op.
         let b = sem(&env, "b").await;
-        b.report_phase(&me("b"), "draining").await.expect("no-op");
+        b.report_phase(&me("b"), Phase::Draining)
+            .await
+            .expect("no-op");
         assert_eq!(holders(&env).len(), 1);
 
         a.unlock("m-a").await.expect("release");
@@ -1228,13 +1233,13 @@ mod scenarios {
         admin.set_max(2, false).await.unwrap();
         let a = sem(&env, "a").await;
         within("acquire a", a.acquire(&me("a"))).await.unwrap();
-        a.report_phase(&me("a"), "rebooting").await.unwrap();
+        a.report_phase(&me("a"), Phase::Rebooting).await.unwrap();
         // After the boot: a new process, whose first report lists, then writes.
         let a = sem(&env, "a").await;
         let mut after_boot = me("a");
         after_boot.boot_id = "boot-2".into();
         env.api.cluster().requests().clear();
-        a.report_phase(&after_boot, "waiting_for_healthy")
+        a.report_phase(&after_boot, Phase::WaitingForHealthy)
             .await
             .unwrap();
         assert_eq!(requests_by(&env, "node-a", is_lease_list), 1);
@@ -1254,7 +1259,7 @@ mod scenarios {
             .await
             .unwrap();
         let a = sem(&env, "a").await;
-        a.report_phase(&after_boot, "waiting_for_healthy")
+        a.report_phase(&after_boot, Phase::WaitingForHealthy)
             .await
             .unwrap();
         let b = sem(&env, "b").await;
@@ -1282,7 +1287,7 @@ mod scenarios {
             .find(|(_, h)| h == "node-a")
             .map(|(slot, _)| slot)
             .unwrap();
-        for (k, phase) in ["draining", "rebooting", "waiting_for_healthy"]
+        for (k, phase) in [Phase::Draining, Phase::Rebooting, Phase::WaitingForHealthy]
             .into_iter()
             .enumerate()
         {
@@ -1305,11 +1310,11 @@ mod scenarios {
             let puts = requests_by(&env, "node-a", |r| r.method == "PUT");
             assert_eq!((by_a, puts), (1, 1), "{phase}");
             let l = lease(&env, &a_slot).unwrap();
-            assert_eq!(ann(&l, kube_lease::ANNOTATION_PHASE), Some(phase));
+            assert_eq!(ann(&l, kube_lease::ANNOTATION_PHASE), Some(phase.as_str()));
         }
         env.api.cluster().requests().clear();
         let proof = a
-            .report_phase(&me("a"), "waiting_for_healthy")
+            .report_phase(&me("a"), Phase::WaitingForHealthy)
             .await
             .unwrap();
         assert_eq!(proof, Reported::Unproven, "nothing written");
@@ -1320,7 +1325,7 @@ mod scenarios {
         );
 
         admin.unlock("m-a").await.unwrap();
-        let proof = a.report_phase(&me("a"), "uncordoning").await.unwrap();
+        let proof = a.report_phase(&me("a"), Phase::Uncordoning).await.unwrap();
         assert_eq!(proof, Reported::Unproven, "not held");
         assert!(!holders(&env).values().any(|h| h == "node-a"));
         let l = lease(&env, &a_slot).unwrap();
@@ -1332,7 +1337,7 @@ mod scenarios {
         add_node(&env, "b");
         let a = sem(&env, "a").await;
         within("acquire a", a.acquire(&me("a"))).await.unwrap();
-        a.report_phase(&me("a"), "rebooting").await.unwrap();
+        a.report_phase(&me("a"), Phase::Rebooting).await.unwrap();
         let since: jiff::Timestamp = ann(
             &lease(&env, &slot(0)).unwrap(),
             kube_lease::ANNOTATION_SINCE,
@@ -1491,7 +1496,7 @@ mod scenarios {
         add_node(&env, "a");
         let a = sem(&env, "a").await;
         within("acquire", a.acquire(&me("a"))).await.unwrap();
-        a.report_phase(&me("a"), "draining").await.unwrap();
+        a.report_phase(&me("a"), Phase::Draining).await.unwrap();
         let kc = kubeconfig(&env, "kubectl");
         let out = within(
             "kubectl",

@@ -8,6 +8,7 @@
 //! stopped beating, never without `max_hold`. Synchronisation is by log events and task
 //! completion; the few timeouts expected to expire assert that something does NOT happen.
 
+use rebootd::state::Phase;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -373,7 +374,7 @@ async fn a_restarted_holder_keeps_its_slot_and_a_stranger_with_its_id_is_not_adm
     // Its phase report proves nothing and does not make the slot its own (it wrote its token
     // into the holder's record on etcd v3 and Leases before).
     let report = s
-        .report_phase(&stranger, "rebooting")
+        .report_phase(&stranger, Phase::Rebooting)
         .await
         .expect("report");
     assert_eq!(report, Reported::Unproven);

@@ -9,6 +9,7 @@ use jiff::Timestamp;
 use rebootd::config::Config;
 use rebootd::control::{self, Request};
 use rebootd::drain::{DrainError, Drainer};
+use rebootd::lock::Backend;
 use rebootd::lock::{Fence, GroupPause, Identity, LockError, Reported, Semaphore};
 use rebootd::reboot::RebootError;
 use rebootd::runtime::{identity, Runtime};
@@ -73,8 +74,8 @@ impl MemLock {
 
 #[async_trait]
 impl Semaphore for MemLock {
-    fn backend(&self) -> &'static str {
-        "memory"
+    fn backend(&self) -> Backend {
+        Backend::None
     }
 
     async fn acquire(&self, me: &Identity) -> Result<(), LockError> {
@@ -143,7 +144,7 @@ impl Semaphore for MemLock {
         });
         match failed {
             true => Err(LockError::Unreachable {
-                backend: "memory",
+                backend: Backend::None,
                 target: "memory".into(),
                 reason: "cut off".into(),
             }),
@@ -151,11 +152,11 @@ impl Semaphore for MemLock {
         }
     }
 
-    async fn report_phase(&self, me: &Identity, phase: &str) -> Result<Reported, LockError> {
+    async fn report_phase(&self, me: &Identity, phase: Phase) -> Result<Reported, LockError> {
         let _connected = self.1.lock().await;
         let mut proof = Reported::Unproven;
         self.0.send_modify(|m| {
-            m.reported.push(phase.to_owned());
+            m.reported.push(phase.as_str().to_owned());
             if m.reports_prove && m.holders.contains(&me.id) {
                 m.takeover = None;
                 proof = Reported::Held;

@@ -152,7 +152,7 @@ async fn gather(config: &Config, store: &StateStore) -> Result<status::Status, F
     if let LockBackend::FleetLock(_) = &config.lock.backend {
         // The server owns the semaphore: nothing to read but what the configuration says.
         report.semaphore = Some(SemaphoreStatus {
-            backend: config.lock.backend.name().into(),
+            backend: config.lock.backend.kind(),
             group: config.identity.group.clone(),
             max: 0,
             free: 0,

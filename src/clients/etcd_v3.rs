@@ -3,6 +3,7 @@
 //! into the lock core's transient ([`LockError::Unreachable`]) and permanent ones, including
 //! telling an endpoint that does not speak etcd's gRPC apart.
 
+use crate::lock::Backend;
 use std::time::Duration;
 
 use etcd_client::{Certificate, ConnectOptions, Identity as TlsIdentity, TlsOptions};
@@ -12,7 +13,7 @@ use crate::config;
 use crate::lock::LockError;
 
 /// The backend name in errors and logs.
-pub(crate) const BACKEND: &str = "etcd";
+pub(crate) const BACKEND: Backend = Backend::Etcd;
 
 /// Time limits of the etcd backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

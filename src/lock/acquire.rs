@@ -5,15 +5,16 @@
 //! After a lost race (a compare-and-swap that found the store changed) the loop does not try
 //! again on the same view: it waits for the change that beat it, which the watch brings.
 
+use crate::lock::Backend;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
 use super::arbiter::{self, Decision, Policy};
 use super::retry;
-use crate::backoff::Backoff;
 use super::view::{HolderView, Observations, View};
 use super::{Acquired, GroupPause, Identity, LockError};
+use crate::backoff::Backoff;
 
 /// How many live waiters ahead (and at least `max`) make a waiter far back in a long queue:
 /// no change can let it act, and a store's waiter may take a change into its view without
@@ -70,7 +71,7 @@ pub trait Waiting: Send {
 /// What the loop needs to know besides the store.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    pub backend: &'static str,
+    pub backend: Backend,
     /// What log lines call the store when it is in trouble (`etcd`, `Kubernetes API`).
     pub label: &'static str,
     /// What log lines say the semaphore is (a key, a Lease name).
@@ -166,7 +167,7 @@ async fn run(
             backoff.reset();
         }
         let pause = backoff.next_delay();
-        tracing::warn!(backend = settings.backend, target = %settings.target, error = %failed, retry_in = ?pause, "{} trouble while waiting for a slot; retrying", settings.label);
+        tracing::warn!(backend = %settings.backend, target = %settings.target, error = %failed, retry_in = ?pause, "{} trouble while waiting for a slot; retrying", settings.label);
         // Say again what we wait for once the store answers.
         logged = None;
         tokio::time::sleep(pause).await;

@@ -25,6 +25,8 @@
 //!   id made app-specific, `runtime::holder_id`); the group is `identity.group`,
 //!   which the protocol restricts to `^[a-zA-Z0-9.-]+$`.
 
+use crate::lock::Backend;
+use crate::state::Phase;
 use std::hash::{BuildHasher, Hasher};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -38,7 +40,7 @@ use hyper::{Method, Request, StatusCode, Uri};
 use super::{Fence, Identity, LockError, Reported, Semaphore};
 use crate::http::{self, error_chain, HttpClient};
 
-const BACKEND: &str = "fleetlock";
+const BACKEND: Backend = Backend::FleetLock;
 /// The header every FleetLock request carries (with value `true`).
 pub const PROTOCOL_HEADER: &str = "fleet-lock-protocol";
 /// Path of the lock call, relative to the base URL.
@@ -371,7 +373,7 @@ impl FleetLock {
 
 #[async_trait]
 impl Semaphore for FleetLock {
-    fn backend(&self) -> &'static str {
+    fn backend(&self) -> Backend {
         BACKEND
     }
 
@@ -470,8 +472,8 @@ impl Semaphore for FleetLock {
         }
     }
 
-    async fn report_phase(&self, me: &Identity, phase: &str) -> Result<Reported, LockError> {
-        tracing::debug!(id = %me.id, phase, "fleetlock keeps no phases; not recorded");
+    async fn report_phase(&self, me: &Identity, phase: Phase) -> Result<Reported, LockError> {
+        tracing::debug!(id = %me.id, %phase, "fleetlock keeps no phases; not recorded");
         Ok(Reported::Unproven)
     }
 

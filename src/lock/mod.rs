@@ -34,6 +34,7 @@ pub mod recent;
 pub mod retry;
 pub mod view;
 
+use crate::state::Phase;
 use crate::text::clean;
 
 use std::time::Duration;
@@ -42,6 +43,37 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 pub use pause::GroupPause;
+
+/// Which store keeps the semaphore: what `lock.backend` names, errors and logs say, and
+/// `rebootctl status --json` shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    None,
+    /// etcd, on the v3 API or locksmith's v2 keys API.
+    Etcd,
+    /// Lease objects of the Kubernetes API.
+    Kubernetes,
+    /// A FleetLock server: it owns the semaphore, this node only asks.
+    FleetLock,
+}
+
+impl Backend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::None => "none",
+            Backend::Etcd => "etcd",
+            Backend::Kubernetes => "kubernetes",
+            Backend::FleetLock => "fleetlock",
+        }
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// Who this node is, as the semaphore records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,7 +124,7 @@ pub struct Holder {
 /// What `rebootctl status` shows about the semaphore.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SemaphoreStatus {
-    pub backend: String,
+    pub backend: Backend,
     pub group: String,
     pub max: u64,
     /// Free slots; negative when someone lowered `max` below the number of holders.
@@ -106,7 +138,7 @@ pub struct SemaphoreStatus {
 pub enum LockError {
     #[error("cannot reach {backend} at {target}: {}", clean(.reason))]
     Unreachable {
-        backend: &'static str,
+        backend: Backend,
         target: String,
         reason: String,
     },
@@ -125,10 +157,7 @@ pub enum LockError {
     #[error("{}", clean(.0))]
     Refused(String),
     #[error("{backend} error: {}", clean(.reason))]
-    Backend {
-        backend: &'static str,
-        reason: String,
-    },
+    Backend { backend: Backend, reason: String },
     /// The semaphore was moved to etcd v3 by `rebootctl migrate`: the v2 document at `from`
     /// only says so. A node configured for v2 follows to v3 (see `etcd_v2::follow`).
     #[error(
@@ -171,8 +200,8 @@ pub enum Acquired {
 /// The agent's side of a counting semaphore of reboot slots.
 #[async_trait]
 pub trait Semaphore: Send + Sync {
-    /// Short backend name: `none`, `etcd`, `kubernetes`, `fleetlock`.
-    fn backend(&self) -> &'static str;
+    /// Which store keeps the semaphore.
+    fn backend(&self) -> Backend;
 
     /// Take a slot for `me`, waiting (by watch, not polling) until one is free. Holding a slot
     /// already is success at once, so a crash between taking a slot and recording it is harmless.
@@ -196,7 +225,7 @@ pub trait Semaphore: Send + Sync {
 
     /// Record the phase of a holder, for `rebootctl status` (it counts as a heartbeat too).
     /// Not holding a slot is a no-op. Says whether the write proved the slot held.
-    async fn report_phase(&self, me: &Identity, phase: &str) -> Result<Reported, LockError>;
+    async fn report_phase(&self, me: &Identity, phase: Phase) -> Result<Reported, LockError>;
 
     /// Take a slot for `me` as [`Semaphore::acquire`] does, unless the group is paused
     /// (`rebootctl pause --group`) before or while waiting: then the wait ends, leaving the

@@ -1,5 +1,7 @@
 //! Lock backend `none`: every node may reboot as soon as its window allows.
 
+use crate::lock::Backend;
+use crate::state::Phase;
 use std::time::Duration;
 
 use super::{Admin, Fence, Identity, LockError, Reported, Semaphore, SemaphoreStatus};
@@ -13,8 +15,8 @@ pub struct NoLock {
 
 #[async_trait]
 impl Semaphore for NoLock {
-    fn backend(&self) -> &'static str {
-        "none"
+    fn backend(&self) -> Backend {
+        Backend::None
     }
 
     async fn acquire(&self, _me: &Identity) -> Result<(), LockError> {
@@ -38,7 +40,7 @@ impl Semaphore for NoLock {
         Ok(())
     }
 
-    async fn report_phase(&self, _me: &Identity, _phase: &str) -> Result<Reported, LockError> {
+    async fn report_phase(&self, _me: &Identity, _phase: Phase) -> Result<Reported, LockError> {
         Ok(Reported::Unproven)
     }
 }
@@ -47,7 +49,7 @@ impl Semaphore for NoLock {
 impl Admin for NoLock {
     async fn status(&self) -> Result<SemaphoreStatus, LockError> {
         Ok(SemaphoreStatus {
-            backend: "none".into(),
+            backend: Backend::None,
             group: self.group.clone(),
             max: 0,
             free: 0,

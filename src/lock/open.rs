@@ -3,6 +3,8 @@
 //! so an unreachable cluster at start is a retried error the status shows, not a daemon that
 //! exits and restarts in a loop.
 
+use crate::lock::Backend;
+use crate::state::Phase;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -144,8 +146,8 @@ impl LazyEtcd {
 
 #[async_trait]
 impl Semaphore for LazyEtcd {
-    fn backend(&self) -> &'static str {
-        "etcd"
+    fn backend(&self) -> Backend {
+        Backend::Etcd
     }
 
     async fn acquire(&self, me: &Identity) -> Result<(), LockError> {
@@ -172,7 +174,7 @@ impl Semaphore for LazyEtcd {
         self.get().await?.release(me).await
     }
 
-    async fn report_phase(&self, me: &Identity, phase: &str) -> Result<Reported, LockError> {
+    async fn report_phase(&self, me: &Identity, phase: Phase) -> Result<Reported, LockError> {
         self.get().await?.report_phase(me, phase).await
     }
 

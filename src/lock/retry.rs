@@ -4,6 +4,7 @@
 //! to [`MAX_CONFLICTS`] times).
 
 use super::LockError;
+use crate::lock::Backend;
 
 /// Whether retrying later may succeed: the store did not answer, or answered "not now"
 /// (overloaded, leader changed). Everything else (a refusal, permission denied, a document that
@@ -29,14 +30,14 @@ pub const MAX_CONFLICTS: usize = 64;
 /// and on which key.
 #[derive(Debug)]
 pub struct Conflicts<'a, D: std::fmt::Display> {
-    backend: &'static str,
+    backend: Backend,
     what: &'a str,
     target: D,
     lost: usize,
 }
 
 impl<'a, D: std::fmt::Display> Conflicts<'a, D> {
-    pub fn new(backend: &'static str, what: &'a str, target: D) -> Self {
+    pub fn new(backend: Backend, what: &'a str, target: D) -> Self {
         Conflicts {
             backend,
             what,
@@ -93,21 +94,21 @@ mod tests {
     #[test]
     fn only_unreachable_is_transient() {
         let unreachable = LockError::Unreachable {
-            backend: "etcd",
+            backend: Backend::Etcd,
             target: "x".into(),
             reason: "down".into(),
         };
         assert!(is_transient(&unreachable));
         assert!(!is_transient(&LockError::Refused("no".into())));
         assert!(!is_transient(&LockError::Backend {
-            backend: "etcd",
+            backend: Backend::Etcd,
             reason: "permission denied".into()
         }));
     }
 
     #[test]
     fn conflicts_allow_retries_then_give_up_naming_what_and_where() {
-        let mut c = Conflicts::new("etcd", "set-max", "k");
+        let mut c = Conflicts::new(Backend::Etcd, "set-max", "k");
         for _ in 1..MAX_CONFLICTS {
             c.lost().unwrap();
         }
@@ -121,7 +122,7 @@ mod tests {
     #[test]
     fn the_loop_retries_lost_races_stops_at_an_error_and_gives_up_at_the_cap() {
         let mut tries = 0;
-        let done: Result<u32, LockError> = cas_loop!("etcd", "report phase", "k", {
+        let done: Result<u32, LockError> = cas_loop!(Backend::Etcd, "report phase", "k", {
             tries += 1;
             Ok(if tries < 3 {
                 Cas::Conflict
@@ -132,7 +133,7 @@ mod tests {
         assert_eq!((done.unwrap(), tries), (7, 3));
 
         tries = 0;
-        let failed: Result<(), LockError> = cas_loop!("etcd", "release", "k", {
+        let failed: Result<(), LockError> = cas_loop!(Backend::Etcd, "release", "k", {
             tries += 1;
             if tries < 2 {
                 Ok(Cas::Conflict)
@@ -143,7 +144,7 @@ mod tests {
         assert!(matches!(failed, Err(LockError::Refused(_))) && tries == 2);
 
         tries = 0;
-        let lost: Result<(), LockError> = cas_loop!("etcd", "set-max", "k", {
+        let lost: Result<(), LockError> = cas_loop!(Backend::Etcd, "set-max", "k", {
             tries += 1;
             Ok(Cas::Conflict)
         });

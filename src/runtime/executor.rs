@@ -360,7 +360,7 @@ impl Runtime {
     /// and the node waits for the resume instead; holders are not asked.
     async fn acquire_unless_paused(&self) -> Event {
         let (backend, group) = (self.semaphore.backend(), &self.config.identity.group);
-        info!(backend, %group, "waiting for a reboot slot ({backend} semaphore, group {group})");
+        info!(%backend, %group, "waiting for a reboot slot ({backend} semaphore, group {group})");
         match self.semaphore.acquire_unless_paused(&self.me).await {
             Ok(lock::Acquired::Held) => Event::SlotAcquired,
             Ok(lock::Acquired::Paused(pause)) => {

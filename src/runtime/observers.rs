@@ -125,11 +125,7 @@ impl Runtime {
     /// heartbeat is kept as the proof of the slot for the next fence.
     async fn report_phase(&self, before: &State, after: &State, failed: bool) {
         if self.worth_reporting(before, after, failed) {
-            let proof = match self
-                .semaphore
-                .report_phase(&self.me, after.phase.as_str())
-                .await
-            {
+            let proof = match self.semaphore.report_phase(&self.me, after.phase).await {
                 Ok(Reported::Held) => Some((after.phase, std::time::Instant::now())),
                 Ok(Reported::Unproven) => None,
                 Err(e) => {

@@ -22,6 +22,7 @@ use rebootd::lock::document::{semaphore_key, SemaphoreDoc};
 use rebootd::lock::{Acquired, Fence, GroupPause, Identity, LockError, Reported, Semaphore};
 use rebootd::reboot::{RebootError, Rebooter};
 use rebootd::runtime::Runtime;
+use rebootd::state::Phase;
 use rebootd::state::StateStore;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -395,7 +396,7 @@ struct Counted {
 
 #[async_trait::async_trait]
 impl Semaphore for Counted {
-    fn backend(&self) -> &'static str {
+    fn backend(&self) -> rebootd::lock::Backend {
         self.inner.backend()
     }
     async fn acquire(&self, me: &Identity) -> Result<(), LockError> {
@@ -421,7 +422,7 @@ impl Semaphore for Counted {
         self.calls.release.fetch_add(1, Ordering::Relaxed);
         self.inner.release(me).await
     }
-    async fn report_phase(&self, me: &Identity, phase: &str) -> Result<Reported, LockError> {
+    async fn report_phase(&self, me: &Identity, phase: Phase) -> Result<Reported, LockError> {
         self.calls.report_phase.fetch_add(1, Ordering::Relaxed);
         self.inner.report_phase(me, phase).await
     }

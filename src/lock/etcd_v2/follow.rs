@@ -4,6 +4,8 @@
 //! the same endpoints, for good (until the process restarts, which finds the marker again at
 //! its first call). Both connect when first needed.
 
+use crate::lock::Backend;
+use crate::state::Phase;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -88,8 +90,8 @@ macro_rules! follow {
 
 #[async_trait]
 impl Semaphore for FollowV3 {
-    fn backend(&self) -> &'static str {
-        "etcd"
+    fn backend(&self) -> Backend {
+        Backend::Etcd
     }
 
     async fn acquire(&self, me: &Identity) -> Result<(), LockError> {
@@ -116,7 +118,7 @@ impl Semaphore for FollowV3 {
         follow!(self, s => s.release(me).await)
     }
 
-    async fn report_phase(&self, me: &Identity, phase: &str) -> Result<Reported, LockError> {
+    async fn report_phase(&self, me: &Identity, phase: Phase) -> Result<Reported, LockError> {
         follow!(self, s => s.report_phase(me, phase).await)
     }
 

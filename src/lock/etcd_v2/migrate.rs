@@ -25,6 +25,7 @@ use super::tree::{self, DocState, Snapshot};
 use super::{lock_error, EtcdV2Semaphore};
 use crate::clients::etcd_v2::{Get, KeysClient, Timeouts};
 use crate::config::{self, EtcdApi};
+use crate::lock::Backend;
 
 /// Attempts before the migration gives up on a v2 semaphore that keeps changing.
 const ATTEMPTS: usize = 8;
@@ -169,7 +170,7 @@ pub async fn migrate(settings: &config::Etcd, group: &str) -> Result<Migrated, L
         }
     }
     Err(LockError::Backend {
-        backend: "etcd",
+        backend: Backend::Etcd,
         reason: format!(
             "migrate: {} (etcd v2) changed {ATTEMPTS} times while it was being moved; try again \
              when the fleet is quieter",

@@ -19,6 +19,8 @@ mod pause;
 pub mod tree;
 pub(in crate::lock) mod waiting;
 
+use crate::lock::Backend;
+use crate::state::Phase;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,7 +37,7 @@ use crate::clients::etcd_v2::{Get, KeysClient, Put, Settings, V2Error};
 use crate::config;
 use tree::{DocState, Keys, Snapshot};
 
-const BACKEND: &str = "etcd";
+const BACKEND: Backend = Backend::Etcd;
 
 /// Time limits of the v2 store beyond the client's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -521,7 +523,7 @@ impl EtcdV2Semaphore {
 
 #[async_trait]
 impl Semaphore for EtcdV2Semaphore {
-    fn backend(&self) -> &'static str {
+    fn backend(&self) -> Backend {
         BACKEND
     }
 
@@ -582,12 +584,12 @@ impl Semaphore for EtcdV2Semaphore {
 
     /// Records the phase of a holder; not holding a slot is a no-op.
     #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
-    async fn report_phase(&self, me: &Identity, phase: &str) -> Result<Reported, LockError> {
+    async fn report_phase(&self, me: &Identity, phase: Phase) -> Result<Reported, LockError> {
         cas_loop!(
             BACKEND,
             "report phase",
             &self.keys.doc,
-            self.try_report_phase(me, phase).await
+            self.try_report_phase(me, phase.as_str()).await
         )
     }
 
@@ -637,7 +639,7 @@ impl Admin for EtcdV2Semaphore {
             })
             .collect();
         Ok(SemaphoreStatus {
-            backend: BACKEND.into(),
+            backend: BACKEND,
             group: self.keys.group.clone(),
             max: doc.max,
             free: doc.free(),

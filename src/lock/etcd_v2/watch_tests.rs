@@ -23,7 +23,7 @@ async fn a_change_between_the_read_and_the_wait_comes_on_the_one_watch() {
     held_then_read(&holder, &h, &mut w).await;
     assert_eq!(waiter.requests() - before, 2, "the watch, then the read");
     holder
-        .report_phase(&h, "rebooting")
+        .report_phase(&h, crate::state::Phase::Rebooting)
         .await
         .expect("the holder reports");
     w.enqueue().await.expect("queue");
@@ -110,7 +110,7 @@ async fn a_waiter_far_back_decides_only_on_what_can_concern_it() {
     w.read().await.expect("read");
     w.enqueue().await.expect("queue");
     holder
-        .report_phase(&h, "rebooting")
+        .report_phase(&h, crate::state::Phase::Rebooting)
         .await
         .expect("the holder reports");
     holder

@@ -41,6 +41,8 @@ pub(in crate::lock) mod waiting;
 #[cfg(test)]
 mod wake_tests;
 
+use crate::lock::Backend;
+use crate::state::Phase;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -423,7 +425,7 @@ impl EtcdSemaphore {
 
 #[async_trait]
 impl Semaphore for EtcdSemaphore {
-    fn backend(&self) -> &'static str {
+    fn backend(&self) -> Backend {
         BACKEND
     }
 
@@ -493,8 +495,8 @@ impl Semaphore for EtcdSemaphore {
     /// holding a slot is a no-op (there is nothing to annotate). One request when my record is
     /// as I last wrote it ([`report`]).
     #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
-    async fn report_phase(&self, me: &Identity, phase: &str) -> Result<Reported, LockError> {
-        self.report(me, phase).await
+    async fn report_phase(&self, me: &Identity, phase: Phase) -> Result<Reported, LockError> {
+        self.report(me, phase.as_str()).await
     }
 
     async fn group_pause(&self) -> Result<Option<GroupPause>, LockError> {
@@ -548,7 +550,7 @@ impl Admin for EtcdSemaphore {
             })
             .collect();
         Ok(SemaphoreStatus {
-            backend: BACKEND.into(),
+            backend: BACKEND,
             group: self.keys.group.clone(),
             max: snap.doc.max,
             free: snap.doc.free(),

@@ -36,7 +36,10 @@ async fn other_holders_reports_wake_a_waiter_only_with_max_hold() {
         w.enqueue().await.expect("queue");
         // The watch opens from the read, so it also brings my own queue entry: let it pass.
         let _ = tokio::time::timeout(Duration::from_millis(300), w.wait(None, false)).await;
-        holder.report_phase(&h, "rebooting").await.expect("report");
+        holder
+            .report_phase(&h, crate::state::Phase::Rebooting)
+            .await
+            .expect("report");
         let woken = tokio::time::timeout(Duration::from_millis(500), w.wait(None, false)).await;
         match max_hold {
             None => assert!(

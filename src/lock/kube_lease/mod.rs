@@ -145,6 +145,8 @@ mod report;
 mod snapshot;
 pub(in crate::lock) mod waiting;
 
+use crate::lock::Backend;
+use crate::state::Phase;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -165,7 +167,7 @@ pub use pause::ANNOTATION_PAUSED;
 pub use queue::ANNOTATION_WAITER_NODE;
 use snapshot::Snapshot;
 
-const BACKEND: &str = "kubernetes";
+const BACKEND: Backend = Backend::Kubernetes;
 
 /// Label on every Lease of a semaphore; its value is the semaphore name.
 pub const LABEL_SEMAPHORE: &str = "rebootd.io/semaphore";
@@ -397,7 +399,7 @@ impl KubeLeaseSemaphore {
 
 #[async_trait]
 impl Semaphore for KubeLeaseSemaphore {
-    fn backend(&self) -> &'static str {
+    fn backend(&self) -> Backend {
         BACKEND
     }
 
@@ -473,9 +475,9 @@ impl Semaphore for KubeLeaseSemaphore {
     /// Records the phase (and boot id) on the held slot and renews `renewTime`; `since` moves
     /// only when the phase or boot id changes. Not holding a slot is a no-op.
     #[tracing::instrument(skip(self, me), fields(namespace = %self.namespace, semaphore = %self.name, id = %me.id))]
-    async fn report_phase(&self, me: &Identity, phase: &str) -> Result<Reported, LockError> {
+    async fn report_phase(&self, me: &Identity, phase: Phase) -> Result<Reported, LockError> {
         self.check()?;
-        self.report(me, phase).await
+        self.report(me, phase.as_str()).await
     }
 
     async fn group_pause(&self) -> Result<Option<GroupPause>, LockError> {
@@ -528,7 +530,7 @@ impl Admin for KubeLeaseSemaphore {
             })
             .collect();
         Ok(SemaphoreStatus {
-            backend: BACKEND.into(),
+            backend: BACKEND,
             group: self.name.clone(),
             max: snap.max,
             free: snap.free(),
