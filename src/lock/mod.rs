@@ -23,6 +23,7 @@ pub mod document;
 pub mod etcd_v2;
 pub mod etcd_v3;
 pub mod fleetlock;
+pub mod holding;
 pub mod kube_lease;
 pub mod lost_race;
 pub mod none;

@@ -51,6 +51,10 @@ pub struct HolderView {
     /// without the semaphore's role), if it is not: it counts as held, and is never anyone's
     /// to hold or adopt.
     pub foreign: Option<String>,
+    /// The waiter that claimed this slot to take it back (judging the holder stopped), where a
+    /// store takes a slot back in two steps (etcd v2: no transaction over two keys). A claimed
+    /// slot is no longer its holder's to use, only to give back.
+    pub claimed_by: Option<String>,
 }
 
 /// A waiter's place in the queue. Smaller is earlier. The parts are what the store orders by
@@ -182,6 +186,7 @@ mod tests {
             beat,
             gone: None,
             foreign: None,
+            claimed_by: None,
         }
     }
 

@@ -52,6 +52,39 @@ pub fn check_bytes(data: &[u8]) {
         "not deterministic"
     );
     check_rules(&case, &Expected::of(&case), &d);
+    check_holding(&case.view, &d);
+}
+
+/// A holder's own calls follow the same rule of which slot is mine: the fence says held only
+/// where the arbiter says held or adopt, on a slot nobody claimed; a release refuses exactly a
+/// duplicate holder, and frees only slots of my node (where nodes identify hosts) or my id.
+fn check_holding(view: &View, d: &Decision) {
+    use crate::lock::holding;
+    use crate::lock::Fence;
+    let (at, fence) = holding::fence_at(view, &ME, "k");
+    let claimed = at.is_some_and(|i| view.holders[i].claimed_by.is_some());
+    let held_or_adopt = matches!(d, Decision::Held | Decision::Adopt { .. });
+    assert_eq!(
+        fence == Fence::Held,
+        held_or_adopt && !claimed,
+        "fence {fence:?} for {d:?}"
+    );
+    match holding::release(view, &ME, "k") {
+        Err(_) => assert!(matches!(d, Decision::Duplicate { .. }), "refused for {d:?}"),
+        Ok(freed) => {
+            assert!(
+                !matches!(d, Decision::Duplicate { .. }),
+                "freed a duplicate's slot"
+            );
+            for i in freed {
+                let h = &view.holders[i];
+                match view.node_is_identity {
+                    true => assert_eq!(h.node.as_deref(), Some(ME.node), "another node's slot"),
+                    false => assert_eq!(h.id, ME.id, "another id's slot"),
+                }
+            }
+        }
+    }
 }
 
 /// One input to `decide`: a view, a policy, and what an observer saw of it at `t0` and `now`.
@@ -118,6 +151,7 @@ fn holders(b: &mut Bytes) -> Vec<HolderView> {
                 .next()
                 .is_multiple_of(4)
                 .then(|| "its Node is gone".to_owned()),
+            claimed_by: b.next().is_multiple_of(5).then(|| "m-c".to_owned()),
             foreign: b
                 .next()
                 .is_multiple_of(5)

@@ -27,6 +27,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::document::{DocError, HolderRecord, SemaphoreDoc};
+use super::holding;
 use super::recent::Recent;
 use super::retry::{cas_loop, Cas};
 use super::{
@@ -350,37 +351,10 @@ impl EtcdV2Semaphore {
         }
     }
 
-    /// Whether `me` holds its slot in `snap`: its id in the document, and its record (if any)
-    /// carries its token.
+    /// Whether `me` holds its slot in `snap`, by the lock core's rule ([`holding::fence`]).
     fn fence_of(&self, snap: &Snapshot, doc: &SemaphoreDoc, me: &Identity) -> Fence {
-        if !doc.holds(&me.id) {
-            return Fence::Lost {
-                why: format!("{} is not among the holders in {}", me.id, self.keys.doc),
-            };
-        }
-        let record = snap
-            .record(&self.keys, &me.id)
-            .and_then(|e| e.value.as_ref());
-        if let Some(by) = record.and_then(|r| r.reclaimed_by.as_deref()) {
-            return Fence::Lost {
-                why: format!(
-                    "{by} claimed the slot of {} (it judged this holder stopped: no write of its \
-                     record {} for max_hold)",
-                    me.id,
-                    self.keys.record(&me.id)
-                ),
-            };
-        }
-        match record.and_then(|r| r.token.as_deref()) {
-            Some(t) if t != me.token => Fence::Lost {
-                why: format!(
-                    "the slot of {} is held by another host with the same machine id (holder \
-                     token {t}, ours {})",
-                    me.id, me.token
-                ),
-            },
-            _ => Fence::Held,
-        }
+        let me = me.as_me();
+        holding::fence(&snap.view(&self.keys, doc, Some(&me)), &me, &self.keys.doc)
     }
 
     /// Whether a waiter claimed the slot of `id` (see [`Self::claim`]).
@@ -572,13 +546,13 @@ impl Semaphore for EtcdV2Semaphore {
             None => self.read(true).await?,
         };
         let doc = self.document(&snap)?;
-        if let Fence::Lost { why } = self.fence_of(&snap, &doc, me) {
-            if doc.holds(&me.id) && !self.claimed(&snap, &me.id) {
-                tracing::error!(key = %self.keys.doc, id = %me.id, %why, "not releasing a slot another host holds under this machine id");
-                return Ok(());
-            }
+        let who = me.as_me();
+        let view = snap.view(&self.keys, &doc, Some(&who));
+        if let Err(why) = holding::release(&view, &who, &self.keys.doc) {
+            tracing::error!(key = %self.keys.doc, id = %me.id, %why, "not releasing a slot another host holds under this machine id");
+            return Ok(());
         }
-        // That read serves the first attempt (it was one request per release more).
+        // The read serves the first attempt.
         self.unlock_from(&me.id, Some(snap)).await
     }
 

@@ -339,6 +339,7 @@ impl Snapshot {
                         .and_then(|r| r.reclaimed_by.as_ref())
                         .map(|by| format!("its slot was claimed by {by}")),
                     foreign: None,
+                    claimed_by: record.and_then(|r| r.reclaimed_by.clone()),
                 }
             })
             .collect();

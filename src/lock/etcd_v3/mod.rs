@@ -49,6 +49,7 @@ use async_trait::async_trait;
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse, TxnResponse};
 
 use super::document::{DocError, HolderRecord, SemaphoreDoc};
+use super::holding;
 use super::retry::{cas_loop, Cas};
 use super::{
     Acquired, Admin, Fence, GroupPause, Holder, Identity, LockError, Reported, Semaphore,
@@ -235,7 +236,7 @@ impl EtcdSemaphore {
 
     /// Whether `snap` says `me` holds its slot, under its own token.
     fn holds_on(&self, snap: &Snapshot, me: &Identity) -> bool {
-        snap.fence(&self.keys, &me.id, &me.token) == Fence::Held
+        snap.fence(&self.keys, &me.as_me()) == Fence::Held
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnResponse, LockError> {
@@ -445,7 +446,7 @@ impl Semaphore for EtcdSemaphore {
     #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
     async fn fence(&self, me: &Identity) -> Result<Fence, LockError> {
         let snap = self.read(false).await?;
-        Ok(snap.fence(&self.keys, &me.id, &me.token))
+        Ok(snap.fence(&self.keys, &me.as_me()))
     }
 
     fn heartbeat_every(&self) -> Option<Duration> {
@@ -459,7 +460,7 @@ impl Semaphore for EtcdSemaphore {
         let key = self.record_key(&me.id);
         let mut fence = Fence::Held;
         self.update("heartbeat", |snap| {
-            fence = snap.fence(&self.keys, &me.id, &me.token);
+            fence = snap.fence(&self.keys, &me.as_me());
             if fence != Fence::Held {
                 return Ok(None);
             }
@@ -481,13 +482,11 @@ impl Semaphore for EtcdSemaphore {
             Some(snap) => snap,
             None => self.read(false).await?,
         };
-        if let Fence::Lost { why } = snap.fence(&self.keys, &me.id, &me.token) {
-            if snap.doc.holds(&me.id) {
-                tracing::error!(key = %self.keys.doc, id = %me.id, %why, "not releasing a slot another host holds under this machine id");
-                return Ok(());
-            }
+        let view = snap.view(&self.keys, Some(&me.as_me()));
+        if let Err(why) = holding::release(&view, &me.as_me(), &self.keys.doc) {
+            tracing::error!(key = %self.keys.doc, id = %me.id, %why, "not releasing a slot another host holds under this machine id");
+            return Ok(());
         }
-        // That read serves the first attempt (it was one request per release more).
         self.unlock_from(&me.id, Some(snap)).await
     }
 

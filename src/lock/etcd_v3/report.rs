@@ -148,7 +148,7 @@ impl EtcdSemaphore {
         }
         // Held under my id, but by another host (another token): its record is not mine to
         // write (the heartbeat leaves it alone too).
-        if let Fence::Lost { why } = snap.fence(&self.keys, &me.id, &me.token) {
+        if let Fence::Lost { why } = snap.fence(&self.keys, &me.as_me()) {
             tracing::warn!(id = %me.id, phase, %why, "phase not recorded: {why}");
             return Ok(Cas::Done(Reported::Unproven));
         }

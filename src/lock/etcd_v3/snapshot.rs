@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use super::super::document::{self, DocError, HolderRecord, SemaphoreDoc, WaiterRecord};
 use super::super::view::{Beat, HolderView, Me, Ticket, View, WaiterView};
-use super::super::{Fence, GroupPause, LockError};
+use super::super::{holding, Fence, GroupPause, LockError};
 
 /// Longest document value quoted in a [`LockError::Corrupt`].
 const QUOTE_MAX: usize = 2000;
@@ -233,23 +233,9 @@ impl Snapshot {
         stale
     }
 
-    /// Whether `me` (id and token) holds its slot: its id in the document, and its record (if
-    /// any) carries its token.
-    pub fn fence(&self, keys: &Keys, id: &str, token: &str) -> Fence {
-        if !self.doc.holds(id) {
-            return Fence::Lost {
-                why: format!("{id} is not among the holders in {}", keys.doc),
-            };
-        }
-        match self.record(keys, id).and_then(|r| r.token.as_deref()) {
-            Some(t) if t != token => Fence::Lost {
-                why: format!(
-                    "the slot of {id} is held by another host with the same machine id (holder \
-                     token {t}, ours {token})"
-                ),
-            },
-            _ => Fence::Held,
-        }
+    /// Whether `me` holds its slot, by the lock core's rule ([`holding::fence`]).
+    pub fn fence(&self, keys: &Keys, me: &Me<'_>) -> Fence {
+        holding::fence(&self.view(keys, Some(me)), me, &keys.doc)
     }
 
     /// The arbiter's view, for `me` when given (its queue entry is the one at its key).
@@ -273,6 +259,7 @@ impl Snapshot {
                     },
                     gone: None,
                     foreign: None,
+                    claimed_by: None,
                 }
             })
             .collect();
@@ -460,11 +447,16 @@ mod tests {
             .unwrap();
         s.put(&k, &kv(&k.record("gone"), &record(None), 3, 3, 0))
             .unwrap();
-        assert_eq!(s.fence(&k, "a", "ta"), Fence::Held);
+        let me = |id, token| Me {
+            id,
+            node: "n",
+            token,
+        };
+        assert_eq!(s.fence(&k, &me("a", "ta")), Fence::Held);
         assert!(
-            matches!(s.fence(&k, "a", "other"), Fence::Lost { why } if why.contains("same machine id"))
+            matches!(s.fence(&k, &me("a", "other")), Fence::Lost { why } if why.contains("same machine id"))
         );
-        assert!(matches!(s.fence(&k, "b", "tb"), Fence::Lost { .. }));
+        assert!(matches!(s.fence(&k, &me("b", "tb")), Fence::Lost { .. }));
         assert_eq!(s.stale_records(&k, &s.doc), vec![k.record("gone")]);
         let mut after = s.doc.clone();
         after.unlock("a");

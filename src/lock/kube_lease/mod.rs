@@ -156,7 +156,6 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::Api;
 
-use super::arbiter::Decision;
 use super::{
     Acquired, Admin, Fence, GroupPause, Holder, Identity, LockError, Reported, Semaphore,
     SemaphoreStatus,
@@ -357,11 +356,16 @@ impl KubeLeaseSemaphore {
 }
 
 impl KubeLeaseSemaphore {
-    /// Free every slot held under node `node`, first on `first`.
-    async fn release_node(&self, node: &str, first: Snapshot) -> Result<(), LockError> {
+    /// Free the slots `me` may free ([`Self::releasable`]), first on `first`.
+    async fn release_mine(&self, me: &Identity, first: Snapshot) -> Result<(), LockError> {
         self.update_from("release", Some(first), |snap| async move {
-            let mine: Vec<&Slot> = snap.held_by_node(node).map(|(s, _)| s).collect();
-            self.free_slots(&mine, snap.max, node).await
+            match self.releasable(&snap, me) {
+                Ok(mine) => self.free_slots(&mine, snap.max, &me.node).await,
+                Err(why) => {
+                    tracing::error!(id = %me.id, %why, "not releasing a slot another host holds under this node and machine id");
+                    Ok(true)
+                }
+            }
         })
         .await
     }
@@ -463,13 +467,7 @@ impl Semaphore for KubeLeaseSemaphore {
             Some(snap) => snap,
             None => self.read().await?,
         };
-        if let Some((slot, _, Decision::Duplicate { .. })) = snap.mine(me) {
-            tracing::error!(lease = slot.name(), id = %me.id, "not releasing a slot another host holds under this node and machine id");
-            return Ok(());
-        }
-        // Only the slots held under my node (`holderIdentity`): a slot another node wrote my
-        // machine id on is not mine to free (and the admission policy would refuse it).
-        self.release_node(&me.node, snap).await
+        self.release_mine(me, snap).await
     }
 
     /// Records the phase (and boot id) on the held slot and renews `renewTime`; `since` moves

@@ -11,13 +11,13 @@ use std::collections::{BTreeMap, HashMap};
 use k8s_openapi::api::coordination::v1::Lease;
 
 use super::super::arbiter::{self, Decision};
+use super::super::holding::{self, AnotherHost};
 use super::super::view::{Beat, HolderView, Ticket, View, WaiterView};
 use super::super::GroupPause;
 use super::objects::{annotation, label, Slot, SlotHolder};
 use super::pause::pause_of;
 use super::queue::{Waiter, ANNOTATION_WAITER_NODE};
 use super::*;
-use crate::text::clean;
 
 /// The semaphore's Leases, as listed (and watched).
 #[derive(Debug, Clone)]
@@ -55,12 +55,18 @@ impl Snapshot {
         held.get(i).map(|(slot, h)| (*slot, *h, decision))
     }
 
-    /// The slots held under node `node` (`holderIdentity`): the ones it may free.
-    pub(super) fn held_by_node<'a>(
-        &'a self,
-        node: &'a str,
-    ) -> impl Iterator<Item = (&'a Slot, &'a SlotHolder)> + 'a {
-        self.held().filter(move |(_, h)| h.node == node)
+    /// The holders as the lock core sees them, without the queue: what a holder's own calls
+    /// (fence, heartbeat, report, release) decide on.
+    pub(super) fn holders_view(&self) -> View {
+        View {
+            max: self.max,
+            holders: self
+                .held()
+                .map(|(slot, h)| self.holder_view(slot, h, None))
+                .collect(),
+            waiters: Vec::new(),
+            node_is_identity: true,
+        }
     }
 
     /// What the lock core sees of holder `h` of `slot`; `gone`: why its Node is known gone.
@@ -79,6 +85,7 @@ impl Snapshot {
             beat: beat(&slot.lease),
             gone,
             foreign: slot.foreign(self.max),
+            claimed_by: None,
         }
     }
 
@@ -159,27 +166,26 @@ impl KubeLeaseSemaphore {
         }
     }
 
-    /// Whether `me` holds a slot in `snap`, by the lock core's rule (held, or to adopt: a slot
-    /// of my node without a token); another host's under my machine id is lost.
+    /// Whether `me` holds a slot in `snap`, by the lock core's rule ([`holding::fence`]).
     pub(super) fn fence_of(&self, snap: &Snapshot, me: &Identity) -> Fence {
-        match snap.mine(me) {
-            None => Fence::Lost {
-                why: format!(
-                    "no slot of Leases {}/{}* is held by node {} ({})",
-                    self.namespace, self.name, me.node, me.id
-                ),
-            },
-            Some((_, _, Decision::Held | Decision::Adopt { .. })) => Fence::Held,
-            Some((slot, h, _)) => Fence::Lost {
-                why: format!(
-                    "slot Lease {} is held by another host under this node and machine id \
-                     (holder token {}, ours {})",
-                    slot.name(),
-                    clean(h.token.as_deref().unwrap_or("")),
-                    me.token
-                ),
-            },
-        }
+        holding::fence(&snap.holders_view(), &me.as_me(), &self.target())
+    }
+
+    /// The slots `me` may free in `snap`, by the lock core's rule ([`holding::release`]): the
+    /// ones held under my node, or why none may be.
+    pub(super) fn releasable<'a>(
+        &self,
+        snap: &'a Snapshot,
+        me: &Identity,
+    ) -> Result<Vec<&'a Slot>, AnotherHost> {
+        let mine = holding::release(&snap.holders_view(), &me.as_me(), &self.target())?;
+        let held: Vec<&Slot> = snap.held().map(|(slot, _)| slot).collect();
+        Ok(mine.iter().filter_map(|i| held.get(*i).copied()).collect())
+    }
+
+    /// The semaphore's name in reasons: its Leases.
+    pub(super) fn target(&self) -> String {
+        format!("Leases {}/{}*", self.namespace, self.name)
     }
 }
 
