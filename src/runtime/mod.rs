@@ -48,13 +48,15 @@ pub enum RuntimeError {
     #[error("lock backend: {0}")]
     Lock(#[from] LockError),
     #[error("kubernetes: {0}")]
-    Kubernetes(String),
+    KubeClient(#[from] crate::kube_client::KubeClientError),
+    #[error("kubernetes: {0}")]
+    Drain(#[from] crate::drain::DrainError),
     #[error("metrics: {0}")]
     Metrics(String),
     #[error("webhook: {0}")]
     Webhook(String),
     #[error("gates: {0}")]
-    Gates(String),
+    Gates(#[from] crate::http::SetupError),
 }
 
 /// One running agent.

@@ -78,11 +78,8 @@ pub async fn open_drainer(
     let Some(settings) = &config.kubernetes else {
         return Ok(None);
     };
-    let client = crate::kube_client::connect(settings.kubeconfig.as_deref())
-        .await
-        .map_err(|e| RuntimeError::Kubernetes(e.to_string()))?;
-    let drainer = KubeDrainer::new(client, &config.identity.node_name, settings)
-        .map_err(|e| RuntimeError::Kubernetes(e.to_string()))?
+    let client = crate::kube_client::connect(settings.kubeconfig.as_deref()).await?;
+    let drainer = KubeDrainer::new(client, &config.identity.node_name, settings)?
         .with_boot_id(boot_id)
         .with_metrics(metrics.clone());
     Ok(Some(NodeSeams::new(drainer)))
@@ -94,20 +91,17 @@ pub async fn open_gates(config: &Config) -> Result<crate::gate::GateSets, Runtim
     use crate::gate::Gates;
     let (before, after) = (&config.gates.before_reboot, &config.gates.after_boot);
     let client = match &config.kubernetes {
-        Some(k) if Gates::needs_kube(before) || Gates::needs_kube(after) => Some(
-            crate::kube_client::connect(k.kubeconfig.as_deref())
-                .await
-                .map_err(|e| RuntimeError::Kubernetes(e.to_string()))?,
-        ),
+        Some(k) if Gates::needs_kube(before) || Gates::needs_kube(after) => {
+            Some(crate::kube_client::connect(k.kubeconfig.as_deref()).await?)
+        }
         _ => None,
     };
     let kube = client
         .as_ref()
         .map(|c| (c, config.identity.node_name.as_str()));
-    let err = |e: crate::http::SetupError| RuntimeError::Gates(e.to_string());
     Ok(crate::gate::GateSets {
-        before_reboot: Gates::from_config(before, kube).map_err(err)?,
-        after_boot: Gates::from_config(after, kube).map_err(err)?,
+        before_reboot: Gates::from_config(before, kube)?,
+        after_boot: Gates::from_config(after, kube)?,
     })
 }
 
