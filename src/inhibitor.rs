@@ -7,7 +7,20 @@
 //! rebootd therefore lists the inhibitors itself (`ListInhibitors`) and waits while any
 //! [block inhibitor on shutdown](Inhibitor::blocks_shutdown) is held, whatever its uid.
 
+use crate::reboot::RebootError;
 use serde::{Deserialize, Serialize};
+
+/// The block inhibitors that hold off a reboot, and the wait for them to change.
+#[async_trait::async_trait]
+pub trait Inhibitors: Send + Sync {
+    /// The block inhibitors on shutdown held now, whoever holds them (none when inhibitors are
+    /// ignored).
+    async fn blockers(&self) -> Result<Vec<Inhibitor>, RebootError>;
+
+    /// Wait until the blocking inhibitors are no longer `known`; the new list (empty: none
+    /// blocks any more).
+    async fn blockers_changed(&self, known: &[Inhibitor]) -> Result<Vec<Inhibitor>, RebootError>;
+}
 
 /// One inhibitor as logind's `ListInhibitors` reports it: `(what, who, why, mode, uid, pid)`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

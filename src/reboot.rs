@@ -4,12 +4,15 @@
 //!
 //! logind lets a caller through the block inhibitors of its own uid, so for root the flag only
 //! counts other users' inhibitors (see [`crate::inhibitor`]). With inhibitors respected, the
-//! agent therefore asks [`Rebooter::blockers`] first and waits with
-//! [`Rebooter::blockers_changed`] while any is held; the flag stays as the last word for one
+//! agent therefore asks [`Inhibitors::blockers`] first and waits with
+//! [`Inhibitors::blockers_changed`] while any is held; the flag stays as the last word for one
 //! taken between the check and the call.
+//!
+//! [`Logind`] implements the three logind seams: [`Rebooter`], [`Inhibitors`] and
+//! [`Sessions`] (the warning to logged-in users, see [`crate::users`]).
 
-use crate::inhibitor::{self, Inhibitor};
-use crate::users::{self, Session};
+use crate::inhibitor::{self, Inhibitor, Inhibitors};
+use crate::users::{self, Session, Sessions};
 use async_trait::async_trait;
 use futures_util::StreamExt;
 use std::time::Duration;
@@ -63,6 +66,7 @@ pub trait Login1Session {
     fn class(&self) -> zbus::Result<String>;
 }
 
+/// Why a logind call (a reboot, the inhibitors, the sessions) did not succeed.
 #[derive(Debug, thiserror::Error)]
 pub enum RebootError {
     #[error("blocked by inhibitor lock(s): {holders}")]
@@ -71,6 +75,9 @@ pub enum RebootError {
     Refused(String),
     #[error("cannot reach logind on the system bus: {0}")]
     Bus(String),
+    /// This implementation cannot do `what` (e.g. a stand-in host without logind's sessions).
+    #[error("{what} is not supported here")]
+    Unsupported { what: &'static str },
 }
 
 /// The seam through which the agent reboots the host.
@@ -78,36 +85,9 @@ pub enum RebootError {
 pub trait Rebooter: Send + Sync {
     /// Ask for a reboot. Ok means the request was accepted, not that the host went down.
     async fn reboot(&self) -> Result<(), RebootError>;
-
-    /// The block inhibitors on shutdown held now, whoever holds them (none when inhibitors are
-    /// ignored, or for a rebooter without any).
-    async fn blockers(&self) -> Result<Vec<Inhibitor>, RebootError> {
-        Ok(Vec::new())
-    }
-
-    /// Wait until the blocking inhibitors are no longer `known`; the new list (empty: none
-    /// blocks any more).
-    async fn blockers_changed(&self, _known: &[Inhibitor]) -> Result<Vec<Inhibitor>, RebootError> {
-        Ok(Vec::new())
-    }
-
-    /// The people logged in who get a warning before the reboot (see [`crate::users`]).
-    async fn sessions(&self) -> Result<Vec<Session>, RebootError> {
-        Ok(Vec::new())
-    }
-
-    /// Announce the reboot for `at` to the logged-in users (a dry-run scheduled reboot).
-    async fn announce(&self, _at: jiff::Timestamp) -> Result<(), RebootError> {
-        Ok(())
-    }
-
-    /// Withdraw the announcement (the reboot was called off).
-    async fn withdraw(&self) -> Result<(), RebootError> {
-        Ok(())
-    }
 }
 
-/// Reboots through systemd-logind on the system bus.
+/// Reboots, lists inhibitors and warns logged-in users through systemd-logind on the system bus.
 pub struct Logind {
     respect_inhibitors: bool,
 }
@@ -224,7 +204,10 @@ impl Rebooter for Logind {
             Err(e) => Err(RebootError::Bus(e.to_string())),
         }
     }
+}
 
+#[async_trait]
+impl Sessions for Logind {
     #[instrument(skip_all)]
     async fn sessions(&self) -> Result<Vec<Session>, RebootError> {
         let (conn, proxy) = connect().await?;
@@ -276,7 +259,12 @@ impl Rebooter for Logind {
         );
         Ok(())
     }
+}
 
+/// With `[reboot] inhibitors = "ignore"` none is looked at: nothing blocks.
+#[async_trait]
+impl Inhibitors for Logind {
+    #[instrument(skip_all)]
     async fn blockers(&self) -> Result<Vec<Inhibitor>, RebootError> {
         if !self.respect_inhibitors {
             return Ok(Vec::new());

@@ -9,7 +9,21 @@
 //! the reboot is called off; at the time itself logind does nothing, and rebootd then asks for
 //! the reboot as always, inhibitors respected.
 
+use crate::reboot::RebootError;
 use serde::{Deserialize, Serialize};
+
+/// The people logged in, and the announcement of a reboot to them.
+#[async_trait::async_trait]
+pub trait Sessions: Send + Sync {
+    /// The people logged in who get a warning before the reboot (see [`counts`]).
+    async fn sessions(&self) -> Result<Vec<Session>, RebootError>;
+
+    /// Announce the reboot for `at` to the logged-in users (a dry-run scheduled reboot).
+    async fn announce(&self, at: jiff::Timestamp) -> Result<(), RebootError>;
+
+    /// Withdraw the announcement (the reboot was called off).
+    async fn withdraw(&self) -> Result<(), RebootError>;
+}
 
 /// One logged-in session that gets the warning.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -6,8 +6,9 @@ use std::sync::Once;
 use std::time::{Duration, Instant};
 
 use rebootd::config::{DrainFailure, EmptyDirPods, Kubernetes, UnmanagedPods};
-use rebootd::drain::{DrainError, Drainer, KubeDrainer};
+use rebootd::drain::{DrainError, Drainer, EventReason, KubeDrainer, NodeStatus};
 use rebootd::kube_client;
+use rebootd::state::Phase;
 use rebootd_lab::kube_api::{
     DaemonSetBuilder, FaultRule, Kind, KubeApi, KubeApiHandle, NodeBuilder, Options, PdbBuilder,
     PodBuilder, ReplicaSetBuilder,
@@ -531,7 +532,9 @@ async fn annotations_and_events_are_visible() {
     .expect("annotate");
     let d = drainer(&lab, "a", &settings());
     let since: jiff::Timestamp = "2025-03-01T02:03:04.5Z".parse().expect("timestamp");
-    d.annotate("draining", since, true).await.expect("annotate");
+    d.annotate(Phase::Draining, since, true)
+        .await
+        .expect("annotate");
     let node = c.node("a").expect("node");
     let ann = &node["metadata"]["annotations"];
     assert_eq!(ann["rebootd.io/phase"], "draining");
@@ -539,7 +542,7 @@ async fn annotations_and_events_are_visible() {
     assert_eq!(ann["example.com/keep"], "yes", "other annotations are kept");
     let since_text = ann["rebootd.io/since"].as_str().expect("since");
     assert_eq!(since_text, "2025-03-01T02:03:04Z");
-    d.annotate("idle", jiff::Timestamp::now(), false)
+    d.annotate(Phase::Idle, jiff::Timestamp::now(), false)
         .await
         .expect("annotate");
     let node = c.node("a").expect("node");
@@ -549,13 +552,13 @@ async fn annotations_and_events_are_visible() {
         "false"
     );
 
-    d.event("Rebooting", "rebooting for update 1.2.3", false)
+    d.event(EventReason::Rebooting, "rebooting for update 1.2.3")
         .await
         .expect("event");
-    d.event("NotReadyAfterReboot", "node not Ready after 15m", true)
+    d.event(EventReason::NotReadyAfterReboot, "node not Ready after 15m")
         .await
         .expect("event");
-    d.event("Rebooting", "second one", false)
+    d.event(EventReason::Rebooting, "second one")
         .await
         .expect("a second event with the same reason");
     let rebooting = events_on(&lab, "a", "Rebooting");

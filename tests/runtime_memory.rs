@@ -8,12 +8,14 @@ use async_trait::async_trait;
 use jiff::Timestamp;
 use rebootd::config::Config;
 use rebootd::control::{self, Request};
-use rebootd::drain::{DrainError, Drainer};
+use rebootd::drain::{DrainError, Drainer, EventReason, NodeStatus};
+use rebootd::inhibitor::{Inhibitor, Inhibitors};
 use rebootd::lock::Backend;
 use rebootd::lock::{Fence, GroupPause, Identity, LockError, Reported, Semaphore};
 use rebootd::reboot::RebootError;
-use rebootd::runtime::{identity, Runtime};
+use rebootd::runtime::{identity, HostSeams, NodeSeams, Runtime};
 use rebootd::state::{Phase, State, StateStore};
+use rebootd::users::{Session, Sessions};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -199,6 +201,34 @@ impl rebootd::reboot::Rebooter for MemRebooter {
     }
 }
 
+/// No logind here: nothing holds the reboot off.
+#[async_trait]
+impl Inhibitors for MemRebooter {
+    async fn blockers(&self) -> Result<Vec<Inhibitor>, RebootError> {
+        Err(RebootError::Unsupported { what: "inhibitors" })
+    }
+
+    async fn blockers_changed(&self, _: &[Inhibitor]) -> Result<Vec<Inhibitor>, RebootError> {
+        Err(RebootError::Unsupported { what: "inhibitors" })
+    }
+}
+
+/// No one logged in to warn.
+#[async_trait]
+impl Sessions for MemRebooter {
+    async fn sessions(&self) -> Result<Vec<Session>, RebootError> {
+        Err(RebootError::Unsupported { what: "sessions" })
+    }
+
+    async fn announce(&self, _: Timestamp) -> Result<(), RebootError> {
+        Err(RebootError::Unsupported { what: "sessions" })
+    }
+
+    async fn withdraw(&self) -> Result<(), RebootError> {
+        Err(RebootError::Unsupported { what: "sessions" })
+    }
+}
+
 /// This host's Node as the drainer sees it.
 #[derive(Debug, Clone, Default)]
 struct Node {
@@ -252,18 +282,39 @@ impl Drainer for MemDrainer {
         });
         Ok(())
     }
+}
 
-    async fn annotate(
-        &self,
-        _phase: &str,
-        _since: Timestamp,
-        _reboot_needed: bool,
-    ) -> Result<(), DrainError> {
-        Ok(())
+/// The in-memory Node shows nothing of the reboot.
+#[async_trait]
+impl NodeStatus for MemDrainer {
+    async fn annotate(&self, _: Phase, _: Timestamp, _: bool) -> Result<(), DrainError> {
+        Err(DrainError::Unsupported {
+            what: "Node annotations",
+        })
     }
 
-    async fn event(&self, _reason: &str, _message: &str, _warning: bool) -> Result<(), DrainError> {
-        Ok(())
+    async fn annotate_paused(&self, _: Option<&str>) -> Result<(), DrainError> {
+        Err(DrainError::Unsupported {
+            what: "Node annotations",
+        })
+    }
+
+    async fn annotate_group_paused(&self, _: Option<&str>) -> Result<(), DrainError> {
+        Err(DrainError::Unsupported {
+            what: "Node annotations",
+        })
+    }
+
+    async fn event(&self, _: EventReason, _: &str) -> Result<(), DrainError> {
+        Err(DrainError::Unsupported {
+            what: "Node Events",
+        })
+    }
+
+    async fn unmark(&self) -> Result<(), DrainError> {
+        Err(DrainError::Unsupported {
+            what: "Node labels and taint",
+        })
     }
 }
 
@@ -322,11 +373,10 @@ impl Host {
         let store = self.store();
         std::fs::create_dir_all(store.dir()).unwrap();
         let me = identity(&config, &store).unwrap();
-        let drainer = self.node.clone().map(|d| Box::new(d) as Box<dyn Drainer>);
-        let rt =
-            Runtime::new(config, store, Box::new(self.lock.clone()), drainer, me).with_rebooter(
-                Box::new(MemRebooter(self.reboots.clone(), self.lock.clone())),
-            );
+        let node = self.node.clone().map(NodeSeams::new);
+        let rt = Runtime::new(config, store, Box::new(self.lock.clone()), node, me).with_host(
+            HostSeams::new(MemRebooter(self.reboots.clone(), self.lock.clone())),
+        );
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             rt.run(async {

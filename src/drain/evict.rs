@@ -33,7 +33,8 @@ use tokio::time::Instant;
 
 use super::budget::BudgetWatch;
 use super::pods::{name_list, pod_key, PodRef};
-use super::{describe, lock, marks, DrainError, Drainer, KubeDrainer};
+use super::{describe, lock, marks, DrainError, EventReason, KubeDrainer};
+use crate::backoff::Backoff;
 use crate::kube_client::status_code;
 
 /// The first wait after a refused eviction; doubled after each refusal up to [`BACKOFF_MAX`].
@@ -137,7 +138,7 @@ impl KubeDrainer {
         blocked: &Mutex<HashMap<String, String>>,
         force_at: Option<Instant>,
     ) -> Result<Evicted, DrainError> {
-        let mut backoff = BACKOFF_START;
+        let mut backoff = Backoff::new(BACKOFF_START, BACKOFF_MAX);
         let mut refusals = 0u32;
         let mut last_log: Option<String> = None;
         let mut last_budget: Option<Option<String>> = None;
@@ -217,8 +218,9 @@ impl KubeDrainer {
             }
             if budget.is_some() && last_budget.as_ref() != Some(&budget) {
                 let message = format!("Eviction of pod {} {why}", pod.key());
-                if let Err(e) = self.event("EvictionBlocked", &message, true).await {
-                    tracing::warn!("could not record the EvictionBlocked event: {e}");
+                let reason = EventReason::EvictionBlocked;
+                if let Err(e) = self.record_event(reason, &message).await {
+                    tracing::warn!("could not record the {reason} event: {e}");
                 }
                 last_budget = Some(budget);
             }
@@ -236,10 +238,11 @@ impl KubeDrainer {
                     None => std::future::pending().await,
                 }
             };
+            // The pause grows only when it ran out: a retry the budget's watch woke keeps it.
+            let mut after_pause = backoff.clone();
+            let pause = after_pause.next_delay();
             tokio::select! {
-                () = tokio::time::sleep(backoff) => {
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
-                }
+                () = tokio::time::sleep(pause) => backoff = after_pause,
                 () = force => {}
                 () = wake => {
                     tracing::debug!("{}: the budget allows a disruption now; evicting again", pod.key());
@@ -410,7 +413,7 @@ impl KubeDrainer {
         }
     }
 
-    /// The whole drain within `drain_timeout` ([`Drainer::drain`]).
+    /// The whole drain within `drain_timeout` ([`super::Drainer::drain`]).
     pub(super) async fn drain_by_deadline(&self) -> Result<(), DrainError> {
         let deadline = Instant::now() + self.drain_timeout;
         let remaining = Mutex::new(BTreeMap::new());

@@ -15,7 +15,7 @@ use kube::api::{Api, DeleteParams, Preconditions};
 
 use super::evict::Evicted;
 use super::pods::PodRef;
-use super::{Drainer, KubeDrainer};
+use super::{EventReason, KubeDrainer};
 use crate::config::{EmptyDirPods, UnmanagedPods};
 use crate::drain::DrainError;
 use crate::kube_client::status_code;
@@ -88,8 +88,9 @@ impl KubeDrainer {
             "Deleted pod {} past its PodDisruptionBudget (force_delete_after {after}): eviction {why}",
             pod.key()
         );
-        if let Err(e) = self.event("DeletedPastBudget", &message, true).await {
-            tracing::warn!("could not record the DeletedPastBudget event: {e}");
+        let reason = EventReason::DeletedPastBudget;
+        if let Err(e) = self.record_event(reason, &message).await {
+            tracing::warn!("could not record the {reason} event: {e}");
         }
         Ok(Evicted::Accepted)
     }

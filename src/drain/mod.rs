@@ -1,7 +1,8 @@
 //! Draining this host's Kubernetes node before a reboot, and the node's visible state.
 //!
-//! [`Drainer`] is the seam the agent uses; [`KubeDrainer`] implements it against the API server
-//! with a client from [`crate::kube_client::connect`] (which never retries by itself, so every
+//! Two seams the agent uses: [`Drainer`] (the drain itself) and [`NodeStatus`] (what the Node
+//! shows of the reboot). [`KubeDrainer`] implements both against the API server with a client
+//! from [`crate::kube_client::connect`] (which never retries by itself, so every
 //! PodDisruptionBudget refusal is seen here). The work is split by job:
 //! - `pods`: which pods a drain evicts, which it leaves alone, which block a reboot;
 //! - `evict`: the drain itself (cordon, evict, wait for the pods to be gone);
@@ -28,13 +29,14 @@ use kube::api::Api;
 
 use crate::config::{EmptyDirPods, Kubernetes, UnmanagedPods};
 use crate::kube_client::status_code;
+use crate::state::Phase;
 pub use node_status::{
-    ANNOTATION_GROUP_PAUSED, ANNOTATION_GROUP_PAUSED_REASON, ANNOTATION_PAUSED,
+    EventReason, ANNOTATION_GROUP_PAUSED, ANNOTATION_GROUP_PAUSED_REASON, ANNOTATION_PAUSED,
     ANNOTATION_PAUSED_REASON, ANNOTATION_PHASE, ANNOTATION_REBOOT_NEEDED, ANNOTATION_SINCE,
     COMPONENT,
 };
 
-/// What the agent needs from Kubernetes around a reboot.
+/// The drain of this host's node around a reboot: cordon, evict, wait for Ready, uncordon.
 #[async_trait::async_trait]
 pub trait Drainer: Send + Sync {
     /// Whether the node is unschedulable now (read before rebootd cordons it).
@@ -43,43 +45,40 @@ pub trait Drainer: Send + Sync {
     async fn blocking_pods(&self) -> Result<Vec<String>, DrainError>;
     /// Cordon (idempotent), then evict every pod except DaemonSet, mirror and finished pods and
     /// `skip_pods`, concurrently; 429 retried with backoff (each blocked pod logged, once per
-    /// change, with the PDB that blocks it, and an Event "EvictionBlocked"); wait for each pod BY
-    /// UID to be gone (watch, not polling); stop at `drain_timeout` with DrainError::Timeout
-    /// listing what is left.
+    /// change, with the PDB that blocks it, and an Event [`EventReason::EvictionBlocked`]); wait
+    /// for each pod BY UID to be gone (watch, not polling); stop at `drain_timeout` with
+    /// DrainError::Timeout listing what is left.
     async fn drain(&self) -> Result<(), DrainError>;
     /// Wait (watch) up to `timeout` for the Node to be Ready.
     async fn wait_ready(&self, timeout: Duration) -> Result<(), DrainError>;
     /// Make the node schedulable (idempotent).
     async fn uncordon(&self) -> Result<(), DrainError>;
+}
+
+/// What the node shows everyone about its reboot: annotations, the reboot's labels and taint,
+/// Events. An implementation that cannot show a thing says so with [`DrainError::Unsupported`].
+#[async_trait::async_trait]
+pub trait NodeStatus: Send + Sync {
     /// Node annotations `rebootd.io/phase`, `rebootd.io/since` (RFC 3339),
     /// `rebootd.io/reboot-needed` ("true"/"false").
     async fn annotate(
         &self,
-        phase: &str,
+        phase: Phase,
         since: jiff::Timestamp,
         reboot_needed: bool,
     ) -> Result<(), DrainError>;
     /// Node annotations `rebootd.io/paused` ("true") and `rebootd.io/paused-reason` while
     /// paused (`Some(reason)`; an empty reason leaves the second out); both removed when not.
-    async fn annotate_paused(&self, paused: Option<&str>) -> Result<(), DrainError> {
-        let _ = paused;
-        Ok(())
-    }
+    async fn annotate_paused(&self, paused: Option<&str>) -> Result<(), DrainError>;
     /// Node annotations `rebootd.io/group-paused` ("true") and `rebootd.io/group-paused-reason`
-    /// while this node waits on a paused group (as [`Drainer::annotate_paused`]).
-    async fn annotate_group_paused(&self, paused: Option<&str>) -> Result<(), DrainError> {
-        let _ = paused;
-        Ok(())
-    }
-    /// A core/v1 Event on the Node (reason CamelCase e.g. DrainStarted, EvictionBlocked,
-    /// DrainFailed, Rebooting, Uncordoned, NotReadyAfterReboot; type Normal or Warning), source
+    /// while this node waits on a paused group (as [`NodeStatus::annotate_paused`]).
+    async fn annotate_group_paused(&self, paused: Option<&str>) -> Result<(), DrainError>;
+    /// A core/v1 Event on the Node with this reason (and its type, see [`EventReason`]), source
     /// component "rebootd".
-    async fn event(&self, reason: &str, message: &str, warning: bool) -> Result<(), DrainError>;
+    async fn event(&self, reason: EventReason, message: &str) -> Result<(), DrainError>;
     /// Take off the labels and taint rebootd added for the reboot (`marks`), if any are left
     /// (the uncordon takes them off too; this is for a node rebootd did not cordon).
-    async fn unmark(&self) -> Result<(), DrainError> {
-        Ok(())
-    }
+    async fn unmark(&self) -> Result<(), DrainError>;
 }
 
 /// Why a Kubernetes operation did not succeed.
@@ -122,6 +121,9 @@ pub enum DrainError {
     /// ("namespace/name (why)"); nothing was evicted.
     #[error("drain refused, nothing evicted: {} pod(s) need a setting: {}", pods.len(), pods.join("; "))]
     Refused { pods: Vec<String> },
+    /// This implementation cannot do `what` (e.g. a stand-in that shows nothing on a Node).
+    #[error("{what} is not supported here")]
+    Unsupported { what: &'static str },
 }
 
 impl DrainError {
@@ -300,15 +302,14 @@ impl Drainer for KubeDrainer {
     async fn uncordon(&self) -> Result<(), DrainError> {
         self.make_schedulable().await
     }
+}
 
-    async fn unmark(&self) -> Result<(), DrainError> {
-        self.remove_marks().await
-    }
-
+#[async_trait::async_trait]
+impl NodeStatus for KubeDrainer {
     #[tracing::instrument(level = "debug", skip(self), fields(node = %self.node))]
     async fn annotate(
         &self,
-        phase: &str,
+        phase: Phase,
         since: jiff::Timestamp,
         reboot_needed: bool,
     ) -> Result<(), DrainError> {
@@ -332,7 +333,12 @@ impl Drainer for KubeDrainer {
     }
 
     #[tracing::instrument(level = "debug", skip(self, message), fields(node = %self.node))]
-    async fn event(&self, reason: &str, message: &str, warning: bool) -> Result<(), DrainError> {
-        self.record_event(reason, message, warning).await
+    async fn event(&self, reason: EventReason, message: &str) -> Result<(), DrainError> {
+        self.record_event(reason, message).await
+    }
+
+    #[tracing::instrument(level = "debug", skip(self), fields(node = %self.node))]
+    async fn unmark(&self) -> Result<(), DrainError> {
+        self.remove_marks().await
     }
 }

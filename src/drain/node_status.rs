@@ -8,8 +8,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use super::{marks, DrainError, Drainer, KubeDrainer};
+use super::{marks, DrainError, KubeDrainer};
 use crate::kube_client::status_code;
+use crate::state::Phase;
 
 /// Node annotation: the local phase (`idle`, `draining`, `rebooting`, ...).
 pub const ANNOTATION_PHASE: &str = "rebootd.io/phase";
@@ -29,6 +30,58 @@ pub const ANNOTATION_GROUP_PAUSED: &str = "rebootd.io/group-paused";
 pub const ANNOTATION_GROUP_PAUSED_REASON: &str = "rebootd.io/group-paused-reason";
 /// The Event source component and reporting controller.
 pub const COMPONENT: &str = "rebootd";
+/// The reason of each Event rebootd records on its Node: the text operators filter on
+/// (`kubectl get events --field-selector reason=DrainFailed`), and whether it is a Warning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventReason {
+    /// The drain before a reboot began.
+    DrainStarted,
+    /// A PodDisruptionBudget refused an eviction (once per change of the budget).
+    EvictionBlocked,
+    /// A pod was deleted past its budget (`force_delete_after`).
+    DeletedPastBudget,
+    /// The drain failed.
+    DrainFailed,
+    /// rebootd is asking logind for the reboot.
+    Rebooting,
+    /// The node is schedulable again after its reboot.
+    Uncordoned,
+    /// The node was not Ready in time after its reboot.
+    NotReadyAfterReboot,
+}
+
+impl EventReason {
+    /// The Event's `reason`, as documented in docs/operations.md.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            EventReason::DrainStarted => "DrainStarted",
+            EventReason::EvictionBlocked => "EvictionBlocked",
+            EventReason::DeletedPastBudget => "DeletedPastBudget",
+            EventReason::DrainFailed => "DrainFailed",
+            EventReason::Rebooting => "Rebooting",
+            EventReason::Uncordoned => "Uncordoned",
+            EventReason::NotReadyAfterReboot => "NotReadyAfterReboot",
+        }
+    }
+
+    /// Whether the Event is a Warning (something needs a look) rather than Normal (a step).
+    pub const fn is_warning(self) -> bool {
+        match self {
+            EventReason::EvictionBlocked
+            | EventReason::DeletedPastBudget
+            | EventReason::DrainFailed
+            | EventReason::NotReadyAfterReboot => true,
+            EventReason::DrainStarted | EventReason::Rebooting | EventReason::Uncordoned => false,
+        }
+    }
+}
+
+impl std::fmt::Display for EventReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Field manager for rebootd's patches.
 const FIELD_MANAGER: &str = "rebootd";
 /// Event messages longer than this are cut (the API server limits them).
@@ -80,7 +133,7 @@ impl KubeDrainer {
 
     /// Take off rebootd's marks, then the cordon ([`super::Drainer::uncordon`]).
     pub(super) async fn make_schedulable(&self) -> Result<(), DrainError> {
-        self.unmark().await?;
+        self.remove_marks().await?;
         // As kubectl uncordon: the field is removed, not set to false.
         self.nodes
             .patch(
@@ -94,7 +147,7 @@ impl KubeDrainer {
         Ok(())
     }
 
-    /// Take off the labels and taint rebootd added, if it adds any ([`super::Drainer::unmark`]).
+    /// Take off the labels and taint rebootd added, if it adds any ([`super::NodeStatus::unmark`]).
     pub(super) async fn remove_marks(&self) -> Result<(), DrainError> {
         if self.marks.is_empty() {
             return Ok(());
@@ -102,15 +155,15 @@ impl KubeDrainer {
         marks::remove(&self.nodes, &self.node).await
     }
 
-    /// The phase annotations ([`super::Drainer::annotate`]).
+    /// The phase annotations ([`super::NodeStatus::annotate`]).
     pub(super) async fn write_phase(
         &self,
-        phase: &str,
+        phase: Phase,
         since: jiff::Timestamp,
         reboot_needed: bool,
     ) -> Result<(), DrainError> {
         let patch = json!({"metadata": {"annotations": {
-            ANNOTATION_PHASE: phase,
+            ANNOTATION_PHASE: phase.as_str(),
             ANNOTATION_SINCE: format!("{since:.0}"),
             ANNOTATION_REBOOT_NEEDED: if reboot_needed { "true" } else { "false" },
         }}});
@@ -146,16 +199,19 @@ impl KubeDrainer {
         Ok(())
     }
 
-    /// A core/v1 Event on the Node ([`super::Drainer::event`]).
+    /// A core/v1 Event on the Node ([`super::NodeStatus::event`]).
     pub(super) async fn record_event(
         &self,
-        reason: &str,
+        reason: EventReason,
         message: &str,
-        warning: bool,
     ) -> Result<(), DrainError> {
         let events: Api<Event> = Api::namespaced(self.client.clone(), "default");
         let now = jiff::Timestamp::now();
-        let type_ = if warning { "Warning" } else { "Normal" };
+        let type_ = if reason.is_warning() {
+            "Warning"
+        } else {
+            "Normal"
+        };
         for attempt in 0..2u64 {
             let nanos = now.as_nanosecond()
                 + i128::from(self.event_seq.fetch_add(1, Ordering::Relaxed) + attempt);
@@ -175,7 +231,7 @@ impl KubeDrainer {
                     uid: Some(self.node.clone()),
                     ..ObjectReference::default()
                 },
-                reason: Some(reason.to_string()),
+                reason: Some(reason.as_str().to_string()),
                 message: Some(truncate(message, EVENT_MESSAGE_MAX)),
                 type_: Some(type_.to_string()),
                 source: Some(EventSource {
@@ -191,7 +247,7 @@ impl KubeDrainer {
             };
             match events.create(&PostParams::default(), &ev).await {
                 Ok(_) => {
-                    tracing::debug!(reason, type_, "event recorded: {message}");
+                    tracing::debug!(%reason, type_, "event recorded: {message}");
                     return Ok(());
                 }
                 Err(e) if status_code(&e) == Some(409) && attempt == 0 => continue,

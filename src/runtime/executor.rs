@@ -5,6 +5,7 @@
 use super::Runtime;
 use crate::agent::{Action, Event};
 use crate::config::DrainFailure;
+use crate::drain::{DrainError, EventReason};
 use crate::gate::Stage;
 use crate::lock::{self, Fence};
 use crate::notify::Duty;
@@ -121,14 +122,12 @@ impl Runtime {
                 sleep_until(*until).await;
                 Event::UsersWarningOver
             }
-            Action::AwaitInhibitors { known } => {
-                match self.rebooter.blockers_changed(known).await {
-                    Ok(by) => Event::Inhibited { by },
-                    Err(e) => Event::Transient {
-                        error: format!("cannot follow logind's inhibitors: {e}"),
-                    },
-                }
-            }
+            Action::AwaitInhibitors { known } => match self.host.blockers_changed(known).await {
+                Ok(by) => Event::Inhibited { by },
+                Err(e) => Event::Transient {
+                    error: format!("cannot follow logind's inhibitors: {e}"),
+                },
+            },
             Action::RecordCordon => self.record_cordon().await,
             Action::Drain => self.drain_node(state.phase).await,
             Action::AwaitReboot { deadline } => {
@@ -199,8 +198,8 @@ impl Runtime {
 
     /// Take rebootd's labels and taint off the node, then give the slot back.
     async fn unmark_and_release(&self) -> Event {
-        if let Some(d) = &self.drainer {
-            if let Err(e) = d.unmark().await {
+        if let Some(n) = &self.node {
+            if let Err(e) = n.unmark().await {
                 self.metrics.error("kubernetes");
                 return Event::Transient {
                     error: format!("cannot take the reboot labels and taint off: {e}"),
@@ -213,12 +212,12 @@ impl Runtime {
     /// Whether the node was schedulable before rebootd cordons it, once nothing stands in the
     /// way any more.
     async fn record_cordon(&self) -> Event {
-        match &self.drainer {
+        match &self.node {
             // Time may have passed waiting for the slot: look at the blockers again before
             // touching the node.
-            Some(d) => match self.obstacle(Stage::WithSlot).await {
+            Some(n) => match self.obstacle(Stage::WithSlot).await {
                 Some(obstacle) => obstacle,
-                None => match d.is_unschedulable().await {
+                None => match n.is_unschedulable().await {
                     Ok(already) => Event::Cordoned { by_us: !already },
                     Err(e) => Event::Transient {
                         error: format!("cannot read the node: {e}"),
@@ -231,7 +230,7 @@ impl Runtime {
 
     /// Drain the node, the slot proved held first; a failure says whether to reboot anyway.
     async fn drain_node(&self, phase: Phase) -> Event {
-        let Some(d) = &self.drainer else {
+        let Some(n) = &self.node else {
             return Event::Drained;
         };
         // The cordon comes first in a drain: prove the slot is still ours.
@@ -239,12 +238,11 @@ impl Runtime {
             return lost;
         }
         self.event(
-            "DrainStarted",
+            EventReason::DrainStarted,
             "rebootd is draining the node for a reboot",
-            false,
         )
         .await;
-        match d.drain().await {
+        match n.drain().await {
             Ok(()) => Event::Drained,
             Err(e) => {
                 let reboot_anyway = self
@@ -254,7 +252,7 @@ impl Runtime {
                     .is_some_and(|k| k.on_drain_failure == DrainFailure::Reboot);
                 let msg = format!("drain failed: {e}");
                 error!(error = %e, reboot_anyway, "drain failed");
-                self.event("DrainFailed", &msg, true).await;
+                self.event(EventReason::DrainFailed, &msg).await;
                 Event::DrainFailed {
                     error: e.to_string(),
                     reboot_anyway,
@@ -265,13 +263,12 @@ impl Runtime {
 
     /// Make the node schedulable again.
     async fn uncordon_node(&self) -> Event {
-        match &self.drainer {
-            Some(d) => match d.uncordon().await {
+        match &self.node {
+            Some(n) => match n.uncordon().await {
                 Ok(()) => {
                     self.event(
-                        "Uncordoned",
+                        EventReason::Uncordoned,
                         "rebootd made the node schedulable again",
-                        false,
                     )
                     .await;
                     Event::Uncordoned
@@ -288,18 +285,18 @@ impl Runtime {
     }
 
     /// Record a Kubernetes Event on the node, if draining is configured; failures are logged.
-    async fn event(&self, reason: &str, message: &str, warning: bool) {
-        if let Some(d) = &self.drainer {
-            if let Err(e) = d.event(reason, message, warning).await {
-                warn!(reason, error = %e, "cannot record a Kubernetes event");
+    async fn event(&self, reason: EventReason, message: &str) {
+        if let Some(n) = &self.node {
+            if let Err(e) = n.event(reason, message).await {
+                warn!(%reason, error = %e, "cannot record a Kubernetes event");
             }
         }
     }
 
-    /// Running pods that block a reboot (none without a drainer).
-    async fn blockers(&self) -> Result<Vec<String>, String> {
-        match &self.drainer {
-            Some(d) => d.blocking_pods().await.map_err(|e| e.to_string()),
+    /// Running pods that block a reboot (none without a Kubernetes node).
+    async fn blockers(&self) -> Result<Vec<String>, DrainError> {
+        match &self.node {
+            Some(n) => n.blocking_pods().await,
             None => Ok(Vec::new()),
         }
     }
@@ -399,7 +396,7 @@ impl Runtime {
         if warning.is_zero() || state.users_warned.is_some() {
             return None;
         }
-        let sessions = match self.rebooter.sessions().await {
+        let sessions = match self.host.sessions().await {
             Ok(s) if s.is_empty() => return None,
             Ok(s) => s,
             Err(e) => {
@@ -412,7 +409,7 @@ impl Runtime {
             .and_then(|d| Timestamp::now().checked_add(d).ok())
             .unwrap_or(Timestamp::MAX);
         let who = crate::users::describe(&sessions);
-        match self.rebooter.announce(until).await {
+        match self.host.announce(until).await {
             Ok(()) => {
                 info!(%until, who, "logged in: {who}; logind announces the reboot for {until}")
             }
@@ -424,19 +421,19 @@ impl Runtime {
         Some(Event::UsersWarned { sessions, until })
     }
 
-    /// The node reports Ready in this boot (no drainer: at once).
+    /// The node reports Ready in this boot (no Kubernetes node: at once).
     async fn wait_ready(&self) -> Event {
-        match (&self.drainer, &self.config.kubernetes) {
-            (Some(d), Some(k)) => {
+        match (&self.node, &self.config.kubernetes) {
+            (Some(n), Some(k)) => {
                 info!(timeout = ?k.ready_timeout, "waiting for the node to be Ready (at most {:?})", k.ready_timeout);
-                match d.wait_ready(k.ready_timeout).await {
+                match n.wait_ready(k.ready_timeout).await {
                     Ok(()) => Event::Healthy,
                     Err(e) => {
                         let msg = format!(
                             "node not Ready after the reboot ({e}); rebootd keeps its slot, so the rollout stops here"
                         );
                         error!("{msg}");
-                        self.event("NotReadyAfterReboot", &msg, true).await;
+                        self.event(EventReason::NotReadyAfterReboot, &msg).await;
                         Event::NotHealthy {
                             error: e.to_string(),
                         }
@@ -546,7 +543,7 @@ impl Runtime {
             return lost;
         }
         // logind lets root through root's own block inhibitors: look at every one first.
-        match self.rebooter.blockers().await {
+        match self.host.blockers().await {
             Ok(by) if !by.is_empty() => return Event::Inhibited { by },
             Ok(_) => {}
             Err(e) => {
@@ -558,16 +555,15 @@ impl Runtime {
             w.flush().await;
         }
         self.event(
-            "Rebooting",
+            EventReason::Rebooting,
             "rebootd is asking logind to reboot the node",
-            false,
         )
         .await;
-        match self.rebooter.reboot().await {
+        match self.host.reboot().await {
             Ok(()) => Event::RebootAccepted,
             Err(e @ RebootError::Blocked { .. }) => {
                 // Taken between the check and the call: wait for it like any other.
-                if let Ok(by) = self.rebooter.blockers().await {
+                if let Ok(by) = self.host.blockers().await {
                     if !by.is_empty() {
                         return Event::Inhibited { by };
                     }

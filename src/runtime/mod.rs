@@ -1,16 +1,18 @@
 //! The agent's runtime: performs the action the state asks for, turns its outcome into an event,
 //! steps the pure state machine and writes the new state before the next action.
 //!
-//! The work is split by job: `wiring` builds the runtime from the configuration, `executor`
-//! performs one action, `observers` take each change of state to the state file and everything
+//! The work is split by job: `wiring` builds the runtime from the configuration, `seams` are the
+//! host and node adapters it acts through, `executor` performs one action, `observers` take each change of state to the state file and everything
 //! that shows it (in a fixed order), and `heartbeat` keeps a held slot's record fresh. This file
 //! is the loop.
 
 mod executor;
 mod heartbeat;
 mod observers;
+mod seams;
 mod wiring;
 
+pub use seams::{HostSeams, NodeSeams};
 pub use wiring::{
     holder_id, identity, open_coordinator, open_drainer, open_gates, open_semaphore, policy,
     read_id,
@@ -19,11 +21,9 @@ pub use wiring::{
 use crate::agent::{self, Event, Policy};
 use crate::config::Config;
 use crate::control;
-use crate::drain::Drainer;
 use crate::lock::{self, LockError, Semaphore};
 use crate::metrics::Metrics;
 use crate::notify::{self, Watchdog};
-use crate::reboot::Rebooter;
 use crate::state::{Phase, State, StateError, StateStore};
 use crate::trigger::{self, Need, TriggerSource};
 use executor::{duty, interruptible};
@@ -48,13 +48,15 @@ pub enum RuntimeError {
     #[error("lock backend: {0}")]
     Lock(#[from] LockError),
     #[error("kubernetes: {0}")]
-    Kubernetes(String),
+    KubeClient(#[from] crate::kube_client::KubeClientError),
+    #[error("kubernetes: {0}")]
+    Drain(#[from] crate::drain::DrainError),
     #[error("metrics: {0}")]
     Metrics(String),
     #[error("webhook: {0}")]
     Webhook(String),
     #[error("gates: {0}")]
-    Gates(String),
+    Gates(#[from] crate::http::SetupError),
 }
 
 /// One running agent.
@@ -62,8 +64,9 @@ pub struct Runtime {
     config: Config,
     store: StateStore,
     semaphore: Box<dyn Semaphore>,
-    rebooter: Box<dyn Rebooter>,
-    drainer: Option<Box<dyn Drainer>>,
+    host: HostSeams,
+    /// This host's Kubernetes node, when `[kubernetes]` is configured.
+    node: Option<NodeSeams>,
     me: lock::Identity,
     policy: Policy,
     metrics: Metrics,

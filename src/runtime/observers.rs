@@ -80,9 +80,9 @@ impl Runtime {
     /// A new phase on the Node's annotations.
     async fn annotate_phase(&self, before: &State, after: &State) {
         if after.phase != before.phase {
-            if let Some(d) = &self.drainer {
-                if let Err(e) = d
-                    .annotate(after.phase.as_str(), after.since, after.reason.is_some())
+            if let Some(n) = &self.node {
+                if let Err(e) = n
+                    .annotate(after.phase, after.since, after.reason.is_some())
                     .await
                 {
                     warn!(error = %e, "cannot annotate the node");
@@ -94,12 +94,12 @@ impl Runtime {
     /// An operator's pause of this node, or its end, on the Node's annotations.
     async fn annotate_paused(&self, before: &State, after: &State) {
         if after.paused != before.paused {
-            if let Some(d) = &self.drainer {
+            if let Some(n) = &self.node {
                 let reason = after
                     .paused
                     .as_ref()
                     .map(|p| p.reason.as_deref().unwrap_or(""));
-                if let Err(e) = d.annotate_paused(reason).await {
+                if let Err(e) = n.annotate_paused(reason).await {
                     warn!(error = %e, "cannot annotate the node: {e}");
                 }
             }
@@ -109,12 +109,12 @@ impl Runtime {
     /// An operator's pause of the group, or its end, on the Node's annotations.
     async fn annotate_group_paused(&self, before: &State, after: &State) {
         if after.group_paused != before.group_paused {
-            if let Some(d) = &self.drainer {
+            if let Some(n) = &self.node {
                 let reason = after
                     .group_paused
                     .as_ref()
                     .map(|p| p.reason.as_deref().unwrap_or(""));
-                if let Err(e) = d.annotate_group_paused(reason).await {
+                if let Err(e) = n.annotate_group_paused(reason).await {
                     warn!(error = %e, "cannot annotate the node: {e}");
                 }
             }
@@ -143,7 +143,7 @@ impl Runtime {
             && after.users_warned.is_none()
             && !before.reboot.as_ref().is_some_and(|r| r.called)
         {
-            if let Err(e) = self.rebooter.withdraw().await {
+            if let Err(e) = self.host.withdraw().await {
                 warn!(error = %e, "cannot withdraw the reboot announced to logged-in users: {e}");
             }
         }

@@ -1,14 +1,13 @@
 //! Building the runtime from the configuration: this node's identity, the lock backend, the
 //! drainer, the gates, Flatcar's coordinator file, the policy, and [`Runtime`] itself.
 
-use super::{Runtime, RuntimeError};
+use super::{HostSeams, NodeSeams, Runtime, RuntimeError};
 use crate::agent::Policy;
 use crate::config::Config;
-use crate::drain::{Drainer, KubeDrainer};
+use crate::drain::KubeDrainer;
 use crate::lock::{self, LockError, Semaphore};
 use crate::metrics::Metrics;
 use crate::notify::Watchdog;
-use crate::reboot::{Logind, Rebooter};
 use crate::state::StateStore;
 use std::path::Path;
 use tracing::{error, warn};
@@ -68,25 +67,22 @@ pub async fn open_semaphore(config: &Config) -> Result<Box<dyn Semaphore>, LockE
     lock::open::open(config).await
 }
 
-/// The node drainer, when `[kubernetes]` is configured.
+/// This host's Kubernetes node (its drain and its status), when `[kubernetes]` is configured.
 /// Its health gate also requires the Node to report `boot_id`: right after a fast reboot the
 /// Node may still show the Ready posted before it.
 pub async fn open_drainer(
     config: &Config,
     boot_id: &str,
     metrics: &Metrics,
-) -> Result<Option<Box<dyn Drainer>>, RuntimeError> {
+) -> Result<Option<NodeSeams>, RuntimeError> {
     let Some(settings) = &config.kubernetes else {
         return Ok(None);
     };
-    let client = crate::kube_client::connect(settings.kubeconfig.as_deref())
-        .await
-        .map_err(|e| RuntimeError::Kubernetes(e.to_string()))?;
-    let drainer = KubeDrainer::new(client, &config.identity.node_name, settings)
-        .map_err(|e| RuntimeError::Kubernetes(e.to_string()))?
+    let client = crate::kube_client::connect(settings.kubeconfig.as_deref()).await?;
+    let drainer = KubeDrainer::new(client, &config.identity.node_name, settings)?
         .with_boot_id(boot_id)
         .with_metrics(metrics.clone());
-    Ok(Some(Box::new(drainer)))
+    Ok(Some(NodeSeams::new(drainer)))
 }
 
 /// The gates before a reboot and the checks after the boot (`[gates]`), their HTTP clients
@@ -95,20 +91,17 @@ pub async fn open_gates(config: &Config) -> Result<crate::gate::GateSets, Runtim
     use crate::gate::Gates;
     let (before, after) = (&config.gates.before_reboot, &config.gates.after_boot);
     let client = match &config.kubernetes {
-        Some(k) if Gates::needs_kube(before) || Gates::needs_kube(after) => Some(
-            crate::kube_client::connect(k.kubeconfig.as_deref())
-                .await
-                .map_err(|e| RuntimeError::Kubernetes(e.to_string()))?,
-        ),
+        Some(k) if Gates::needs_kube(before) || Gates::needs_kube(after) => {
+            Some(crate::kube_client::connect(k.kubeconfig.as_deref()).await?)
+        }
         _ => None,
     };
     let kube = client
         .as_ref()
         .map(|c| (c, config.identity.node_name.as_str()));
-    let err = |e: crate::http::SetupError| RuntimeError::Gates(e.to_string());
     Ok(crate::gate::GateSets {
-        before_reboot: Gates::from_config(before, kube).map_err(err)?,
-        after_boot: Gates::from_config(after, kube).map_err(err)?,
+        before_reboot: Gates::from_config(before, kube)?,
+        after_boot: Gates::from_config(after, kube)?,
     })
 }
 
@@ -143,24 +136,23 @@ pub fn policy(config: &Config) -> Policy {
 }
 
 impl Runtime {
-    /// Build a runtime with the logind rebooter.
+    /// Build a runtime on this host's logind, draining `node` when there is one.
     pub fn new(
         config: Config,
         store: StateStore,
         semaphore: Box<dyn Semaphore>,
-        drainer: Option<Box<dyn Drainer>>,
+        node: Option<NodeSeams>,
         me: lock::Identity,
     ) -> Runtime {
-        let rebooter = Box::new(Logind::new(
-            config.reboot.inhibitors == crate::config::Inhibitors::Respect,
-        ));
+        let host =
+            HostSeams::logind(config.reboot.inhibitors == crate::config::Inhibitors::Respect);
         let policy = policy(&config);
         Runtime {
             config,
             store,
             semaphore,
-            rebooter,
-            drainer,
+            host,
+            node,
             me,
             policy,
             metrics: Metrics::default(),
@@ -193,9 +185,10 @@ impl Runtime {
         self
     }
 
-    /// Reboot through this instead of logind (the lab's in-process nodes).
-    pub fn with_rebooter(mut self, rebooter: Box<dyn Rebooter>) -> Runtime {
-        self.rebooter = rebooter;
+    /// Reboot, look at inhibitors and warn users through these instead of logind (the lab's
+    /// in-process nodes).
+    pub fn with_host(mut self, host: HostSeams) -> Runtime {
+        self.host = host;
         self
     }
 

@@ -4,6 +4,7 @@
 //! fired before rebootd listened). Reconnects when the bus or update_engine restarts.
 
 use super::{Need, Ready, TriggerSource};
+use crate::backoff::Backoff;
 use futures_util::StreamExt;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -25,6 +26,8 @@ const KNOWN: [&str; 9] = [
     "UPDATE_STATUS_DISABLED",
 ];
 
+/// First pause before reconnecting to the bus: a restarting bus or update_engine is back soon.
+const MIN_BACKOFF: Duration = Duration::from_millis(500);
 /// Longest pause between reconnection attempts to the bus.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
@@ -69,7 +72,7 @@ pub fn classify(operation: &str) -> Meaning {
 
 /// Follow update_engine for as long as the agent listens.
 pub async fn run(tx: mpsc::Sender<Need>, ready: Ready) {
-    let mut backoff = Duration::from_millis(500);
+    let mut backoff = Backoff::new(MIN_BACKOFF, MAX_BACKOFF);
     let mut ready = Some(ready);
     loop {
         match follow(&tx, &mut ready).await {
@@ -79,9 +82,9 @@ pub async fn run(tx: mpsc::Sender<Need>, ready: Ready) {
                 if let Some(r) = ready.take() {
                     let _ = r.send(());
                 }
-                warn!(error = %e, retry_in = ?backoff, "update_engine trigger: lost the system bus; reconnecting");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(MAX_BACKOFF);
+                let pause = backoff.next_delay();
+                warn!(error = %e, retry_in = ?pause, "update_engine trigger: lost the system bus; reconnecting");
+                tokio::time::sleep(pause).await;
             }
         }
     }

@@ -18,12 +18,14 @@ use crate::kube_api::{Kind, KubeApi, KubeApiHandle, Options as KubeOptions};
 use crate::v2_watcher::V2DocWatcher;
 use futures_util::StreamExt;
 use rebootd::config::Config;
+use rebootd::inhibitor::{Inhibitor, Inhibitors};
 use rebootd::lock::document::{semaphore_key, SemaphoreDoc};
 use rebootd::lock::{Acquired, Fence, GroupPause, Identity, LockError, Reported, Semaphore};
 use rebootd::reboot::{RebootError, Rebooter};
-use rebootd::runtime::Runtime;
+use rebootd::runtime::{HostSeams, Runtime};
 use rebootd::state::Phase;
 use rebootd::state::StateStore;
+use rebootd::users::{Session, Sessions};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -326,6 +328,34 @@ impl Rebooter for BenchRebooter {
     }
 }
 
+/// The simulated hosts have no logind: nothing holds a reboot off.
+#[async_trait::async_trait]
+impl Inhibitors for BenchRebooter {
+    async fn blockers(&self) -> Result<Vec<Inhibitor>, RebootError> {
+        Err(RebootError::Unsupported { what: "inhibitors" })
+    }
+
+    async fn blockers_changed(&self, _: &[Inhibitor]) -> Result<Vec<Inhibitor>, RebootError> {
+        Err(RebootError::Unsupported { what: "inhibitors" })
+    }
+}
+
+/// The simulated hosts have no one logged in to warn.
+#[async_trait::async_trait]
+impl Sessions for BenchRebooter {
+    async fn sessions(&self) -> Result<Vec<Session>, RebootError> {
+        Err(RebootError::Unsupported { what: "sessions" })
+    }
+
+    async fn announce(&self, _: jiff::Timestamp) -> Result<(), RebootError> {
+        Err(RebootError::Unsupported { what: "sessions" })
+    }
+
+    async fn withdraw(&self) -> Result<(), RebootError> {
+        Err(RebootError::Unsupported { what: "sessions" })
+    }
+}
+
 struct SimNode {
     dir: PathBuf,
     machine_id: String,
@@ -455,7 +485,7 @@ async fn boot(
         .map_err(|e| e.to_string())?;
     let sem: Box<dyn Semaphore> = Box::new(Counted { inner: sem, calls });
     let rt = Runtime::new(config, node.store(), sem, None, me)
-        .with_rebooter(Box::new(BenchRebooter { node: i, tx }));
+        .with_host(HostSeams::new(BenchRebooter { node: i, tx }));
     Ok(tokio::spawn(async move {
         if let Err(e) = rt.run(std::future::pending()).await {
             eprintln!("node {i}: runtime ended: {e}");
