@@ -4,9 +4,10 @@
 //!
 //! # Rules
 //!
-//! - **Mine.** Only a holder the store could have written for me counts: never a foreign one
-//!   ([`HolderView::foreign`]) and, where the store authenticated each holder's node
-//!   ([`View::node_is_identity`]), only one under my node name. Among those, one with my id
+//! - **Mine.** Only a holder the store could have written for me counts: where the store
+//!   authenticated each holder's node ([`View::node_is_identity`]), only one under my node name
+//!   (foreign to the semaphore or not: past a forced-down `max`, it is still my node's);
+//!   elsewhere never a foreign one ([`HolderView::foreign`]). Among those, one with my id
 //!   and my token is me: [`Decision::Held`]. With my id and no token (locksmith, an older
 //!   rebootd, a holder written by hand for this machine), or, where node names identify hosts,
 //!   with my node name and another id (a reinstalled node): mine to adopt
@@ -157,11 +158,16 @@ pub fn whose(
     node_is_identity: bool,
     me: &Me<'_>,
 ) -> Option<(usize, Decision)> {
+    // Where the store authenticated the node, a slot under mine was written by my node, even
+    // one foreign to the semaphore (past a max forced below the holders): it is mine to hold
+    // and give back. Elsewhere a foreign holder is nobody's.
     let could_be_mine: Vec<(usize, &HolderView)> = holders
         .iter()
         .enumerate()
-        .filter(|(_, h)| h.foreign.is_none())
-        .filter(|(_, h)| !node_is_identity || h.node.as_deref() == Some(me.node))
+        .filter(|(_, h)| match node_is_identity {
+            true => h.node.as_deref() == Some(me.node),
+            false => h.foreign.is_none(),
+        })
         .collect();
     let by_id: Vec<(usize, &HolderView)> = could_be_mine
         .iter()

@@ -48,8 +48,8 @@ pub struct HolderView {
     /// deleted), in words. Such a holder may be reclaimed without `max_hold`.
     pub gone: Option<String>,
     /// Why this holder is not one rebootd would have written (a slot past `max`, an object
-    /// without the semaphore's role), if it is not: it counts as held, and is never anyone's
-    /// to hold or adopt.
+    /// without the semaphore's role), if it is not: it counts as held, and is nobody's to hold
+    /// or adopt but, where the store authenticated nodes, the node it is under.
     pub foreign: Option<String>,
     /// The waiter that claimed this slot to take it back (judging the holder stopped), where a
     /// store takes a slot back in two steps (etcd v2: no transaction over two keys). A claimed

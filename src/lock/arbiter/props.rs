@@ -210,8 +210,11 @@ impl<'a> Expected<'a> {
         let could_be_mine: Vec<&HolderView> = view
             .holders
             .iter()
-            .filter(|h| h.foreign.is_none())
-            .filter(|h| !view.node_is_identity || h.node.as_deref() == Some(ME.node))
+            .filter(|h| match view.node_is_identity {
+                // Only my node writes under its name: foreign or not, it is mine.
+                true => h.node.as_deref() == Some(ME.node),
+                false => h.foreign.is_none(),
+            })
             .collect();
         let by_id: Vec<&HolderView> = could_be_mine
             .iter()

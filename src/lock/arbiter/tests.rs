@@ -161,7 +161,7 @@ fn mine_held_adopted_or_duplicate() {
             Decision::Take { rank: 0 },
         ),
         (
-            "my node on a foreign slot where nodes are authenticated: never mine",
+            "my node on a foreign slot where nodes are authenticated (past a forced-down max): mine",
             View {
                 node_is_identity: true,
                 ..view(
@@ -174,10 +174,7 @@ fn mine_held_adopted_or_duplicate() {
                     vec![],
                 )
             },
-            Decision::Wait {
-                until: None,
-                behind: 0,
-            },
+            Decision::Held,
         ),
     ];
     for (what, v, want) in rows {

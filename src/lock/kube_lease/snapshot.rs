@@ -421,8 +421,15 @@ mod tests {
         assert!(foreign[1].unwrap().contains("past max 1"), "{foreign:?}");
         assert_eq!(v.free(), -1);
 
-        // My own node's slot is mine (held, or to adopt without a token), even past max it is
-        // not: there it only counts.
+        // My own node's slot is mine (held, or to adopt without a token), past max too (a max
+        // forced below the holders) or without its role: only my node writes under its name.
+        let mut past = KubeLeaseSemaphore::taken(&s.free_slot_lease(5), &victim, t0, None);
+        past = with_rv(past, "4");
+        let mut alone = Snapshot::empty();
+        alone.max = 1;
+        s.put_lease(&mut alone, past);
+        assert!(matches!(alone.mine(&victim), Some((_, _, Decision::Held))));
+        assert_eq!(s.fence_of(&alone, &victim), Fence::Held);
         let mut mine = s.free_slot_lease(0);
         mine = KubeLeaseSemaphore::taken(&mine, &victim, t0, None);
         s.put_lease(&mut snap, with_rv(mine, "4"));
@@ -436,7 +443,10 @@ mod tests {
             .unwrap()
             .remove(LABEL_ROLE);
         s.put_lease(&mut snap, with_rv(unlabelled, "5"));
-        assert!(snap.mine(&victim).is_none(), "a slot without its role");
+        assert!(
+            matches!(snap.mine(&victim), Some((_, _, Decision::Held))),
+            "a slot of my node without its role"
+        );
 
         // A control Lease or a pause without its role is neither.
         let mut snap = Snapshot::empty();
