@@ -2,6 +2,7 @@
 //! what the lab's stand-ins see.
 #![allow(dead_code)]
 
+pub mod etcd;
 pub mod in_process;
 pub mod logs;
 
