@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
 use rebootd::lock::fleetlock::{FleetLock, Options};
-use rebootd::lock::{Identity, LockError, Semaphore};
+use rebootd::lock::{LockError, Semaphore};
 use rebootd_lab::airlock::Airlock;
 use rebootd_lab::etcd::{EtcdServer, EtcdVersion};
 use rebootd_lab::fleetlock::{BusyAnswer, FleetLockServer};
@@ -19,7 +19,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::Layer;
 
 mod common;
-use common::in_process::within;
+use common::in_process::{machine as me, within};
 use common::logs::event_line;
 
 // ---------------------------------------------------------------------------------------------
@@ -38,15 +38,6 @@ fn fast() -> Options {
 
 fn client(url: &str) -> FleetLock {
     FleetLock::new(url, "default", fast()).expect("client")
-}
-
-fn me(id: &str) -> Identity {
-    Identity {
-        id: id.into(),
-        node: format!("node-{id}"),
-        boot_id: "boot-1".into(),
-        token: format!("t-{id}"),
-    }
 }
 
 /// Log events of rebootd, as `LEVEL message=... field=value ...` lines, sent to every
