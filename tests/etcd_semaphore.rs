@@ -1391,11 +1391,7 @@ async fn tls_and_password_auth(mut env: Env) {
 
 #[tokio::test(flavor = "current_thread")]
 async fn closed_port_is_unreachable_naming_the_endpoint() {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let endpoint = format!("http://127.0.0.1:{port}");
+    let endpoint = format!("http://{}", common::free_loopback_addr());
     let s = config::Etcd {
         api: config::EtcdApi::V3,
         endpoints: vec![endpoint.clone()],

@@ -329,9 +329,7 @@ async fn the_next_endpoint_is_tried_when_one_is_down(v: EtcdVersion) {
     let Some(etcd) = start(v, EtcdOptions::v2()).await else {
         return;
     };
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let dead = format!("http://{}", closed.local_addr().unwrap());
-    drop(closed);
+    let dead = format!("http://{}", common::free_loopback_addr());
     let mut s = settings(&etcd);
     s.endpoints = vec![dead.clone(), etcd.endpoint()];
     let c = KeysClient::new(&s).unwrap();

@@ -88,12 +88,6 @@ async fn next_log(rx: &mut UnboundedReceiver<String>, needles: &[&str]) -> Strin
     .await
 }
 
-/// A loopback port nobody listens on (bound, then closed).
-async fn closed_port() -> std::net::SocketAddr {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    l.local_addr().unwrap()
-}
-
 /// A FleetLock server: the lab's, or the real airlock on a real etcd.
 enum Server {
     Lab(FleetLockServer),
@@ -451,7 +445,7 @@ async fn server_errors_are_retried() {
 
 #[tokio::test]
 async fn unreachable_server() {
-    let addr = closed_port().await;
+    let addr = common::free_loopback_addr();
     let url = format!("http://{addr}");
     let s = client(&url);
 
