@@ -12,30 +12,33 @@ pub const ZINCATI_APP_ID: &str = "de35106b6ec24688b63afddaa156679b";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Id128(pub [u8; 16]);
 
+/// A text that is not a 128-bit id.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdError {
+    #[error("{0:?} is not a 128-bit id (32 hex digits or a UUID)")]
+    NotAnId(String),
+}
+
 impl Id128 {
     /// Read 32 hexadecimal digits, or the 36-character UUID form with dashes (any case).
-    pub fn parse(text: &str) -> Result<Id128, String> {
+    pub fn parse(text: &str) -> Result<Id128, IdError> {
         let t = text.trim();
         let hex: String = if t.len() == 36 {
             let dashes = [8, 13, 18, 23];
             if !dashes.iter().all(|&i| t.as_bytes()[i] == b'-') {
-                return Err(format!(
-                    "{t:?} is not a 128-bit id (32 hex digits or a UUID)"
-                ));
+                return Err(IdError::NotAnId(t.to_string()));
             }
             t.chars().filter(|&c| c != '-').collect()
         } else {
             t.to_string()
         };
         if hex.len() != 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(format!(
-                "{t:?} is not a 128-bit id (32 hex digits or a UUID)"
-            ));
+            return Err(IdError::NotAnId(t.to_string()));
         }
         let mut out = [0u8; 16];
         for (i, byte) in out.iter_mut().enumerate() {
             *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16)
-                .map_err(|_| format!("{t:?} is not a 128-bit id"))?;
+                .map_err(|_| IdError::NotAnId(t.to_string()))?;
         }
         Ok(Id128(out))
     }
@@ -59,7 +62,7 @@ impl Id128 {
 }
 
 /// The id Zincati sends to a FleetLock server for the machine with this machine id.
-pub fn zincati_node_id(machine_id: &str) -> Result<String, String> {
+pub fn zincati_node_id(machine_id: &str) -> Result<String, IdError> {
     let app = Id128::parse(ZINCATI_APP_ID)?;
     Ok(Id128::parse(machine_id)?.app_specific(app).to_hex())
 }

@@ -74,8 +74,17 @@ pub async fn offline(config: &Config) -> Vec<String> {
     problems
 }
 
+/// Why a command's program would not run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+enum ProgramError {
+    #[error("not an executable file")]
+    NotExecutable,
+    #[error("not found in PATH")]
+    NotInPath,
+}
+
 /// The program a command would run: a path, or a name looked up in `PATH` as `execvp` does.
-fn find_program(program: &str) -> Result<PathBuf, String> {
+fn find_program(program: &str) -> Result<PathBuf, ProgramError> {
     use std::os::unix::fs::PermissionsExt;
     let runnable = |p: &Path| {
         std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
@@ -84,14 +93,14 @@ fn find_program(program: &str) -> Result<PathBuf, String> {
         return if runnable(Path::new(program)) {
             Ok(program.into())
         } else {
-            Err("not an executable file".into())
+            Err(ProgramError::NotExecutable)
         };
     }
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
     std::env::split_paths(&path)
         .map(|d| d.join(program))
         .find(|p| runnable(p))
-        .ok_or_else(|| "not found in PATH".into())
+        .ok_or(ProgramError::NotInPath)
 }
 
 #[cfg(test)]
@@ -110,6 +119,9 @@ mod tests {
             find_program(dir.path().to_str().unwrap()).is_err(),
             "a directory"
         );
-        assert!(find_program("no-such-program-here").is_err());
+        assert_eq!(
+            find_program("no-such-program-here"),
+            Err(ProgramError::NotInPath)
+        );
     }
 }

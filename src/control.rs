@@ -93,7 +93,16 @@ pub fn submit(store: &StateStore, request: Request) -> Result<PathBuf, StateErro
 #[derive(Debug)]
 pub struct Pending {
     pub path: PathBuf,
-    pub request: Result<Envelope, String>,
+    pub request: Result<Envelope, RequestError>,
+}
+
+/// Why a request file is not a request.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error("{0}")]
+    Read(std::io::Error),
+    #[error("{0}")]
+    Parse(serde_json::Error),
 }
 
 /// The requests waiting in `dir`, oldest first. A missing directory has none.
@@ -116,8 +125,8 @@ pub fn pending(dir: &Path) -> std::io::Result<Vec<Pending>> {
         .into_iter()
         .map(|path| {
             let request = std::fs::read_to_string(&path)
-                .map_err(|e| e.to_string())
-                .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()));
+                .map_err(RequestError::Read)
+                .and_then(|t| serde_json::from_str(&t).map_err(RequestError::Parse));
             Pending { path, request }
         })
         .collect())

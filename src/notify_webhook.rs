@@ -282,7 +282,7 @@ async fn deliver(client: HttpClient, uri: Uri, timeout: Duration, mut rx: mpsc::
                 event,
                 url,
                 "webhook notification failed: {}",
-                scrub(&e, &uri)
+                scrub(&e.to_string(), &uri)
             ),
             Err(_) => tracing::warn!(
                 event,
@@ -294,23 +294,46 @@ async fn deliver(client: HttpClient, uri: Uri, timeout: Duration, mut rx: mpsc::
     }
 }
 
-async fn post(client: &HttpClient, uri: &Uri, body: &Value) -> Result<(), String> {
-    let bytes = serde_json::to_vec(body).map_err(|e| e.to_string())?;
+/// Why a notification was not delivered. Its text may quote the URL: shown through [`scrub`].
+#[derive(Debug, thiserror::Error)]
+enum PostError {
+    #[error("{0}")]
+    Encode(serde_json::Error),
+    #[error("{0}")]
+    Request(hyper::http::Error),
+    /// The client's error with its causes ([`error_chain`]).
+    #[error("{0}")]
+    Send(String),
+    #[error("HTTP {0}")]
+    Status(hyper::StatusCode),
+    #[error("HTTP {status}: {error}")]
+    Body {
+        status: hyper::StatusCode,
+        error: http::BodyError,
+    },
+}
+
+async fn post(client: &HttpClient, uri: &Uri, body: &Value) -> Result<(), PostError> {
+    let bytes = serde_json::to_vec(body).map_err(PostError::Encode)?;
     let req = Request::builder()
         .method(Method::POST)
         .uri(uri.clone())
         .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
         .header(USER_AGENT, HeaderValue::from_static("rebootd"))
         .body(Full::new(Bytes::from(bytes)))
-        .map_err(|e| e.to_string())?;
-    let resp = client.request(req).await.map_err(|e| error_chain(&e))?;
+        .map_err(PostError::Request)?;
+    let resp = client
+        .request(req)
+        .await
+        .map_err(|e| PostError::Send(error_chain(&e)))?;
     let status = resp.status();
     // Read the answer so the connection can be reused; its content does not matter.
     let read = http::read_body(resp.into_body(), BODY_MAX).await;
     if !status.is_success() {
-        return Err(format!("HTTP {status}"));
+        return Err(PostError::Status(status));
     }
-    read.map(|_| ()).map_err(|e| format!("HTTP {status}: {e}"))
+    read.map(|_| ())
+        .map_err(|error| PostError::Body { status, error })
 }
 
 /// `text` with the URL's path and query taken out, should an error quote them: they are the

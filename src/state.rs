@@ -230,7 +230,7 @@ pub enum StateError {
     #[error("state file {path} does not parse ({reason}); it is left as it is — move it aside to start afresh. Content: {content}")]
     Corrupt {
         path: PathBuf,
-        reason: String,
+        reason: ParseError,
         content: String,
     },
     #[error("cannot write state file {path}: {source}")]
@@ -357,7 +357,7 @@ fn parse_token(path: &Path, bytes: &[u8]) -> Result<String, StateError> {
     }
     Err(StateError::Corrupt {
         path: path.to_path_buf(),
-        reason: "expected a holder token of at least 16 hex digits".into(),
+        reason: ParseError::Token,
         content: token.chars().take(100).collect(),
     })
 }
@@ -370,14 +370,24 @@ fn random_token() -> std::io::Result<String> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// Why a state file's (or the token file's) content does not read: the reason of
+/// [`StateError::Corrupt`].
+#[derive(Debug, thiserror::Error)]
+pub enum ParseError {
+    #[error("{0}")]
+    Json(serde_json::Error),
+    #[error("layout version {0} is not the supported {STATE_VERSION}")]
+    Version(u32),
+    /// The holder token file does not hold a token.
+    #[error("expected a holder token of at least 16 hex digits")]
+    Token,
+}
+
 /// Parse a state file, refusing an unknown layout version.
-pub fn parse(bytes: &[u8]) -> Result<State, String> {
-    let state: State = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+pub fn parse(bytes: &[u8]) -> Result<State, ParseError> {
+    let state: State = serde_json::from_slice(bytes).map_err(ParseError::Json)?;
     if state.version != STATE_VERSION {
-        return Err(format!(
-            "layout version {} is not the supported {STATE_VERSION}",
-            state.version
-        ));
+        return Err(ParseError::Version(state.version));
     }
     Ok(state)
 }
@@ -478,7 +488,9 @@ mod tests {
         assert!(parse(v.to_string().as_bytes()).is_err());
         let mut v = serde_json::to_value(State::new("b", Timestamp::UNIX_EPOCH)).unwrap();
         v["version"] = 99.into();
-        assert!(parse(v.to_string().as_bytes()).unwrap_err().contains("99"));
+        let e = parse(v.to_string().as_bytes()).unwrap_err();
+        assert!(matches!(e, ParseError::Version(99)), "{e}");
+        assert!(e.to_string().contains("99"), "{e}");
     }
 
     /// A state file written before the trigger became a type (its `reason` a plain string)
@@ -524,6 +536,8 @@ mod tests {
         // A source rebootd never wrote is refused with the file kept, as any corrupt file.
         let mut v = serde_json::to_value(State::new("b", Timestamp::UNIX_EPOCH)).unwrap();
         v["reason"] = "apt: upgraded".into();
-        assert!(parse(v.to_string().as_bytes()).unwrap_err().contains("apt"));
+        let e = parse(v.to_string().as_bytes()).unwrap_err();
+        assert!(matches!(e, ParseError::Json(_)), "{e}");
+        assert!(e.to_string().contains("apt"), "{e}");
     }
 }

@@ -431,10 +431,7 @@ async fn scrape(addr: std::net::SocketAddr) -> String {
 
 #[tokio::test]
 async fn metrics_move_through_a_reboot() {
-    let addr = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let addr = free_loopback_addr();
     let mut node = node("n13", &format!("[metrics]\nlisten = \"{addr}\"\n")).await;
     let mut reboots = node.logind.subscribe();
     idle(&node).await;
@@ -622,10 +619,7 @@ async fn the_watchdog_is_fed_when_systemd_asks_for_it() {
 #[tokio::test]
 async fn metrics_listener_caps_connections_times_out_idle_ones_and_backs_off() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let addr = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let addr = free_loopback_addr();
     let node = node("n17", &format!("[metrics]\nlisten = \"{addr}\"\n")).await;
     idle(&node).await;
 

@@ -11,6 +11,8 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
+use common::etcd::etcd_versions as versions;
+use common::in_process::machine as me;
 use common::*;
 use rebootd::clients::etcd_v2::{Action, Get, KeysClient, Settings};
 use rebootd::config;
@@ -18,21 +20,13 @@ use rebootd::http::TlsFiles;
 use rebootd::lock::document::{holder_record_key, semaphore_key};
 use rebootd::lock::etcd_v2::tree;
 use rebootd::lock::etcd_v3::{EtcdSemaphore, Timeouts};
-use rebootd::lock::{Identity, LockError, Semaphore};
+use rebootd::lock::{LockError, Semaphore};
 use rebootd::state::Phase;
-use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
+use rebootd_lab::etcd::{EtcdOptions, EtcdServer};
 use rebootd_lab::fleet::{FleetLock, FleetOptions};
 
 const NEED: &str = "UPDATE_STATUS_UPDATED_NEED_REBOOT";
 const P: &str = "coreos.com/updateengine/rebootlock";
-
-fn versions() -> Vec<EtcdVersion> {
-    let v = EtcdVersion::available();
-    if std::env::var("CI").is_ok_and(|c| c == "true" || c == "1") {
-        assert_eq!(v.len(), 2, "CI must have etcd 3.4 and 3.5 installed");
-    }
-    v
-}
 
 /// The shell block of docs/etcd-security.md that follows the line
 /// `<!-- tests/etcd_auth.rs runs this block: NAME -->`.
@@ -175,15 +169,6 @@ fn timeouts() -> Timeouts {
         backoff_min: Duration::from_millis(50),
         backoff_max: Duration::from_millis(500),
         queue_ttl: Duration::from_secs(10),
-    }
-}
-
-fn me(id: &str) -> Identity {
-    Identity {
-        id: id.into(),
-        node: format!("node-{id}"),
-        boot_id: format!("boot-{id}"),
-        token: format!("t-{id}"),
     }
 }
 

@@ -1,13 +1,15 @@
-//! The lab's multi-member etcd (`rebootd_lab::etcd_cluster`), on every etcd version installed:
-//! three members come up and elect a leader, the leader found through the members' status is
-//! killed and another takes over, and a member cut off from the others by the peer proxies
-//! loses its quorum (its linearizable reads fail) while its clients still reach it and the
-//! other two keep answering; reconnected, it answers again.
+//! The lab's multi-member etcd (`rebootd_lab::etcd_cluster`), on every etcd version installed
+//! (in CI both, or a failure: see common::etcd): three members come up and elect a leader, the
+//! leader found through the members' status is killed and another takes over, and a member cut
+//! off from the others by the peer proxies loses its quorum (its linearizable reads fail) while
+//! its clients still reach it and the other two keep answering; reconnected, it answers again.
 
 use rebootd_lab::cut_proxy::CutMode;
-use rebootd_lab::etcd::EtcdVersion;
 use rebootd_lab::etcd_cluster::EtcdCluster;
 use std::time::{Duration, Instant};
+
+mod common;
+use common::etcd::etcd_versions;
 
 /// A linearizable read through member `endpoint` alone, within `limit`.
 async fn reads(endpoint: &str, limit: Duration) -> bool {
@@ -32,7 +34,7 @@ async fn leader(c: &EtcdCluster) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_members_elect_lose_their_leader_and_one_is_cut_off() {
-    for v in EtcdVersion::available() {
+    for v in etcd_versions() {
         let mut c = EtcdCluster::start(v, 3, true).await.unwrap();
         for e in c.endpoints() {
             assert!(reads(&e, Duration::from_secs(5)).await, "{v}: {e}");
@@ -76,7 +78,7 @@ async fn three_members_elect_lose_their_leader_and_one_is_cut_off() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_v2_client_moves_off_a_member_cut_off_from_the_others() {
     use rebootd::clients::etcd_v2::{Get, KeysClient, Put, Settings, Timeouts};
-    for v in EtcdVersion::available() {
+    for v in etcd_versions() {
         let c = EtcdCluster::start(v, 3, true).await.unwrap();
         let cut = (leader(&c).await + 1) % 3;
         let mut endpoints = vec![c.endpoint(cut)];
@@ -145,7 +147,7 @@ async fn the_v2_keys_api_across_a_leader_change() {
         quorum: true,
         ..Get::default()
     };
-    for v in EtcdVersion::available() {
+    for v in etcd_versions() {
         let mut c = EtcdCluster::start(v, 3, true).await.unwrap();
         let old = leader(&c).await;
         let on_old = v2_client(&c, old);

@@ -1,31 +1,23 @@
-//! The etcd semaphore against real etcd 3.4 and 3.5 servers: locksmith's document format and
-//! keys, waiting by watch, corrupt documents left alone, concurrency, restarts, stale-holder
-//! reclaim and set-max. Every scenario runs once per etcd version; a missing version skips
-//! (fails when `CI=true`). Synchronisation is by events (watches, log events, task completion)
-//! with timeouts, never by sleeping.
+//! Store-specific behaviour of the etcd v3 store only (what holds for every store is in
+//! lock_conformance.rs): against real etcd 3.4 and 3.5, locksmith's document format and keys,
+//! hand-written and locksmith holders, corrupt documents left alone, the queue under etcd
+//! leases, request counts, restarts and unreachable servers, TLS and etcd auth. Every scenario
+//! runs once per etcd version; a missing version skips (fails in CI, see common::etcd).
+//! Synchronisation is by events (watches, log events, task completion) with timeouts, never by
+//! sleeping.
 
 use rebootd::state::Phase;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rebootd::config;
 use rebootd::lock::document::{self, HolderRecord, SemaphoreDoc};
 use rebootd::lock::etcd_v3::{EtcdSemaphore, Timeouts};
-use rebootd::lock::{Acquired, Admin, Identity, LockError, Reported, Semaphore};
+use rebootd::lock::{Acquired, Admin, LockError, Reported, Semaphore};
 use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
 
-/// Whether `id` (a machine id or a node name) holds a slot, as `rebootctl status` shows it.
-async fn holds(s: &impl Admin, id: &str) -> bool {
-    s.status()
-        .await
-        .expect("status")
-        .holders
-        .iter()
-        .any(|h| h.id == id || h.node.as_deref() == Some(id))
-}
-
 mod common;
-use common::in_process::{a_pause, within, STORE_WAIT as WAIT};
+use common::etcd::{etcd_installed, etcd_versions, per_etcd_version};
+use common::in_process::{a_pause, holds, machine as me, within, STORE_WAIT as WAIT};
 use common::logs::{self, Logs};
 
 const DEFAULT_KEY: &str = "coreos.com/updateengine/rebootlock/semaphore";
@@ -33,21 +25,10 @@ const DEFAULT_KEY: &str = "coreos.com/updateengine/rebootlock/semaphore";
 // ---------------------------------------------------------------------------------------------
 // harness
 
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
-}
-
+/// In CI, both versions or a failure (see common::etcd).
 #[test]
 fn both_etcd_versions_are_installed() {
-    let found = EtcdVersion::available();
-    eprintln!("etcd versions found: {found:?}");
-    if in_ci() {
-        assert_eq!(
-            found.len(),
-            2,
-            "CI must have etcd 3.4 and 3.5, found {found:?}"
-        );
-    }
+    etcd_versions();
 }
 
 /// Everything a scenario gets: a fresh etcd of one version and the log events of this test.
@@ -69,9 +50,7 @@ where
     F: FnOnce(Env) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    if !EtcdVersion::available().contains(&v) {
-        assert!(!in_ci(), "{v} is not installed");
-        eprintln!("skipping: {v} is not installed");
+    if !etcd_installed(v) {
         return;
     }
     // The runtime is current-thread, so every task of the test sees this subscriber.
@@ -82,41 +61,16 @@ where
     scenario(Env { etcd, logs }).await;
 }
 
-macro_rules! per_version {
-    ($($name:ident),* $(,)?) => {
-        mod etcd_3_4 {
-            $(
-                #[tokio::test(flavor = "current_thread")]
-                async fn $name() {
-                    super::run(super::EtcdVersion::V34, super::$name).await
-                }
-            )*
-        }
-        mod etcd_3_5 {
-            $(
-                #[tokio::test(flavor = "current_thread")]
-                async fn $name() {
-                    super::run(super::EtcdVersion::V35, super::$name).await
-                }
-            )*
-        }
-    };
-}
-
-per_version!(
+per_etcd_version!(run:
     create_if_absent_writes_locksmiths_document,
     hand_written_holder_makes_acquire_wait_until_released_by_hand,
     corrupt_documents_are_refused_and_left_untouched,
-    five_acquirers_never_exceed_max_two,
-    acquire_twice_and_release_twice_are_no_ops,
     named_group_uses_the_escaped_key,
     waiter_survives_an_etcd_restart,
     stale_holders_are_reclaimed_only_with_max_hold,
-    a_beating_holder_is_never_reclaimed,
     stale_locksmith_holder_is_reclaimed_after_max_hold_of_waiting,
-    set_max_below_holders_needs_force,
+    a_max_below_the_holders_is_written_as_locksmith_writes_it,
     paused_etcd_is_unreachable_then_recovers,
-    queued_waiters_take_the_slot_in_queue_order,
     a_release_wakes_only_the_head_of_the_queue,
     a_dead_waiter_holds_up_the_queue_at_most_its_lease_ttl,
     a_cancelled_waiter_leaves_the_queue_at_once,
@@ -170,15 +124,6 @@ async fn sem(etcd: &EtcdServer, group: &str, max_hold: Option<Duration>) -> Etcd
     EtcdSemaphore::connect_with(&settings(etcd), group, max_hold, timeouts())
         .await
         .expect("connect")
-}
-
-fn me(id: &str) -> Identity {
-    Identity {
-        id: id.into(),
-        node: format!("node-{id}"),
-        boot_id: format!("boot-{id}"),
-        token: format!("t-{id}"),
-    }
 }
 
 /// `etcdctl put KEY VALUE`, by hand, as an operator or locksmith would.
@@ -531,98 +476,6 @@ async fn corrupt_documents_are_refused_and_left_untouched(env: Env) {
     }
 }
 
-async fn five_acquirers_never_exceed_max_two(env: Env) {
-    let etcd = &env.etcd;
-    let admin = sem(etcd, "default", None).await;
-    admin.set_max(2, false).await.unwrap();
-    let start_rev = {
-        let resp = client(etcd).await.get(DEFAULT_KEY, None).await.unwrap();
-        resp.header().unwrap().revision()
-    };
-
-    // The outside watcher: every version of the document, straight from etcd.
-    let (seen_tx, seen_rx) = tokio::sync::watch::channel(Vec::<String>::new());
-    let most = Arc::new(Mutex::new(0usize));
-    let mut c = client(etcd).await;
-    let mut stream = c
-        .watch(
-            DEFAULT_KEY,
-            Some(etcd_client::WatchOptions::new().with_start_revision(start_rev + 1)),
-        )
-        .await
-        .unwrap();
-    let most_w = most.clone();
-    let watcher = tokio::spawn(async move {
-        let mut versions = 0;
-        while let Ok(Some(resp)) = stream.message().await {
-            for ev in resp.events() {
-                let kv = ev.kv().unwrap();
-                let doc = SemaphoreDoc::parse(kv.value()).expect("a consistent document");
-                versions += 1;
-                let mut most = most_w.lock().unwrap();
-                *most = (*most).max(doc.holders.len());
-                drop(most);
-                let _ = seen_tx.send(doc.holders.clone());
-            }
-        }
-        versions
-    });
-
-    let mut tasks = Vec::new();
-    for i in 0..5 {
-        let s = sem(etcd, "default", None).await;
-        let mut seen = seen_rx.clone();
-        tasks.push(tokio::spawn(async move {
-            let id = format!("node{i}");
-            s.acquire(&me(&id)).await.unwrap();
-            // Hold until the outside watcher has seen us holding.
-            seen.wait_for(|h| h.contains(&id)).await.unwrap();
-            s.unlock(&id).await.unwrap();
-        }));
-    }
-    for t in tasks {
-        within("acquirer", t).await.unwrap();
-    }
-    let mut seen = seen_rx.clone();
-    within("final document", seen.wait_for(|h| h.is_empty()))
-        .await
-        .unwrap();
-    let most = *most.lock().unwrap();
-    eprintln!("most holders seen at once: {most}");
-    assert!(most <= 2, "{most} holders at once with max 2");
-    assert!(most >= 1);
-    watcher.abort();
-    assert_eq!(
-        ctl_get(etcd, DEFAULT_KEY).unwrap(),
-        r#"{"semaphore":2,"max":2,"holders":[]}"#
-    );
-}
-
-async fn acquire_twice_and_release_twice_are_no_ops(env: Env) {
-    let etcd = &env.etcd;
-    let s = sem(etcd, "default", None).await;
-    s.acquire(&me("a")).await.unwrap();
-    let before = raw(etcd, DEFAULT_KEY).await.unwrap();
-    within("second acquire", s.acquire(&me("a"))).await.unwrap();
-    assert_eq!(raw(etcd, DEFAULT_KEY).await.unwrap(), before, "no write");
-    assert!(holds(&s, "a").await);
-    assert!(!holds(&s, "b").await);
-
-    s.unlock("a").await.unwrap();
-    let before = raw(etcd, DEFAULT_KEY).await.unwrap();
-    s.unlock("a").await.unwrap();
-    s.unlock("never-held").await.unwrap();
-    assert_eq!(raw(etcd, DEFAULT_KEY).await.unwrap(), before, "no write");
-    assert!(!holds(&s, "a").await);
-
-    // Reporting a phase without a slot records nothing.
-    s.report_phase(&me("a"), Phase::Idle).await.unwrap();
-    assert_eq!(
-        ctl_get(etcd, &document::holder_record_key("default", "a")),
-        None
-    );
-}
-
 async fn named_group_uses_the_escaped_key(env: Env) {
     let etcd = &env.etcd;
     let s = sem(etcd, "db workers/eu", None).await;
@@ -754,60 +607,6 @@ async fn stale_holders_are_reclaimed_only_with_max_hold(mut env: Env) {
     within("patient", patient).await.unwrap().unwrap();
 }
 
-/// A holder that beats (heartbeats give its record new revisions) keeps its slot however long
-/// it holds it; once it stops, the head of the queue reclaims it after max_hold of silence, and
-/// the old holder's fence says it lost the slot.
-async fn a_beating_holder_is_never_reclaimed(mut env: Env) {
-    let etcd = &env.etcd;
-    let max_hold = Duration::from_millis(800);
-    let holder = sem(etcd, "default", Some(max_hold)).await;
-    holder.acquire(&me("h")).await.unwrap();
-    let every = holder.heartbeat_every().expect("beats with max_hold");
-    assert_eq!(every, max_hold / 8);
-
-    let w = sem(etcd, "default", Some(max_hold)).await;
-    let waiter = tokio::spawn(async move { w.acquire(&me("w")).await });
-    waits_at(&mut env.logs, "w", 1).await;
-    // Beat for three times max_hold: the waiter must not reclaim meanwhile.
-    let beating = Instant::now();
-    let mut tick = tokio::time::interval(every);
-    while beating.elapsed() < max_hold * 3 {
-        tick.tick().await;
-        assert_eq!(
-            holder.heartbeat(&me("h")).await.unwrap(),
-            rebootd::lock::Fence::Held,
-            "reclaimed while beating, after {:?}",
-            beating.elapsed()
-        );
-    }
-    assert!(
-        !waiter.is_finished(),
-        "the waiter took a live holder's slot"
-    );
-    assert_eq!(
-        holder.fence(&me("h")).await.unwrap(),
-        rebootd::lock::Fence::Held
-    );
-
-    // Stopped: reclaimed after max_hold of silence, not before.
-    let stopped = Instant::now();
-    within("reclaim", waiter).await.unwrap().unwrap();
-    let after = stopped.elapsed();
-    eprintln!("reclaimed {after:?} after the last heartbeat (max_hold {max_hold:?})");
-    assert!(after >= max_hold - every, "{after:?}");
-    env.logs.expect(&["RECLAIMING", "holder=h"]).await;
-    match holder.fence(&me("h")).await.unwrap() {
-        rebootd::lock::Fence::Lost { why } => {
-            assert!(why.contains("not among the holders"), "{why}")
-        }
-        held => panic!("the reclaimed holder's fence says {held:?}"),
-    }
-    assert!(matches!(
-        holder.heartbeat(&me("h")).await.unwrap(),
-        rebootd::lock::Fence::Lost { .. }
-    ));
-}
-
 async fn stale_locksmith_holder_is_reclaimed_after_max_hold_of_waiting(mut env: Env) {
     let etcd = &env.etcd;
     // A locksmith holder: no rebootd record, so its age counts from when the waiter saw it.
@@ -831,7 +630,10 @@ async fn stale_locksmith_holder_is_reclaimed_after_max_hold_of_waiting(mut env: 
     );
 }
 
-async fn set_max_below_holders_needs_force(env: Env) {
+/// locksmith's document through a forced `set-max` below the holders (the scenario itself is
+/// lock_conformance's set_max_below_the_holders_needs_force): `semaphore` goes below zero as
+/// locksmith writes it, and back up as holders leave.
+async fn a_max_below_the_holders_is_written_as_locksmith_writes_it(env: Env) {
     let etcd = &env.etcd;
     let s = sem(etcd, "default", None).await;
     s.set_max(2, false).await.unwrap();
@@ -841,26 +643,11 @@ async fn set_max_below_holders_needs_force(env: Env) {
     );
     s.acquire(&me("b")).await.unwrap();
     s.acquire(&me("a")).await.unwrap();
-    let before = raw(etcd, DEFAULT_KEY).await.unwrap();
-    match s.set_max(1, false).await {
-        Err(LockError::MaxBelowHolders {
-            requested: 1,
-            holders: 2,
-        }) => {}
-        other => panic!("expected MaxBelowHolders, got {other:?}"),
-    }
-    assert_eq!(
-        raw(etcd, DEFAULT_KEY).await.unwrap(),
-        before,
-        "refusal wrote"
-    );
-
     s.set_max(1, true).await.unwrap();
     assert_eq!(
         ctl_get(etcd, DEFAULT_KEY).unwrap(),
         r#"{"semaphore":-1,"max":1,"holders":["a","b"]}"#
     );
-    assert_eq!(s.status().await.unwrap().free, -1);
     s.unlock("a").await.unwrap();
     assert_eq!(
         ctl_get(etcd, DEFAULT_KEY).unwrap(),
@@ -1041,37 +828,6 @@ async fn after_a_boot_the_connection_read_serves_the_first_report(env: Env) {
     assert_eq!(used.get("Txn").copied(), Some(1.0), "{used:?}");
     let record = ctl_get(etcd, &document::holder_record_key("default", "a")).unwrap();
     assert!(record.contains("\"rebooting\""), "{record}");
-}
-
-/// Four waiters that queue up in a known order (each starts once the one before is in the
-/// queue) take the slot in that order, whatever their ids, one release after the other.
-async fn queued_waiters_take_the_slot_in_queue_order(mut env: Env) {
-    let etcd = &env.etcd;
-    let admin = sem(etcd, "default", None).await;
-    admin.acquire(&me("h")).await.unwrap();
-    let (took_tx, mut took) = tokio::sync::mpsc::unbounded_channel();
-    let order = ["w3", "w1", "w0", "w2"];
-    let mut tasks = Vec::new();
-    for (i, id) in order.iter().enumerate() {
-        tasks.push(spawn_waiter(etcd, id, &took_tx).await);
-        waits_at(&mut env.logs, id, i + 1).await;
-    }
-    let mut holder = "h".to_owned();
-    let mut served = Vec::new();
-    for _ in order {
-        admin.unlock(&holder).await.unwrap();
-        holder = within("next holder", took.recv()).await.unwrap();
-        assert_eq!(
-            admin.status().await.unwrap().holders.len(),
-            1,
-            "one holder at a time"
-        );
-        served.push(holder.clone());
-    }
-    assert_eq!(served, order, "served in queue order");
-    for t in tasks {
-        within("waiter", t).await.unwrap().unwrap();
-    }
 }
 
 /// With a holder and eight queued waiters, one release and hand-off costs etcd a handful of
@@ -1636,11 +1392,7 @@ async fn tls_and_password_auth(mut env: Env) {
 
 #[tokio::test(flavor = "current_thread")]
 async fn closed_port_is_unreachable_naming_the_endpoint() {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let endpoint = format!("http://127.0.0.1:{port}");
+    let endpoint = format!("http://{}", common::free_loopback_addr());
     let s = config::Etcd {
         api: config::EtcdApi::V3,
         endpoints: vec![endpoint.clone()],

@@ -10,23 +10,19 @@ use rebootd::clients::etcd_v2::{Action, Get, KeysClient, Put, Settings, Timeouts
 use rebootd::http::TlsFiles;
 use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
 
+mod common;
+use common::etcd::{per_etcd_version, start_etcd as start};
+
 const WAIT: Duration = Duration::from_secs(20);
 
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
-}
-
-async fn start(v: EtcdVersion, options: EtcdOptions) -> Option<EtcdServer> {
-    if !EtcdVersion::available().contains(&v) {
-        assert!(!in_ci(), "{v} is not installed");
-        eprintln!("skipping: {v} is not installed");
-        return None;
-    }
-    Some(
-        EtcdServer::start_with(v, options)
-            .await
-            .expect("start etcd"),
-    )
+/// Runs a scenario on etcd `v`; the scenario starts its etcd (with the options it needs) by
+/// [`start`], which skips (fails in CI) when `v` is not installed.
+async fn run<F, Fut>(v: EtcdVersion, scenario: F)
+where
+    F: FnOnce(EtcdVersion) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    scenario(v).await
 }
 
 fn settings(etcd: &EtcdServer) -> Settings {
@@ -53,28 +49,7 @@ fn client(etcd: &EtcdServer) -> KeysClient {
     KeysClient::new(&settings(etcd)).expect("client")
 }
 
-macro_rules! per_version {
-    ($($name:ident),* $(,)?) => {
-        mod etcd_3_4 {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::$name(super::EtcdVersion::V34).await
-                }
-            )*
-        }
-        mod etcd_3_5 {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::$name(super::EtcdVersion::V35).await
-                }
-            )*
-        }
-    };
-}
-
-per_version!(
+per_etcd_version!(run:
     create_compare_and_swap_and_delete,
     in_order_keys_ttl_and_refresh,
     watches_wait_for_the_next_change_and_report_a_cleared_index,
@@ -354,9 +329,7 @@ async fn the_next_endpoint_is_tried_when_one_is_down(v: EtcdVersion) {
     let Some(etcd) = start(v, EtcdOptions::v2()).await else {
         return;
     };
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let dead = format!("http://{}", closed.local_addr().unwrap());
-    drop(closed);
+    let dead = format!("http://{}", common::free_loopback_addr());
     let mut s = settings(&etcd);
     s.endpoints = vec![dead.clone(), etcd.endpoint()];
     let c = KeysClient::new(&s).unwrap();

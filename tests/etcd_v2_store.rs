@@ -1,7 +1,8 @@
-//! The v2 store (`[lock.etcd] api = "v2"`) against real etcd 3.4 and 3.5 (`--enable-v2=true`)
-//! and the real `locksmithctl`: both sides agree on the semaphore in both directions, waiting is
-//! one streaming watch (requests counted), the queue is FIFO, a corrupt document is left alone,
-//! a moved document makes every call say so, and a node on v2 follows the semaphore to v3.
+//! Store-specific behaviour of the v2 store (`[lock.etcd] api = "v2"`) only (what holds for
+//! every store is in lock_conformance.rs): against real etcd 3.4 and 3.5 (`--enable-v2=true`)
+//! and the real `locksmithctl`, both sides agree on the semaphore in both directions, waiting is
+//! one streaming watch (requests counted), a corrupt document is left alone, a moved document
+//! makes every call say so, a node on v2 follows the semaphore to v3, TLS and v2 auth.
 //! No sleeps: waits are on watches and task completion.
 
 use rebootd::state::Phase;
@@ -12,19 +13,17 @@ use rebootd::config;
 use rebootd::lock::document::semaphore_key;
 use rebootd::lock::etcd_v2::follow::FollowV3;
 use rebootd::lock::etcd_v2::{tree, EtcdV2Semaphore, Timeouts};
-use rebootd::lock::{Acquired, Admin, Fence, Identity, LockError, Reported, Semaphore};
+use rebootd::lock::{Acquired, Admin, Fence, LockError, Reported, Semaphore};
 use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
 use rebootd_lab::locksmith::{LocksmithEtcd, Locksmithctl};
 use rebootd_lab::v2_watcher::{self, V2DocWatcher};
 
 mod common;
-use common::in_process::a_pause;
+use common::etcd::{per_etcd_version, start_etcd};
+use common::in_process::{a_pause, machine as me};
+use common::logs;
 
 const WAIT: Duration = Duration::from_secs(30);
-
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
-}
 
 struct Env {
     etcd: EtcdServer,
@@ -65,45 +64,18 @@ where
     F: FnOnce(Env) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    if !EtcdVersion::available().contains(&v) {
-        assert!(!in_ci(), "{v} is not installed");
-        eprintln!("skipping: {v} is not installed");
+    let Some(etcd) = start_etcd(v, EtcdOptions::v2()).await else {
         return;
-    }
-    let etcd = EtcdServer::start_with(v, EtcdOptions::v2())
-        .await
-        .expect("start etcd");
+    };
     scenario(Env { etcd }).await;
 }
 
-macro_rules! per_version {
-    ($($name:ident),* $(,)?) => {
-        mod etcd_3_4 {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::run(super::EtcdVersion::V34, super::$name).await
-                }
-            )*
-        }
-        mod etcd_3_5 {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::run(super::EtcdVersion::V35, super::$name).await
-                }
-            )*
-        }
-    };
-}
-
-per_version!(
+per_etcd_version!(run:
     a_locksmith_holder_makes_rebootd_wait_and_its_unlock_wakes_it_by_watch,
     locksmithctl_sees_and_respects_rebootds_holder,
     a_release_right_after_a_report_reads_nothing,
     unlock_and_set_max_agree_in_both_directions,
     a_named_group_is_locksmiths_escaped_key,
-    waiters_are_served_in_queue_order,
     a_corrupt_document_is_refused_and_left_untouched,
     a_moved_document_is_followed_to_v3,
     a_waiter_survives_a_cleared_watch_index_and_an_etcd_restart,
@@ -125,15 +97,6 @@ mod tls {
     #[tokio::test]
     async fn etcd_3_4_client_certificate_and_password() {
         super::tls_and_password(super::EtcdVersion::V34).await
-    }
-}
-
-fn me(id: &str) -> Identity {
-    Identity {
-        id: id.into(),
-        node: format!("node-{id}"),
-        boot_id: format!("boot-{id}"),
-        token: format!("t-{id}"),
     }
 }
 
@@ -407,42 +370,6 @@ async fn a_named_group_is_locksmiths_escaped_key(env: Env) {
     assert!(other.status().await.unwrap().holders.is_empty());
 }
 
-async fn waiters_are_served_in_queue_order(env: Env) {
-    let ctl = env.ctl("default");
-    assert!(
-        ctl.run(&["lock", "locksmith-holder"])
-            .await
-            .unwrap()
-            .success
-    );
-    let store = Arc::new(env.store("default").await);
-    let queue = tree::Keys::new("default").queue;
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let mut tasks = Vec::new();
-    for (i, id) in ["first", "second", "third"].into_iter().enumerate() {
-        let (s, tx) = (store.clone(), tx.clone());
-        tasks.push(tokio::spawn(async move {
-            s.acquire(&me(id)).await.unwrap();
-            tx.send(id).unwrap();
-        }));
-        // Queue them one after the other.
-        wait_queue_len(&env.etcd, &queue, i + 1).await;
-    }
-    let mut order = Vec::new();
-    for holder in ["locksmith-holder", "first", "second"] {
-        assert!(ctl.run(&["unlock", holder]).await.unwrap().success);
-        let got = tokio::time::timeout(WAIT, rx.recv())
-            .await
-            .unwrap()
-            .unwrap();
-        order.push(got);
-    }
-    assert_eq!(order, ["first", "second", "third"]);
-    for t in tasks {
-        t.await.unwrap();
-    }
-}
-
 async fn a_corrupt_document_is_refused_and_left_untouched(env: Env) {
     let key = format!("/{}", semaphore_key("default"));
     let bad = r#"{"semaphore":1,"max":1,"holders":[],"extra":true}"#;
@@ -689,13 +616,11 @@ async fn a_waiter_survives_a_cleared_watch_index_and_an_etcd_restart(mut env: En
             .await
             .unwrap(),
     );
-    let (cap, mut logs) = logs_capture();
+    // The runtime is current-thread, so the waiter's task sees this subscriber.
+    let (_guard, mut logs) = logs::capture_on_this_thread();
     let waiter = {
         let s = store.clone();
-        tokio::spawn(tracing::instrument::WithSubscriber::with_subscriber(
-            async move { s.acquire(&me("rebootd-node")).await },
-            cap,
-        ))
+        tokio::spawn(async move { s.acquire(&me("rebootd-node")).await })
     };
     let queue = tree::Keys::new("default").queue;
     wait_queue_len(&env.etcd, &queue, 1).await;
@@ -710,7 +635,7 @@ async fn a_waiter_survives_a_cleared_watch_index_and_an_etcd_restart(mut env: En
             .await
             .unwrap();
     }
-    within_logs(&mut logs, "watch index cleared; reading again").await;
+    logs.expect(&["watch index cleared; reading again"]).await;
     assert!(!waiter.is_finished());
     env.etcd.restart().await.unwrap();
     assert!(!waiter.is_finished());
@@ -728,66 +653,14 @@ async fn a_waiter_survives_a_cleared_watch_index_and_an_etcd_restart(mut env: En
     assert_eq!(ctl.status().await.unwrap().holders, ["rebootd-node"]);
 }
 
-/// Every log line of the task it is given to (`with_subscriber`), to a channel.
-fn logs_capture() -> (
-    tracing::Dispatch,
-    tokio::sync::mpsc::UnboundedReceiver<String>,
-) {
-    use tracing_subscriber::layer::SubscriberExt;
-    struct Lines(tokio::sync::mpsc::UnboundedSender<String>);
-    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Lines {
-        fn on_event(
-            &self,
-            event: &tracing::Event<'_>,
-            _ctx: tracing_subscriber::layer::Context<'_, S>,
-        ) {
-            struct V(String);
-            impl tracing::field::Visit for V {
-                fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
-                    self.0.push_str(&format!("{}={:?} ", f.name(), v));
-                }
-            }
-            let mut v = V(String::new());
-            event.record(&mut v);
-            let _ = self.0.send(v.0);
-        }
-    }
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let d = tracing::Dispatch::new(tracing_subscriber::registry().with(Lines(tx)));
-    (d, rx)
-}
-
-/// Wait until a captured line contains `needle`.
-async fn within_logs(lines: &mut tokio::sync::mpsc::UnboundedReceiver<String>, needle: &str) {
-    let mut seen = Vec::new();
-    let found = tokio::time::timeout(WAIT, async {
-        while let Some(line) = lines.recv().await {
-            if line.contains(needle) {
-                return true;
-            }
-            seen.push(line);
-        }
-        false
-    })
-    .await;
-    assert!(
-        found == Ok(true),
-        "no log line with {needle:?}; saw {seen:#?}"
-    );
-}
-
 async fn tls_and_password(v: EtcdVersion) {
-    if !EtcdVersion::available().contains(&v) {
-        assert!(!in_ci(), "{v} is not installed");
-        return;
-    }
     let options = EtcdOptions {
         tls: true,
         enable_v2: true,
     };
-    let mut etcd = EtcdServer::start_with(v, options)
-        .await
-        .expect("start etcd");
+    let Some(mut etcd) = start_etcd(v, options).await else {
+        return;
+    };
     etcd.enable_v2_auth("rootpw").unwrap();
     etcd.add_v2_user("fleet", "s3cret", "/coreos.com/updateengine/rebootlock")
         .unwrap();

@@ -3,6 +3,7 @@
 
 mod common;
 
+use common::etcd::etcd_versions as versions;
 use common::*;
 use rebootd::lock::document::semaphore_key;
 use rebootd::state::Phase;
@@ -12,14 +13,6 @@ use std::time::Duration;
 
 const NEED: &str = "UPDATE_STATUS_UPDATED_NEED_REBOOT";
 const KEY: &str = "coreos.com/updateengine/rebootlock/semaphore";
-
-fn versions() -> Vec<EtcdVersion> {
-    let v = EtcdVersion::available();
-    if std::env::var_os("CI").is_some() {
-        assert_eq!(v.len(), 2, "CI must have etcd 3.4 and 3.5 installed");
-    }
-    v
-}
 
 async fn fleet(version: EtcdVersion, nodes: usize, max: u64, group: &str) -> Fleet {
     ready_fleet(FleetOptions {

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
 use rebootd::lock::fleetlock::{FleetLock, Options};
-use rebootd::lock::{Identity, LockError, Semaphore};
+use rebootd::lock::{LockError, Semaphore};
 use rebootd_lab::airlock::Airlock;
 use rebootd_lab::etcd::{EtcdServer, EtcdVersion};
 use rebootd_lab::fleetlock::{BusyAnswer, FleetLockServer};
@@ -20,7 +20,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::Layer;
 
 mod common;
-use common::in_process::within;
+use common::in_process::{machine as me, within};
 use common::logs::event_line;
 
 // ---------------------------------------------------------------------------------------------
@@ -39,15 +39,6 @@ fn fast() -> Options {
 
 fn client(url: &str) -> FleetLock {
     FleetLock::new(url, "default", fast()).expect("client")
-}
-
-fn me(id: &str) -> Identity {
-    Identity {
-        id: id.into(),
-        node: format!("node-{id}"),
-        boot_id: "boot-1".into(),
-        token: format!("t-{id}"),
-    }
 }
 
 /// Log events of rebootd, as `LEVEL message=... field=value ...` lines, sent to every
@@ -96,12 +87,6 @@ async fn next_log(rx: &mut UnboundedReceiver<String>, needles: &[&str]) -> Strin
         }
     })
     .await
-}
-
-/// A loopback port nobody listens on (bound, then closed).
-async fn closed_port() -> std::net::SocketAddr {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    l.local_addr().unwrap()
 }
 
 /// A FleetLock server: the lab's, or the real airlock on a real etcd.
@@ -461,7 +446,7 @@ async fn server_errors_are_retried() {
 
 #[tokio::test]
 async fn unreachable_server() {
-    let addr = closed_port().await;
+    let addr = common::free_loopback_addr();
     let url = format!("http://{addr}");
     let s = client(&url);
 

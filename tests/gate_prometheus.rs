@@ -15,6 +15,8 @@ use rebootd_lab::http_stub::HttpStub;
 use rebootd_lab::prometheus::{alertmanager, prometheus, prometheus_tls, request, Exporter};
 use serde_json::json;
 
+mod common;
+
 const RULES: &str = "groups:
   - name: lab
     rules:
@@ -149,12 +151,7 @@ async fn alerts_gate_waits_while_an_alert_fires_unless_silenced() {
 #[tokio::test]
 async fn gates_fail_closed_and_the_first_wait_is_said() {
     let t = Duration::from_secs(2);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let nowhere = format!("http://127.0.0.1:{port}");
+    let nowhere = format!("http://{}", common::free_loopback_addr());
     let down = Gate::Query(Box::new(
         QueryGate::new("test", &Access::url(&nowhere), "up", t).unwrap(),
     ));

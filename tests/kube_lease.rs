@@ -1,10 +1,11 @@
-//! The Kubernetes Lease semaphore against the lab's Kubernetes API stand-in, over real HTTP:
-//! the objects it creates, max 2 over 5 acquirers, idempotence, waiting by watch (not polling),
-//! 409 and 500 answers, reclaim of holders whose Node is gone or who passed max_hold, set-max,
-//! and what kubectl sees. Every acquirer has its own client and kubeconfig user, so the
-//! stand-in's request log tells who asked what. Synchronisation is by events (log events,
-//! watches, task completion) with timeouts, never by sleeping; the few timeouts expected to
-//! expire assert that something does NOT happen.
+//! Store-specific behaviour of the Kubernetes Lease store only (what holds for every store is in
+//! lock_conformance.rs), against the lab's Kubernetes API stand-in over real HTTP: the objects
+//! it creates, racing on one Lease, waiting by watch (not polling), 409 and 500 answers, reclaim
+//! of holders whose Node is gone or who passed max_hold, slot Leases under set-max, waiter
+//! Leases and their queue, request counts, and what kubectl sees. Every acquirer has its own
+//! client and kubeconfig user, so the stand-in's request log tells who asked what.
+//! Synchronisation is by events (log events, watches, task completion) with timeouts, never by
+//! sleeping; the few timeouts expected to expire assert that something does NOT happen.
 
 use rebootd::state::Phase;
 use std::collections::BTreeMap;
@@ -21,18 +22,8 @@ use rebootd_lab::kube_api::{FaultRule, Kind, KubeApi, KubeApiHandle, NodeBuilder
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
-/// Whether `id` (a machine id or a node name) holds a slot, as `rebootctl status` shows it.
-async fn holds(s: &impl Admin, id: &str) -> bool {
-    s.status()
-        .await
-        .expect("status")
-        .holders
-        .iter()
-        .any(|h| h.id == id || h.node.as_deref() == Some(id))
-}
-
 mod common;
-use common::in_process::{a_pause, me, not_within, within};
+use common::in_process::{a_pause, holds, me, not_within, within};
 use common::logs::{self, Logs};
 
 const NS: &str = "rebootd";
@@ -74,9 +65,8 @@ macro_rules! scenarios {
 
 scenarios!(
     first_use_creates_the_objects,
-    five_acquirers_with_max_two_never_exceed_two,
     two_racers_for_the_last_slot_exactly_one_wins,
-    acquire_twice_and_release_twice_are_no_ops,
+    a_new_process_of_the_holder_writes_nothing_and_unlock_takes_a_node_name,
     waiter_is_woken_by_the_watch_and_never_polls,
     conflict_on_replace_is_retried,
     a_lost_race_waits_for_the_watch_not_a_list,
@@ -85,7 +75,7 @@ scenarios!(
     holder_whose_node_is_deleted_is_reclaimed,
     holder_without_a_node_is_never_reclaimed_for_it,
     holder_past_max_hold_is_reclaimed,
-    set_max_below_holders_needs_force,
+    set_max_deletes_the_free_slot_leases_above_max,
     corrupt_control_lease_is_refused_and_left_alone,
     kubectl_sees_the_holder,
     waiters_take_the_slot_in_fifo_order,
@@ -804,68 +794,6 @@ mod scenarios {
         assert!(!holds(&a, "m-a").await);
     }
 
-    pub async fn five_acquirers_with_max_two_never_exceed_two(mut env: Env) {
-        let names = ["a", "b", "c", "d", "e"];
-        for x in names {
-            add_node(&env, x);
-        }
-        let admin = sem(&env, "admin").await;
-        admin.set_max(2, false).await.expect("set-max 2");
-        assert!(lease(&env, &slot(0)).is_some() && lease(&env, &slot(1)).is_some());
-        let observer = Observer::start(&env).await;
-
-        let (acquired_tx, mut acquired) = tokio::sync::mpsc::unbounded_channel::<usize>();
-        let mut releases = Vec::new();
-        let mut tasks = Vec::new();
-        for (i, x) in names.iter().enumerate() {
-            let s = sem(&env, x).await;
-            let id = me(x);
-            let tx = acquired_tx.clone();
-            let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
-            releases.push(Some(release_tx));
-            tasks.push(tokio::spawn(async move {
-                s.acquire(&id).await.expect("acquire");
-                tx.send(i).unwrap();
-                release_rx.await.unwrap();
-                s.unlock(&id.id).await.expect("release");
-            }));
-        }
-
-        let mut holding = Vec::new();
-        for _ in 0..2 {
-            holding.push(within("two first holders", acquired.recv()).await.unwrap());
-        }
-        env.logs.expect(&["waiting for a free slot"]).await;
-        assert_eq!(holders(&env).len(), 2);
-        let st = admin.status().await.unwrap();
-        assert_eq!((st.max, st.free, st.holders.len()), (2, 0, 2));
-
-        let mut done = 2;
-        while done < names.len() {
-            let i = holding.remove(0);
-            releases[i].take().unwrap().send(()).unwrap();
-            let next = within("next holder", acquired.recv()).await.unwrap();
-            holding.push(next);
-            done += 1;
-            assert!(holders(&env).len() <= 2);
-        }
-        for i in holding {
-            releases[i].take().unwrap().send(()).unwrap();
-        }
-        for t in tasks {
-            within("acquirer task", t).await.unwrap();
-        }
-        let (max_seen, takes) = observer.finish().await;
-        assert_eq!(
-            max_seen, 2,
-            "never more than 2 holders (the observer saw {max_seen})"
-        );
-        assert_eq!(takes.len(), 5, "each of the 5 took a slot once: {takes:?}");
-        assert!(holders(&env).is_empty());
-        let st = admin.status().await.unwrap();
-        assert_eq!((st.max, st.free, st.holders.len()), (2, 2, 0));
-    }
-
     pub async fn two_racers_for_the_last_slot_exactly_one_wins(env: Env) {
         add_node(&env, "a");
         add_node(&env, "b");
@@ -910,41 +838,32 @@ mod scenarios {
         assert_eq!(takes.len(), 2, "{takes:?}");
     }
 
-    pub async fn acquire_twice_and_release_twice_are_no_ops(env: Env) {
+    /// Taking twice and giving back twice on every store: lock_conformance's
+    /// taking_twice_and_giving_back_twice_write_nothing. Here: a new process of the holder (same
+    /// machine id) holds without a write request, and an operator unlocks by node name (the
+    /// Lease's holderIdentity), as `rebootctl unlock node-a` does.
+    pub async fn a_new_process_of_the_holder_writes_nothing_and_unlock_takes_a_node_name(env: Env) {
         add_node(&env, "a");
         let a = sem(&env, "a").await;
         within("acquire", a.acquire(&me("a"))).await.unwrap();
-        let before = env.api.cluster().resource_version();
         let writes = requests_by(&env, "node-a", is_write);
         within("acquire again", a.acquire(&me("a"))).await.unwrap();
         assert_eq!(requests_by(&env, "node-a", is_write), writes, "no write");
-        assert_eq!(env.api.cluster().resource_version(), before);
-        assert_eq!(holders(&env).len(), 1);
-
-        // A process with the same machine id (a restarted daemon) holds it too.
         let a2 = sem(&env, "a").await;
         within("acquire from a new process", a2.acquire(&me("a")))
             .await
             .unwrap();
-        assert_eq!(requests_by(&env, "node-a", is_write), writes);
+        assert_eq!(requests_by(&env, "node-a", is_write), writes, "no write");
+        assert_eq!(holders(&env).len(), 1);
 
-        a.unlock("m-a").await.unwrap();
-        let after_release = env.api.cluster().resource_version();
-        a.unlock("m-a").await.unwrap();
-        assert_eq!(
-            env.api.cluster().resource_version(),
-            after_release,
-            "second release writes nothing"
-        );
-        assert!(!holds(&a, "m-a").await);
-
-        // Release by node name (rebootctl unlock node-a) works too.
-        within("acquire", a.acquire(&me("a"))).await.unwrap();
         let operator = sem(&env, "operator").await;
         operator.unlock("node-a").await.unwrap();
         assert!(!holds(&a, "m-a").await);
+        assert!(holders(&env).is_empty());
+        let rv = env.api.cluster().resource_version();
         operator.unlock("node-a").await.unwrap();
         operator.unlock("nobody").await.unwrap();
+        assert_eq!(env.api.cluster().resource_version(), rv, "no write");
     }
 
     pub async fn waiter_is_woken_by_the_watch_and_never_polls(mut env: Env) {
@@ -1368,30 +1287,21 @@ mod scenarios {
         assert!(requests_by(&env, "node-b", is_lease_list) <= 3);
     }
 
-    pub async fn set_max_below_holders_needs_force(mut env: Env) {
-        for x in ["a", "b", "c"] {
+    /// set-max below the holders on every store: lock_conformance's
+    /// set_max_below_the_holders_needs_force. Here: the slot Leases. Forced below the holders,
+    /// the free slot Lease above max is deleted, a held one stays until its release deletes it;
+    /// growing again creates the free slots; no more than MAX_SLOTS; a no-op writes nothing.
+    pub async fn set_max_deletes_the_free_slot_leases_above_max(mut env: Env) {
+        for x in ["a", "b"] {
             add_node(&env, x);
         }
         let a = sem(&env, "a").await;
         let b = sem(&env, "b").await;
-        let c = sem(&env, "c").await;
         a.set_max(3, false).await.unwrap();
         within("a", a.acquire(&me("a"))).await.unwrap();
         within("b", b.acquire(&me("b"))).await.unwrap();
         assert_eq!(holders(&env).len(), 2);
         assert_eq!(holder_of(&lease(&env, &slot(2)).unwrap()), None);
-
-        match a.set_max(1, false).await {
-            Err(LockError::MaxBelowHolders { requested, holders }) => {
-                assert_eq!((requested, holders), (1, 2))
-            }
-            other => panic!("expected MaxBelowHolders, got {other:?}"),
-        }
-        assert_eq!(
-            ann(&lease(&env, NAME).unwrap(), kube_lease::ANNOTATION_MAX),
-            Some("3"),
-            "a refusal changes nothing"
-        );
         assert!(matches!(
             a.set_max(kube_lease::MAX_SLOTS + 1, true).await,
             Err(LockError::Refused(_))
@@ -1414,29 +1324,14 @@ mod scenarios {
             Some("node-b"),
             "held slot above max stays"
         );
-        let st = a.status().await.unwrap();
-        assert_eq!((st.max, st.free, st.holders.len()), (1, -1, 2));
-
-        let idc = me("c");
-        let mut waiter = Box::pin(c.acquire(&idc));
-        queued(&mut env.logs, "c", &[], &mut waiter).await;
-        // b's slot is above max: released = deleted; still one holder = max, c waits.
         b.unlock("m-b").await.unwrap();
         assert!(
             lease(&env, &slot(1)).is_none(),
             "released slot above max is deleted"
         );
-        not_within(
-            "c while a holds the only slot",
-            Duration::from_millis(500),
-            &mut waiter,
-        )
-        .await;
-        a.unlock("m-a").await.unwrap();
-        within("c", &mut waiter).await.unwrap();
         assert_eq!(
             holders(&env),
-            BTreeMap::from([(slot(0), "node-c".to_owned())])
+            BTreeMap::from([(slot(0), "node-a".to_owned())])
         );
 
         // Growing again creates the free slots; a no-op set-max writes nothing.

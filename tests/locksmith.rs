@@ -27,21 +27,8 @@ use rebootd_lab::v2_watcher::{self, V2DocWatcher};
 const LOCKSMITH_WAIT: Duration = Duration::from_secs(120);
 const NEED_REBOOT: &str = "UPDATE_STATUS_UPDATED_NEED_REBOOT";
 
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
-}
-
 async fn etcd(v: EtcdVersion) -> Option<EtcdServer> {
-    if !EtcdVersion::available().contains(&v) {
-        assert!(!in_ci(), "{v} is not installed");
-        eprintln!("skipping: {v} is not installed");
-        return None;
-    }
-    Some(
-        EtcdServer::start_with(v, EtcdOptions::v2())
-            .await
-            .expect("start etcd"),
-    )
+    common::etcd::start_etcd(v, EtcdOptions::v2()).await
 }
 
 /// A rebootd node's configuration for the etcd at `endpoint`, `api` v2 or v3.

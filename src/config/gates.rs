@@ -469,7 +469,7 @@ fn alerts_check(
         .iter()
         .map(|m| Matcher::parse(m))
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| at.bad("alerts", format!("{matchers:?}"), &e))?;
+        .map_err(|e| at.bad("alerts", format!("{matchers:?}"), &e.to_string()))?;
     let prometheus = prometheus()?;
     let alertmanager_url = match alertmanager_url {
         Some(u) if !url_ok(u) => {

@@ -8,10 +8,23 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HumanDuration(pub Duration);
 
+/// A configuration value that does not read (serde's error, which the loader places in its file
+/// and key, says it).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ValueError {
+    #[error("invalid duration {text:?} ({reason}); write e.g. \"90s\", \"5m\", \"2h\"")]
+    Duration {
+        text: String,
+        reason: humantime::DurationError,
+    },
+}
+
 /// Parse a duration as written in the configuration.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s.trim())
-        .map_err(|e| format!("invalid duration {s:?} ({e}); write e.g. \"90s\", \"5m\", \"2h\""))
+pub fn parse_duration(s: &str) -> Result<Duration, ValueError> {
+    humantime::parse_duration(s.trim()).map_err(|reason| ValueError::Duration {
+        text: s.to_string(),
+        reason,
+    })
 }
 
 impl<'de> Deserialize<'de> for HumanDuration {

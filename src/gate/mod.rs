@@ -23,6 +23,16 @@ pub mod node;
 pub mod pods;
 pub mod prometheus;
 
+/// A gate's cleanup that failed (the Node gates' label and annotations, see [`Gates::used`]).
+#[derive(Debug, thiserror::Error)]
+pub enum GateError {
+    #[error("gate {name:?}: {error}")]
+    Node {
+        name: String,
+        error: node::NodeGateError,
+    },
+}
+
 /// What a gate says now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
@@ -182,12 +192,13 @@ impl Gates {
 
     /// Every gate went right before the call to logind: the Node gates' label and annotations
     /// are removed, so the next reboot needs fresh checks.
-    pub async fn used(&self) -> Result<(), String> {
+    pub async fn used(&self) -> Result<(), GateError> {
         for g in &self.0 {
             if let Gate::Node(n) = &g.gate {
-                n.clear()
-                    .await
-                    .map_err(|e| format!("gate {:?}: {e}", g.name))?;
+                n.clear().await.map_err(|error| GateError::Node {
+                    name: g.name.clone(),
+                    error,
+                })?;
             }
         }
         Ok(())

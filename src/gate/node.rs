@@ -21,6 +21,13 @@ use serde_json::{json, Map, Value};
 
 use super::Verdict;
 
+/// A Node the gate could not label, or unlabel.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeGateError {
+    #[error("cannot patch node {node}: {error}")]
+    Patch { node: String, error: kube::Error },
+}
+
 /// What the Node says now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
@@ -98,7 +105,7 @@ impl NodeGate {
         }
     }
 
-    async fn apply(&self, body: Value) -> Result<(), String> {
+    async fn apply(&self, body: Value) -> Result<(), NodeGateError> {
         let params = PatchParams {
             field_manager: Some(FIELD_MANAGER.to_string()),
             ..PatchParams::default()
@@ -107,7 +114,10 @@ impl NodeGate {
             .patch(&self.node, &params, &Patch::Merge(body))
             .await
             .map(|_| ())
-            .map_err(|e| format!("cannot patch node {}: {e}", self.node))
+            .map_err(|error| NodeGateError::Patch {
+                node: self.node.clone(),
+                error,
+            })
     }
 
     pub async fn check(&self) -> Verdict {
@@ -148,7 +158,7 @@ impl NodeGate {
     }
 
     /// Remove the label and the annotations (the checks were used).
-    pub async fn clear(&self) -> Result<(), String> {
+    pub async fn clear(&self) -> Result<(), NodeGateError> {
         self.apply(patch(&self.label, None, &self.annotations))
             .await
     }

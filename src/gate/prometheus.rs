@@ -24,6 +24,87 @@ use serde_json::Value;
 use super::Verdict;
 use crate::http::{self, error_chain, HttpClient, SetupError, TlsFiles};
 
+/// What a Prometheus gate could not set up, read or understand; the texts are the ones the gate
+/// shows (in its wait, or in the configuration error).
+#[derive(Debug, thiserror::Error)]
+pub enum PrometheusError {
+    #[error("{text:?}: not a label matcher (name=\"value\")")]
+    NotAMatcher { text: String },
+    #[error("{text:?}: not a label matcher (=, !=, =~, !~)")]
+    NoOperator { text: String },
+    #[error("{text:?}: {name:?} is not a label name")]
+    LabelName { text: String, name: String },
+    #[error("{name}: bad regex {value:?}: {error}")]
+    Regex {
+        name: String,
+        value: String,
+        error: regex::Error,
+    },
+    #[error("cannot read {key} {path}: {error}")]
+    TokenRead {
+        key: String,
+        path: String,
+        error: std::io::Error,
+    },
+    #[error("{key} {path} is not UTF-8")]
+    TokenNotUtf8 { key: String, path: String },
+    #[error("{key} {path} is empty")]
+    TokenEmpty { key: String, path: String },
+    #[error("{key} {path}: the token holds characters a header cannot")]
+    TokenHeader { key: String, path: String },
+    #[error("{url}: {error}")]
+    Url {
+        url: String,
+        error: hyper::http::uri::InvalidUri,
+    },
+    #[error("{0}")]
+    Request(hyper::http::Error),
+    /// The HTTP client's error with its causes ([`error_chain`]).
+    #[error("{0}")]
+    Send(String),
+    #[error("HTTP {status}: {error}")]
+    Body {
+        status: hyper::StatusCode,
+        error: http::BodyError,
+    },
+    /// A status other than 2xx, and the start of the answer.
+    #[error("HTTP {status}: {text}")]
+    Status {
+        status: hyper::StatusCode,
+        text: String,
+    },
+    #[error("not JSON: {0}")]
+    NotJson(serde_json::Error),
+    /// An error of a call to `url`.
+    #[error("{url}: {error}")]
+    At {
+        url: String,
+        error: Box<PrometheusError>,
+    },
+    #[error("{url}: no answer within {after:?}")]
+    Timeout { url: String, after: Duration },
+    #[error("it answered status \"error\": {kind}: {error}")]
+    ErrorStatus { kind: String, error: String },
+    #[error("it answered status {0:?}, not \"success\"")]
+    OtherStatus(String),
+    #[error("its answer has no `status` (not the Prometheus API?)")]
+    NoStatus,
+    #[error("its answer's `data` is not an object")]
+    DataNotObject,
+    #[error("its answer has no `data.resultType`")]
+    NoResultType,
+    #[error("its {0} result is not an array")]
+    ResultNotArray(String),
+    #[error("result type {0:?} with no result it understands")]
+    ResultType(String),
+    #[error("its answer's `data.alerts` is not an array")]
+    AlertsNotArray,
+    #[error("an alert without labels or state: {0}")]
+    BadAlert(String),
+    #[error("a silence without matchers")]
+    SilenceWithoutMatchers,
+}
+
 /// One label matcher.
 #[derive(Debug, Clone)]
 pub struct Matcher {
@@ -43,11 +124,13 @@ pub enum MatchOp {
 
 impl Matcher {
     /// `name="value"`, `name!="value"`, `name=~"re"`, `name!~"re"` (quotes optional).
-    pub fn parse(s: &str) -> Result<Matcher, String> {
+    pub fn parse(s: &str) -> Result<Matcher, PrometheusError> {
         let s = s.trim();
         let pos = s
             .find(['=', '!'])
-            .ok_or_else(|| format!("{s:?}: not a label matcher (name=\"value\")"))?;
+            .ok_or_else(|| PrometheusError::NotAMatcher {
+                text: s.to_string(),
+            })?;
         let name = s[..pos].trim();
         let rest = &s[pos..];
         let (op, value) = if let Some(v) = rest.strip_prefix("=~") {
@@ -59,10 +142,15 @@ impl Matcher {
         } else if let Some(v) = rest.strip_prefix('=') {
             (MatchOp::Eq, v)
         } else {
-            return Err(format!("{s:?}: not a label matcher (=, !=, =~, !~)"));
+            return Err(PrometheusError::NoOperator {
+                text: s.to_string(),
+            });
         };
         if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-            return Err(format!("{s:?}: {name:?} is not a label name"));
+            return Err(PrometheusError::LabelName {
+                text: s.to_string(),
+                name: name.to_string(),
+            });
         }
         let value = value.trim();
         let value = value
@@ -73,11 +161,16 @@ impl Matcher {
         Matcher::new(name, op, &value)
     }
 
-    pub fn new(name: &str, op: MatchOp, value: &str) -> Result<Matcher, String> {
+    pub fn new(name: &str, op: MatchOp, value: &str) -> Result<Matcher, PrometheusError> {
         let regex = match op {
             MatchOp::Re | MatchOp::NotRe => Some(
-                regex::Regex::new(&format!("^(?:{value})$"))
-                    .map_err(|e| format!("{name}: bad regex {value:?}: {e}"))?,
+                regex::Regex::new(&format!("^(?:{value})$")).map_err(|error| {
+                    PrometheusError::Regex {
+                        name: name.to_string(),
+                        value: value.to_string(),
+                        error,
+                    }
+                })?,
             ),
             _ => None,
         };
@@ -130,16 +223,22 @@ impl Access {
 
 /// The bearer token in `file`: its content without the final newline; an error names `key`,
 /// the file and why (unreadable, empty, not usable in a header).
-pub fn read_token(key: &str, file: &Path) -> Result<HeaderValue, String> {
-    let path = file.display();
-    let raw = std::fs::read(file).map_err(|e| format!("cannot read {key} {path}: {e}"))?;
-    let text = String::from_utf8(raw).map_err(|_| format!("{key} {path} is not UTF-8"))?;
+pub fn read_token(key: &str, file: &Path) -> Result<HeaderValue, PrometheusError> {
+    let (key, path) = (key.to_string(), file.display().to_string());
+    let raw = match std::fs::read(file) {
+        Ok(raw) => raw,
+        Err(error) => return Err(PrometheusError::TokenRead { key, path, error }),
+    };
+    let Ok(text) = String::from_utf8(raw) else {
+        return Err(PrometheusError::TokenNotUtf8 { key, path });
+    };
     let token = text.trim_end_matches(['\n', '\r']);
     if token.is_empty() {
-        return Err(format!("{key} {path} is empty"));
+        return Err(PrometheusError::TokenEmpty { key, path });
     }
-    let mut value = HeaderValue::from_str(&format!("Bearer {token}"))
-        .map_err(|_| format!("{key} {path}: the token holds characters a header cannot"))?;
+    let Ok(mut value) = HeaderValue::from_str(&format!("Bearer {token}")) else {
+        return Err(PrometheusError::TokenHeader { key, path });
+    };
     value.set_sensitive(true);
     Ok(value)
 }
@@ -184,7 +283,7 @@ impl Api {
         let token = match &access.bearer_token_file {
             Some(file) => {
                 let key = format!("{at}.bearer_token_file");
-                read_token(&key, file).map_err(SetupError)?;
+                read_token(&key, file).map_err(|e| SetupError(e.to_string()))?;
                 Some((key, file.clone()))
             }
             None => None,
@@ -197,9 +296,12 @@ impl Api {
         })
     }
 
-    async fn get(&self, path_and_query: &str) -> Result<Value, String> {
+    async fn get(&self, path_and_query: &str) -> Result<Value, PrometheusError> {
         let url = format!("{}{path_and_query}", self.base);
-        let uri: Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
+        let uri: Uri = url.parse().map_err(|error| PrometheusError::Url {
+            url: url.clone(),
+            error,
+        })?;
         let mut req = Request::builder()
             .method(Method::GET)
             .uri(uri)
@@ -210,53 +312,55 @@ impl Api {
         }
         let req = req
             .body(Full::new(Bytes::new()))
-            .map_err(|e| e.to_string())?;
+            .map_err(PrometheusError::Request)?;
         let call = async {
             let resp = self
                 .client
                 .request(req)
                 .await
-                .map_err(|e| error_chain(&e))?;
+                .map_err(|e| PrometheusError::Send(error_chain(&e)))?;
             let status = resp.status();
             let body = http::read_body(resp.into_body(), BODY_MAX)
                 .await
-                .map_err(|e| format!("HTTP {status}: {e}"))?;
+                .map_err(|error| PrometheusError::Body { status, error })?;
             if !status.is_success() {
-                return Err(format!(
-                    "HTTP {status}: {}",
-                    String::from_utf8_lossy(&body)
-                        .chars()
-                        .take(200)
-                        .collect::<String>()
-                ));
+                return Err(PrometheusError::Status {
+                    status,
+                    text: String::from_utf8_lossy(&body).chars().take(200).collect(),
+                });
             }
-            serde_json::from_slice(&body).map_err(|e| format!("not JSON: {e}"))
+            serde_json::from_slice(&body).map_err(PrometheusError::NotJson)
         };
         match tokio::time::timeout(self.timeout, call).await {
-            Ok(r) => r.map_err(|e| format!("{url}: {e}")),
-            Err(_) => Err(format!("{url}: no answer within {:?}", self.timeout)),
+            Ok(r) => r.map_err(|error| PrometheusError::At {
+                url: url.clone(),
+                error: Box::new(error),
+            }),
+            Err(_) => Err(PrometheusError::Timeout {
+                url,
+                after: self.timeout,
+            }),
         }
     }
 }
 
 /// The `data` of a Prometheus API answer (`{"status": "success", "data": {...}}`); anything
 /// else is an answer the gate does not understand, and says why.
-fn success_data(v: &Value) -> Result<&serde_json::Map<String, Value>, String> {
+fn success_data(v: &Value) -> Result<&serde_json::Map<String, Value>, PrometheusError> {
     match v.get("status").and_then(Value::as_str) {
         Some("success") => {}
         Some("error") => {
-            return Err(format!(
-                "it answered status \"error\": {}: {}",
-                v["errorType"].as_str().unwrap_or("?"),
-                v["error"].as_str().unwrap_or("?")
-            ))
+            return Err(PrometheusError::ErrorStatus {
+                kind: v["errorType"].as_str().unwrap_or("?").to_string(),
+                error: v["error"].as_str().unwrap_or("?").to_string(),
+            })
         }
-        Some(other) => return Err(format!("it answered status {other:?}, not \"success\"")),
-        None => return Err("its answer has no `status` (not the Prometheus API?)".into()),
+        Some(other) => return Err(PrometheusError::OtherStatus(other.to_string())),
+        None => return Err(PrometheusError::NoStatus),
     }
     v.get("data")
         .and_then(Value::as_object)
-        .ok_or_else(|| "its answer's `data` is not an object".into())
+        .ok_or(PrometheusError::DataNotObject)
 }
 
 /// What a query returned.
@@ -271,36 +375,34 @@ enum QueryResult {
 }
 
 /// A `/api/v1/query` answer read strictly.
-fn query_result(v: &Value) -> Result<QueryResult, String> {
+fn query_result(v: &Value) -> Result<QueryResult, PrometheusError> {
     let data = success_data(v)?;
     let kind = data
         .get("resultType")
         .and_then(Value::as_str)
-        .ok_or("its answer has no `data.resultType`")?;
+        .ok_or(PrometheusError::NoResultType)?;
     match (kind, data.get("result")) {
         ("vector" | "matrix", Some(Value::Array(r))) if r.is_empty() => Ok(QueryResult::Nothing),
         ("vector" | "matrix", Some(Value::Array(r))) => Ok(QueryResult::Series(r.len())),
-        ("vector" | "matrix", _) => Err(format!("its {kind} result is not an array")),
+        ("vector" | "matrix", _) => Err(PrometheusError::ResultNotArray(kind.to_string())),
         ("scalar" | "string", Some(_)) => Ok(QueryResult::Value(kind.to_string())),
-        _ => Err(format!(
-            "result type {kind:?} with no result it understands"
-        )),
+        _ => Err(PrometheusError::ResultType(kind.to_string())),
     }
 }
 
 /// The alerts of a `/api/v1/alerts` answer read strictly: each an object with `labels` (an
 /// object) and `state` (a string), or the whole answer is not understood.
-fn alerts(v: &Value) -> Result<&Vec<Value>, String> {
+fn alerts(v: &Value) -> Result<&Vec<Value>, PrometheusError> {
     let list = success_data(v)?
         .get("alerts")
         .and_then(Value::as_array)
-        .ok_or("its answer's `data.alerts` is not an array")?;
+        .ok_or(PrometheusError::AlertsNotArray)?;
     if let Some(bad) = list
         .iter()
         .find(|a| !a["labels"].is_object() || !a["state"].is_string())
     {
         let text: String = bad.to_string().chars().take(200).collect();
-        return Err(format!("an alert without labels or state: {text}"));
+        return Err(PrometheusError::BadAlert(text));
     }
     Ok(list)
 }
@@ -445,10 +547,10 @@ impl AlertsGate {
 }
 
 /// An Alertmanager v2 silence's matchers (`name`, `value`, `isRegex`, `isEqual`).
-fn silence_matchers(s: &Value) -> Result<Vec<Matcher>, String> {
+fn silence_matchers(s: &Value) -> Result<Vec<Matcher>, PrometheusError> {
     s["matchers"]
         .as_array()
-        .ok_or("a silence without matchers")?
+        .ok_or(PrometheusError::SilenceWithoutMatchers)?
         .iter()
         .map(|m| {
             let regex = m["isRegex"].as_bool().unwrap_or(false);

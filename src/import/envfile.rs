@@ -16,7 +16,23 @@ pub struct Assignment {
 pub struct BadLine {
     pub line: usize,
     pub text: String,
-    pub why: String,
+    pub why: LineError,
+}
+
+/// Why a line of an environment file or an `Environment=` line is not read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LineError {
+    #[error("not KEY=value")]
+    NotAssignment,
+    #[error("{0:?} is not a variable name")]
+    NotVariableName(String),
+    /// A backslash is the last character of the value (or of the `Environment=` line).
+    #[error("a backslash ends the {0}")]
+    BackslashAtEnd(&'static str),
+    #[error("text after the closing quote: {0:?}")]
+    TextAfterQuote(String),
+    #[error("the {0} quote is not closed")]
+    QuoteNotClosed(&'static str),
 }
 
 /// Physical lines joined where one ends in a backslash; each with the number of its first line.
@@ -55,7 +71,7 @@ fn valid_key(key: &str) -> bool {
 
 /// Unquote a value as systemd's environment file reader does: `"..."` with backslash escapes,
 /// `'...'` verbatim, otherwise the text with surrounding blanks removed.
-fn unquote(raw: &str) -> Result<String, String> {
+fn unquote(raw: &str) -> Result<String, LineError> {
     let v = raw.trim();
     if let Some(rest) = v.strip_prefix('"') {
         let mut out = String::new();
@@ -64,24 +80,24 @@ fn unquote(raw: &str) -> Result<String, String> {
             match c {
                 '\\' => match chars.next() {
                     Some(n) => out.push(n),
-                    None => return Err("a backslash ends the value".into()),
+                    None => return Err(LineError::BackslashAtEnd("value")),
                 },
                 '"' => {
                     let tail: String = chars.collect();
                     if !tail.trim().is_empty() && !tail.trim_start().starts_with('#') {
-                        return Err(format!("text after the closing quote: {tail:?}"));
+                        return Err(LineError::TextAfterQuote(tail));
                     }
                     return Ok(out);
                 }
                 c => out.push(c),
             }
         }
-        return Err("the double quote is not closed".into());
+        return Err(LineError::QuoteNotClosed("double"));
     }
     if let Some(rest) = v.strip_prefix('\'') {
         return match rest.find('\'') {
             Some(end) => Ok(rest[..end].to_string()),
-            None => Err("the single quote is not closed".into()),
+            None => Err(LineError::QuoteNotClosed("single")),
         };
     }
     Ok(v.to_string())
@@ -99,7 +115,7 @@ pub fn parse_env_file(text: &str) -> (Vec<Assignment>, Vec<BadLine>) {
             bad.push(BadLine {
                 line,
                 text: l.clone(),
-                why: "not KEY=value".into(),
+                why: LineError::NotAssignment,
             });
             continue;
         };
@@ -108,7 +124,7 @@ pub fn parse_env_file(text: &str) -> (Vec<Assignment>, Vec<BadLine>) {
             bad.push(BadLine {
                 line,
                 text: l.clone(),
-                why: format!("{key:?} is not a variable name"),
+                why: LineError::NotVariableName(key.to_string()),
             });
             continue;
         }
@@ -130,7 +146,7 @@ pub fn parse_env_file(text: &str) -> (Vec<Assignment>, Vec<BadLine>) {
 
 /// Split the value of an `Environment=` line into its words, honouring quotes:
 /// `"A=1 2" B=3` is two assignments.
-fn split_words(value: &str) -> Result<Vec<String>, String> {
+fn split_words(value: &str) -> Result<Vec<String>, LineError> {
     let mut words = Vec::new();
     let mut word = String::new();
     let mut in_word = false;
@@ -150,11 +166,17 @@ fn split_words(value: &str) -> Result<Vec<String>, String> {
                     match chars.next() {
                         Some('\\') if quote == '"' => match chars.next() {
                             Some(n) => word.push(n),
-                            None => return Err("a backslash ends the line".into()),
+                            None => return Err(LineError::BackslashAtEnd("line")),
                         },
                         Some(q) if q == quote => break,
                         Some(other) => word.push(other),
-                        None => return Err(format!("the {quote} quote is not closed")),
+                        None => {
+                            return Err(LineError::QuoteNotClosed(if quote == '"' {
+                                "\""
+                            } else {
+                                "'"
+                            }))
+                        }
                     }
                 }
             }
@@ -222,7 +244,7 @@ pub fn parse_unit(text: &str) -> UnitEnvironment {
                                 _ => out.bad.push(BadLine {
                                     line,
                                     text: w.clone(),
-                                    why: "not KEY=value".into(),
+                                    why: LineError::NotAssignment,
                                 }),
                             }
                         }
@@ -287,7 +309,11 @@ mod tests {
         assert_eq!(kv(&good), [("OK", "1")]);
         let lines: Vec<_> = bad.iter().map(|b| b.line).collect();
         assert_eq!(lines, [2, 3, 4]);
-        assert!(bad[2].why.contains("not closed"), "{:?}", bad[2]);
+        assert!(
+            bad[2].why.to_string().contains("not closed"),
+            "{:?}",
+            bad[2]
+        );
     }
 
     #[test]

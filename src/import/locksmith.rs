@@ -187,27 +187,51 @@ fn environment(root: &Root) -> Result<Environment, ImportError> {
     Ok((vars, read, notes))
 }
 
+/// Why a value of locksmith's reboot window is not read (the reason of an
+/// [`ImportError::untranslatable`], which names the file, the variable and the value).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum WindowError {
+    #[error("a negative length")]
+    NegativeLength,
+    #[error("empty")]
+    Empty,
+    #[error("a number without a unit")]
+    NoUnit,
+    #[error("{0:?} is not a number")]
+    NotANumber(String),
+    #[error("unknown unit {0:?}")]
+    UnknownUnit(String),
+    #[error("{0}")]
+    OutOfRange(std::time::TryFromFloatSecsError),
+    #[error("invalid day of week {0:?}")]
+    Day(String),
+    #[error("wrong number of fields")]
+    Fields,
+    #[error("invalid time of day {0:?}")]
+    TimeOfDay(String),
+}
+
 /// A Go `time.ParseDuration` text (`1h30m`, `90m`, `1.5h`, `300ms`) as a duration.
-pub fn go_duration(text: &str) -> Result<Duration, String> {
+pub fn go_duration(text: &str) -> Result<Duration, WindowError> {
     let t = text.trim();
     if t == "0" {
         return Ok(Duration::ZERO);
     }
     if t.starts_with('-') {
-        return Err("a negative length".into());
+        return Err(WindowError::NegativeLength);
     }
     let mut rest = t.strip_prefix('+').unwrap_or(t);
     if rest.is_empty() {
-        return Err("empty".into());
+        return Err(WindowError::Empty);
     }
     let mut total = 0f64;
     while !rest.is_empty() {
         let num_end = rest
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or("a number without a unit")?;
+            .ok_or(WindowError::NoUnit)?;
         let number: f64 = rest[..num_end]
             .parse()
-            .map_err(|_| format!("{:?} is not a number", &rest[..num_end]))?;
+            .map_err(|_| WindowError::NotANumber(rest[..num_end].to_string()))?;
         rest = &rest[num_end..];
         let unit_end = rest
             .find(|c: char| c.is_ascii_digit() || c == '.')
@@ -219,16 +243,16 @@ pub fn go_duration(text: &str) -> Result<Duration, String> {
             "s" => 1.0,
             "m" => 60.0,
             "h" => 3600.0,
-            u => return Err(format!("unknown unit {u:?}")),
+            u => return Err(WindowError::UnknownUnit(u.to_string())),
         };
         total += number * scale;
         rest = &rest[unit_end..];
     }
-    Duration::try_from_secs_f64(total).map_err(|e| e.to_string())
+    Duration::try_from_secs_f64(total).map_err(WindowError::OutOfRange)
 }
 
 /// locksmith's reboot window start: `"HH:MM"` (every day) or `"Thu HH:MM"`.
-fn window_start(text: &str) -> Result<(Vec<&'static str>, String), String> {
+fn window_start(text: &str) -> Result<(Vec<&'static str>, String), WindowError> {
     let fields: Vec<&str> = text.split_whitespace().collect();
     let (days, time) = match fields.as_slice() {
         [time] => (EVERY_DAY.to_vec(), *time),
@@ -236,12 +260,12 @@ fn window_start(text: &str) -> Result<(Vec<&'static str>, String), String> {
             // locksmith accepts three-letter names only.
             let d = super::day(day)
                 .filter(|_| day.len() == 3)
-                .ok_or_else(|| format!("invalid day of week {day:?}"))?;
+                .ok_or_else(|| WindowError::Day(day.to_string()))?;
             (vec![d], *time)
         }
-        _ => return Err("wrong number of fields".into()),
+        _ => return Err(WindowError::Fields),
     };
-    let start = time_of_day(time).ok_or_else(|| format!("invalid time of day {time:?}"))?;
+    let start = time_of_day(time).ok_or_else(|| WindowError::TimeOfDay(time.to_string()))?;
     Ok((days, start))
 }
 
@@ -529,8 +553,9 @@ fn window(root: &Root, vars: &Vars) -> Result<Option<WindowOut>, ImportError> {
         }
         (Some(s), Some(l)) => (s, l),
     };
-    let (days, start) = window_start(&sv.value).map_err(|why| sv.untranslatable(sk, why))?;
-    let length = go_duration(&lv.value).map_err(|why| lv.untranslatable(lk, why))?;
+    let (days, start) =
+        window_start(&sv.value).map_err(|why| sv.untranslatable(sk, why.to_string()))?;
+    let length = go_duration(&lv.value).map_err(|why| lv.untranslatable(lk, why.to_string()))?;
     let period = if days.len() == 1 { 7 * 86400 } else { 86400 };
     if length >= Duration::from_secs(period) {
         return Err(lv.untranslatable(

@@ -256,38 +256,52 @@ pub fn time_of_day(text: &str) -> Option<String> {
     (h < 24 && m < 60).then(|| format!("{h:02}:{m:02}"))
 }
 
+/// Why the host's local time zone has no IANA name rebootd can write.
+#[derive(Debug, thiserror::Error)]
+pub enum ZoneError {
+    #[error("TZ={0:?} is not an IANA time zone name")]
+    Tz(String),
+    #[error("cannot read /etc/localtime: {0}")]
+    Read(std::io::Error),
+    #[error(
+        "/etc/localtime is a file, not a link into /usr/share/zoneinfo, so its zone has no name"
+    )]
+    NotALink,
+    #[error("/etc/localtime links to {0}, not into a zoneinfo directory")]
+    NotZoneinfo(String),
+    #[error("/etc/localtime links to {target}: {name:?} is not a known time zone")]
+    Unknown { target: String, name: String },
+}
+
 /// The IANA name of the host's local time zone, as glibc and Go read it: the `TZ` variable
 /// when set, else where `/etc/localtime` links to below `zoneinfo/`, else UTC when it does not
 /// exist. `Err` says why it cannot be told.
-pub fn local_zone(root: &Root, tz_env: Option<&str>) -> Result<String, String> {
+pub fn local_zone(root: &Root, tz_env: Option<&str>) -> Result<String, ZoneError> {
     if let Some(tz) = tz_env.filter(|t| !t.is_empty()) {
         let name = tz.trim_start_matches(':');
         return jiff::tz::TimeZone::get(name)
             .map(|_| name.to_string())
-            .map_err(|_| format!("TZ={tz:?} is not an IANA time zone name"));
+            .map_err(|_| ZoneError::Tz(tz.to_string()));
     }
     let path = root.at("/etc/localtime");
     match std::fs::symlink_metadata(&path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok("UTC".into()),
-        Err(e) => return Err(format!("cannot read /etc/localtime: {e}")),
-        Ok(m) if !m.file_type().is_symlink() => {
-            return Err(
-                "/etc/localtime is a file, not a link into /usr/share/zoneinfo, so its zone has no name"
-                    .into(),
-            )
-        }
+        Err(e) => return Err(ZoneError::Read(e)),
+        Ok(m) if !m.file_type().is_symlink() => return Err(ZoneError::NotALink),
         Ok(_) => {}
     }
-    let target =
-        std::fs::read_link(&path).map_err(|e| format!("cannot read /etc/localtime: {e}"))?;
+    let target = std::fs::read_link(&path).map_err(ZoneError::Read)?;
     let text = target.to_string_lossy();
     let name = text
         .rsplit_once("zoneinfo/")
         .map(|(_, n)| n.trim_start_matches("posix/").to_string())
-        .ok_or_else(|| format!("/etc/localtime links to {text}, not into a zoneinfo directory"))?;
+        .ok_or_else(|| ZoneError::NotZoneinfo(text.to_string()))?;
     jiff::tz::TimeZone::get(&name)
         .map(|_| name.clone())
-        .map_err(|_| format!("/etc/localtime links to {text}: {name:?} is not a known time zone"))
+        .map_err(|_| ZoneError::Unknown {
+            target: text.to_string(),
+            name: name.clone(),
+        })
 }
 
 impl Import {
@@ -518,6 +532,8 @@ mod tests {
         assert_eq!(local_zone(&root, None).unwrap(), "America/Panama");
         std::fs::remove_file(dir.path().join("etc/localtime")).unwrap();
         std::fs::write(dir.path().join("etc/localtime"), b"TZif").unwrap();
-        assert!(local_zone(&root, None).unwrap_err().contains("no name"));
+        let e = local_zone(&root, None).unwrap_err();
+        assert!(matches!(e, ZoneError::NotALink), "{e}");
+        assert!(e.to_string().contains("no name"), "{e}");
     }
 }

@@ -425,7 +425,12 @@ fn periodic_zone(root: &Root, m: &Merged) -> Result<String, ImportError> {
     match tz.map(|t| t.value.as_str()) {
         None => Ok("UTC".to_string()),
         Some("localtime") => local_zone(root, None).map_err(|why| {
-            ImportError::untranslatable(file(), "updates.periodic.time_zone", "localtime", why)
+            ImportError::untranslatable(
+                file(),
+                "updates.periodic.time_zone",
+                "localtime",
+                why.to_string(),
+            )
         }),
         Some(name) => {
             jiff::tz::TimeZone::get(name).map_err(|_| {

@@ -167,7 +167,11 @@ mod tests {
         assert_eq!(release(&only_forged, &ME, "Leases"), Ok(vec![]));
         let mut foreign = view(vec![holder("m-a", "node-a", Some("t-a"))], true);
         foreign.holders[0].foreign = Some("past max".into());
-        assert_eq!(fence(&foreign, &ME, "Leases"), Fence::Held, "past a forced-down max");
+        assert_eq!(
+            fence(&foreign, &ME, "Leases"),
+            Fence::Held,
+            "past a forced-down max"
+        );
         assert_eq!(release(&foreign, &ME, "Leases"), Ok(vec![0]));
     }
 }

@@ -101,7 +101,9 @@ impl Runtime {
                 // The Node gates' checks are used: their label and annotations go.
                 None => match self.gates.used().await {
                     Ok(()) => Event::ReadyToReboot,
-                    Err(error) => Event::Transient { error },
+                    Err(error) => Event::Transient {
+                        error: error.to_string(),
+                    },
                 },
             },
             Action::WaitForWindow => self.wait_for_window().await,
@@ -466,7 +468,9 @@ impl Runtime {
             }
             None => match self.after_boot.used().await {
                 Ok(()) => Event::Healthy,
-                Err(error) => Event::Transient { error },
+                Err(error) => Event::Transient {
+                    error: error.to_string(),
+                },
             },
         }
     }

@@ -1,7 +1,7 @@
 //! For the tests that run rebootd's lock stores in-process (no daemon): a machine's identity and
 //! awaits bounded in time.
 
-use rebootd::lock::{GroupPause, Identity};
+use rebootd::lock::{Admin, GroupPause, Identity};
 use std::future::Future;
 use std::time::Duration;
 
@@ -21,10 +21,43 @@ pub fn a_pause(reason: &str) -> GroupPause {
 pub fn me(x: &str) -> Identity {
     Identity {
         id: format!("m-{x}"),
-        node: format!("node-{x}"),
-        boot_id: format!("boot-{x}"),
-        token: format!("t-{x}"),
+        ..machine(x)
     }
+}
+
+/// Machine `id` by that very id (as locksmith's documents name holders): node `node-id`, boot
+/// `boot-id`, token `t-id`.
+pub fn machine(id: &str) -> Identity {
+    Identity {
+        id: id.into(),
+        node: format!("node-{id}"),
+        boot_id: format!("boot-{id}"),
+        token: format!("t-{id}"),
+    }
+}
+
+/// Whether `id` (a machine id or a node name) holds a slot, as `rebootctl status` shows it.
+pub async fn holds(s: &(impl Admin + ?Sized), id: &str) -> bool {
+    s.status()
+        .await
+        .expect("status")
+        .holders
+        .iter()
+        .any(|h| h.id == id || h.node.as_deref() == Some(id))
+}
+
+/// The holders' ids, sorted, as `rebootctl status` shows them.
+pub async fn holder_ids(s: &(impl Admin + ?Sized)) -> Vec<String> {
+    let mut ids: Vec<String> = s
+        .status()
+        .await
+        .expect("status")
+        .holders
+        .into_iter()
+        .map(|h| h.id)
+        .collect();
+    ids.sort();
+    ids
 }
 
 /// Await `fut`, failing with `what` if it is not done within [`STORE_WAIT`].

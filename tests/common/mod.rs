@@ -2,6 +2,7 @@
 //! what the lab's stand-ins see.
 #![allow(dead_code)]
 
+pub mod etcd;
 pub mod in_process;
 pub mod logs;
 
@@ -20,6 +21,14 @@ pub const REBOOTCTL: &str = env!("CARGO_BIN_EXE_rebootctl");
 
 /// Upper bound for anything a test awaits; generous for a loaded 2-core CI machine.
 pub const WAIT: Duration = Duration::from_secs(30);
+
+/// A loopback address nobody listens on: a port bound, then given back at once. For a server to
+/// listen on, or for a connection that is refused.
+pub fn free_loopback_addr() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+}
 
 pub async fn node(name: &str, config: &str) -> Node {
     Node::start(Path::new(REBOOTD), NodeOptions::new(name).config(config))

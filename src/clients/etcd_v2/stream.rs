@@ -76,7 +76,7 @@ impl WatchStream {
                     Response::parse(&line, self.opened_at).map_err(|reason| V2Error::NotEtcd {
                         at: self.at.clone(),
                         status: 200,
-                        answer: reason,
+                        answer: reason.to_string(),
                     })?;
                 if event.node.modified_index <= self.opened_at {
                     // From the history: etcd sends nothing more on this answer.

@@ -103,11 +103,18 @@ struct ResponseBody {
     prev_node: Option<Node>,
 }
 
+/// A 2xx body that is not an answer of the v2 keys API (the caller quotes it, see
+/// `V2Error::NotEtcd`).
+#[derive(Debug, thiserror::Error)]
+pub enum AnswerError {
+    #[error("not an etcd v2 answer: {0}")]
+    NotV2(serde_json::Error),
+}
+
 impl Response {
     /// Parse a 2xx body; `etcd_index` from the `X-Etcd-Index` header.
-    pub fn parse(body: &[u8], etcd_index: u64) -> Result<Response, String> {
-        let b: ResponseBody =
-            serde_json::from_slice(body).map_err(|e| format!("not an etcd v2 answer: {e}"))?;
+    pub fn parse(body: &[u8], etcd_index: u64) -> Result<Response, AnswerError> {
+        let b: ResponseBody = serde_json::from_slice(body).map_err(AnswerError::NotV2)?;
         Ok(Response {
             action: Action::parse(&b.action),
             node: b.node,
