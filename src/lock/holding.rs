@@ -102,6 +102,7 @@ mod tests {
             gone: None,
             foreign: None,
             claimed_by: None,
+            since: None,
         }
     }
 

@@ -40,6 +40,9 @@ pub struct HolderView {
     pub node: Option<String>,
     pub boot_id: Option<String>,
     pub phase: Option<String>,
+    /// When it took the slot or last changed its phase, as its record says (for status only:
+    /// another host's clock, never compared).
+    pub since: Option<jiff::Timestamp>,
     /// The holder token of the host that took the slot; `None` when written by something that
     /// has none (locksmith, an older rebootd, a hand-written holder).
     pub token: Option<String>,
@@ -100,6 +103,30 @@ impl View {
         let max = i64::try_from(self.max).unwrap_or(i64::MAX);
         let held = i64::try_from(self.holders.len()).unwrap_or(i64::MAX);
         max.saturating_sub(held)
+    }
+
+    /// What `rebootctl status` shows of it: every holder as its record says, foreign ones
+    /// marked.
+    pub fn status(&self, backend: super::Backend, group: &str) -> super::SemaphoreStatus {
+        let holders = self
+            .holders
+            .iter()
+            .map(|h| super::Holder {
+                id: h.id.clone(),
+                node: h.node.clone(),
+                phase: h.phase.clone(),
+                since: h.since,
+                boot_id: h.boot_id.clone(),
+                foreign: h.foreign.clone(),
+            })
+            .collect();
+        super::SemaphoreStatus {
+            backend,
+            group: group.to_owned(),
+            max: self.max,
+            free: self.free(),
+            holders,
+        }
     }
 
     /// My own queue entry, if I have one.
@@ -187,6 +214,7 @@ mod tests {
             gone: None,
             foreign: None,
             claimed_by: None,
+            since: None,
         }
     }
 

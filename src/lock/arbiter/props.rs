@@ -152,6 +152,7 @@ fn holders(b: &mut Bytes) -> Vec<HolderView> {
                 .is_multiple_of(4)
                 .then(|| "its Node is gone".to_owned()),
             claimed_by: b.next().is_multiple_of(5).then(|| "m-c".to_owned()),
+            since: None,
             foreign: b
                 .next()
                 .is_multiple_of(5)

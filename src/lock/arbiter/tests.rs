@@ -28,6 +28,7 @@ fn holder(id: &str, token: Option<&str>, beat: &str) -> HolderView {
         gone: None,
         foreign: None,
         claimed_by: None,
+        since: None,
     }
 }
 

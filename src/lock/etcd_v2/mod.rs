@@ -31,8 +31,7 @@ use super::holding;
 use super::recent::Recent;
 use super::retry::{cas_loop, Cas};
 use super::{
-    Acquired, Admin, Fence, GroupPause, Holder, Identity, LockError, Reported, Semaphore,
-    SemaphoreStatus,
+    Acquired, Admin, Fence, GroupPause, Identity, LockError, Reported, Semaphore, SemaphoreStatus,
 };
 use crate::clients::etcd_v2::{Get, KeysClient, Put, Settings, V2Error};
 use crate::config;
@@ -597,28 +596,9 @@ impl Admin for EtcdV2Semaphore {
     async fn status(&self) -> Result<SemaphoreStatus, LockError> {
         let snap = self.read(false).await?;
         let doc = self.document(&snap)?;
-        let holders = doc
-            .holders
-            .iter()
-            .map(|id| {
-                let r = snap.record(&self.keys, id).and_then(|e| e.value.clone());
-                Holder {
-                    id: id.clone(),
-                    node: r.as_ref().map(|r| r.node.clone()),
-                    phase: r.as_ref().and_then(|r| r.phase.clone()),
-                    since: r.as_ref().map(|r| r.since),
-                    boot_id: r.map(|r| r.boot_id),
-                    foreign: None,
-                }
-            })
-            .collect();
-        Ok(SemaphoreStatus {
-            backend: BACKEND,
-            group: self.keys.group.clone(),
-            max: doc.max,
-            free: doc.free(),
-            holders,
-        })
+        Ok(snap
+            .view(&self.keys, &doc, None)
+            .status(BACKEND, &self.keys.group))
     }
 
     #[tracing::instrument(skip(self), fields(key = %self.keys.doc))]

@@ -340,6 +340,7 @@ impl Snapshot {
                         .map(|by| format!("its slot was claimed by {by}")),
                     foreign: None,
                     claimed_by: record.and_then(|r| r.reclaimed_by.clone()),
+                    since: record.map(|r| r.since),
                 }
             })
             .collect();

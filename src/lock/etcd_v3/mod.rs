@@ -52,8 +52,7 @@ use super::document::{DocError, HolderRecord, SemaphoreDoc};
 use super::holding;
 use super::retry::{cas_loop, Cas};
 use super::{
-    Acquired, Admin, Fence, GroupPause, Holder, Identity, LockError, Reported, Semaphore,
-    SemaphoreStatus,
+    Acquired, Admin, Fence, GroupPause, Identity, LockError, Reported, Semaphore, SemaphoreStatus,
 };
 pub use crate::clients::etcd_v3::{check_settings, Timeouts};
 use crate::clients::etcd_v3::{classify, connect_options, explain_wrong_protocol, BACKEND};
@@ -532,29 +531,9 @@ impl Admin for EtcdSemaphore {
     #[tracing::instrument(skip(self), fields(key = %self.keys.doc))]
     async fn status(&self) -> Result<SemaphoreStatus, LockError> {
         let snap = self.read(false).await?;
-        let holders = snap
-            .doc
-            .holders
-            .iter()
-            .map(|id| {
-                let record = snap.record(&self.keys, id).cloned();
-                Holder {
-                    id: id.clone(),
-                    node: record.as_ref().map(|r| r.node.clone()),
-                    phase: record.as_ref().and_then(|r| r.phase.clone()),
-                    since: record.as_ref().map(|r| r.since),
-                    boot_id: record.map(|r| r.boot_id),
-                    foreign: None,
-                }
-            })
-            .collect();
-        Ok(SemaphoreStatus {
-            backend: BACKEND,
-            group: self.keys.group.clone(),
-            max: snap.doc.max,
-            free: snap.doc.free(),
-            holders,
-        })
+        Ok(snap
+            .view(&self.keys, None)
+            .status(BACKEND, &self.keys.group))
     }
 
     #[tracing::instrument(skip(self), fields(key = %self.keys.doc))]

@@ -260,6 +260,7 @@ impl Snapshot {
                     gone: None,
                     foreign: None,
                     claimed_by: None,
+                    since: record.map(|r| r.since),
                 }
             })
             .collect();

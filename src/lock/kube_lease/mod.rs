@@ -157,8 +157,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::Api;
 
 use super::{
-    Acquired, Admin, Fence, GroupPause, Holder, Identity, LockError, Reported, Semaphore,
-    SemaphoreStatus,
+    Acquired, Admin, Fence, GroupPause, Identity, LockError, Reported, Semaphore, SemaphoreStatus,
 };
 use crate::config;
 use objects::{name_problem, Slot};
@@ -516,24 +515,7 @@ impl Admin for KubeLeaseSemaphore {
     async fn status(&self) -> Result<SemaphoreStatus, LockError> {
         self.check()?;
         let snap = self.read().await?;
-        let holders = snap
-            .held()
-            .map(|(slot, h)| Holder {
-                id: h.id().to_owned(),
-                node: Some(h.node.clone()),
-                phase: h.phase.clone(),
-                since: h.since,
-                boot_id: h.boot_id.clone(),
-                foreign: slot.foreign(snap.max),
-            })
-            .collect();
-        Ok(SemaphoreStatus {
-            backend: BACKEND,
-            group: self.name.clone(),
-            max: snap.max,
-            free: snap.free(),
-            holders,
-        })
+        Ok(snap.holders_view().status(BACKEND, &self.name))
     }
 
     /// Writes `max` on the control Lease (creating it if absent), then creates the missing

@@ -86,13 +86,8 @@ impl Snapshot {
             gone,
             foreign: slot.foreign(self.max),
             claimed_by: None,
+            since: h.since,
         }
-    }
-
-    pub(super) fn free(&self) -> i64 {
-        i64::try_from(self.max)
-            .unwrap_or(i64::MAX)
-            .saturating_sub(i64::try_from(self.holders()).unwrap_or(i64::MAX))
     }
 }
 
