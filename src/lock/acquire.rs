@@ -18,8 +18,29 @@ use crate::backoff::Backoff;
 
 /// How many live waiters ahead (and at least `max`) make a waiter far back in a long queue:
 /// no change can let it act, and a store's waiter may take a change into its view without
-/// asking the arbiter (every store's waiter does; see each `far_back`).
+/// asking the arbiter ([`far_back`]).
 pub const FAR_BACK: usize = 16;
+
+/// Whether a waiter (not a holder, not paused, still queued) is far back: at least
+/// [`FAR_BACK`] queue entries ahead of it, and of the `entries_ahead`, all but `uncertain` are
+/// live waiters (`uncertain`: entries that may be holders' left-overs, or that the arbiter did
+/// not count at its last decision), at least `max` of them and at least one. Then no change can
+/// let it act: the arbiter takes a slot only with fewer waiters ahead than free slots, and
+/// reclaims only at the head. Counting is a comparison per entry where asking the arbiter
+/// builds the whole view, which at every change of a long queue was most of a waiter's work.
+pub fn far_back(max: u64, entries_ahead: usize, uncertain: usize) -> bool {
+    let max = usize::try_from(max).unwrap_or(usize::MAX).max(1);
+    entries_ahead >= FAR_BACK && entries_ahead.saturating_sub(uncertain) >= max
+}
+
+/// How many entries ahead [`far_back`] needs: a store may count no further.
+pub fn far_back_at(max: u64, uncertain: usize) -> usize {
+    usize::try_from(max)
+        .unwrap_or(usize::MAX)
+        .max(1)
+        .saturating_add(uncertain)
+        .max(FAR_BACK)
+}
 
 /// How a wait ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

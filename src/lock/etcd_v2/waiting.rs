@@ -407,13 +407,9 @@ impl V2Waiting<'_> {
         false
     }
 
-    /// Whether I am far back in a long queue, so that no change could let me act (as the v3
-    /// store's waiter, `FAR_BACK`): at least that many waiters ahead of me, and at least `max`
-    /// of them besides one entry per holder (the arbiter takes a slot only with fewer waiters
-    /// ahead than free slots, and reclaims only at the head; entries live by their TTL, so none
-    /// ahead is judged dead by silence). The snapshot takes every change all the same; the
-    /// arbiter is not asked, which at each change of a long queue was most of a waiter's work.
-    /// Paused, every change is decided on (the pause ends the wait anywhere in the queue).
+    /// Whether I am far back in a long queue ([`acquire::far_back`]): entries live by their
+    /// TTL, so none ahead is judged dead by silence; the uncertain ones are one entry per
+    /// holder. Paused, every change is decided on (the pause ends the wait anywhere).
     fn far_back(&self) -> bool {
         let (Some(snap), Some(mine)) = (&self.snap, &self.entry.key) else {
             return false;
@@ -425,10 +421,7 @@ impl V2Waiting<'_> {
             return false;
         }
         let ahead = snap.queue.range::<String, _>(..mine).count();
-        let enough = usize::try_from(doc.max)
-            .unwrap_or(usize::MAX)
-            .saturating_add(doc.holders.len());
-        ahead >= enough.max(acquire::FAR_BACK)
+        acquire::far_back(doc.max, ahead, doc.holders.len())
     }
 
     /// The streaming watch the wait goes on with: the one kept, or a new one from the index

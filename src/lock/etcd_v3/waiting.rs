@@ -18,7 +18,7 @@ use etcd_client::{
     WatchStream,
 };
 
-use super::super::acquire::{self, Settings, Waiting, Wake, FAR_BACK};
+use super::super::acquire::{self, Settings, Waiting, Wake};
 use super::super::arbiter::Policy;
 use super::super::document::{HolderRecord, WaiterRecord};
 use super::super::view::{Me, View};
@@ -280,13 +280,9 @@ impl V3Waiting<'_> {
             })
     }
 
-    /// Whether I am far back in a long queue: at least [`FAR_BACK`] waiters ahead of me, and so
-    /// many that no change could let me act (at least `max` of them besides the left-over
-    /// entries holders may have: the arbiter takes a slot only with fewer waiters ahead than
-    /// free slots, and reclaims only at the head; entries here live by their lease, so none
-    /// ahead is judged dead by silence). Counting is a comparison per entry; asking the arbiter
-    /// builds the whole view, which at every change of a long queue was most of a waiter's work.
-    /// Nearer the head every change is decided on and logged as before.
+    /// Whether I am far back in a long queue ([`acquire::far_back`]): entries live by their
+    /// lease, so none ahead is judged dead by silence; the uncertain ones are the left-over
+    /// entries holders may have. Nearer the head every change is decided on and logged.
     fn far_back(&self) -> bool {
         let Some(snap) = &self.snap else {
             return false;
@@ -302,10 +298,7 @@ impl V3Waiting<'_> {
             .values()
             .filter(|e| e.create_revision < mine.create_revision)
             .count();
-        let enough = usize::try_from(snap.doc.max)
-            .unwrap_or(usize::MAX)
-            .saturating_add(snap.doc.holders.len());
-        ahead >= enough.max(FAR_BACK)
+        acquire::far_back(snap.doc.max, ahead, snap.doc.holders.len())
     }
 
     /// Note my entry, put at `revision`, in the snapshot (its revision stays: the watch still

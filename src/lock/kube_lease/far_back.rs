@@ -1,5 +1,5 @@
 //! Whether a Lease waiter far back in a long queue may pass over a change without asking the
-//! arbiter (as the etcd stores' waiters do, `FAR_BACK`). Building the view and deciding at every
+//! arbiter (the lock core's rule, `acquire::far_back`). Building the view and deciding at every
 //! change of a long queue was most of a waiter's work. Pure: no I/O.
 //!
 //! Unlike etcd's entries, a waiter Lease lives by its renewals as each observer sees them, so
@@ -17,7 +17,7 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::api::coordination::v1::Lease;
 
-use super::super::acquire::FAR_BACK;
+use super::super::acquire::{far_back, far_back_at};
 use super::objects::annotation;
 use super::queue::{self, ANNOTATION_WAITER_NODE};
 use super::snapshot::{lease_ticket, ticket, Snapshot};
@@ -57,11 +57,11 @@ impl FarBack {
         if snap.pause.is_some() || snap.mine(me).is_some() || !snap.waiters.contains_key(mine) {
             return false;
         }
-        let enough = usize::try_from(max).unwrap_or(usize::MAX).max(FAR_BACK);
         let holders: BTreeSet<&str> = snap.held().map(|(_, h)| h.node.as_str()).collect();
-        let needed = enough.saturating_add(self.excluded);
         // Counted only as far as needed: a long queue's far end costs nothing.
-        self.ahead
+        let needed = far_back_at(max, self.excluded);
+        let ahead = self
+            .ahead
             .iter()
             .filter(|name| {
                 snap.waiters.get(name.as_str()).is_some_and(|w| {
@@ -70,8 +70,8 @@ impl FarBack {
                 })
             })
             .take(needed)
-            .count()
-            >= needed
+            .count();
+        far_back(max, ahead, self.excluded)
     }
 }
 
@@ -103,6 +103,7 @@ mod tests {
     use super::super::snapshot::fixtures::queue;
     use super::super::{LABEL_ROLE, ROLE_SLOT};
     use super::*;
+    use crate::lock::acquire::FAR_BACK;
 
     fn me() -> Identity {
         Identity {
@@ -250,10 +251,13 @@ mod tests {
         let snap = queue(FAR_BACK + 3);
         let fb = FarBack::placed(&snap, MINE, 0).unwrap();
         assert!(!fb.holds_back(&snap, &me(), MINE, 1));
-        let fb = FarBack::placed(&snap, MINE, FAR_BACK).unwrap();
-        assert!(fb.holds_back(&snap, &me(), MINE, 1));
-        let fb = FarBack::placed(&snap, MINE, FAR_BACK - 1).unwrap();
-        assert!(!fb.holds_back(&snap, &me(), MINE, 1));
+        // Live waiters ahead are what count: at least max (and one) of them, in a long queue.
+        let fb = FarBack::placed(&snap, MINE, 2).unwrap();
+        assert!(fb.holds_back(&snap, &me(), MINE, 2));
+        assert!(!fb.holds_back(&snap, &me(), MINE, 3));
+        let short = queue(FAR_BACK - 1);
+        let fb = FarBack::placed(&short, MINE, FAR_BACK - 1).unwrap();
+        assert!(!fb.holds_back(&short, &me(), MINE, 1), "a short queue");
         assert!(FarBack::placed(&snap, "w-unknown", 3).is_none());
     }
 }
