@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use rebootd::config;
 use rebootd::lock::document::semaphore_key;
-use rebootd::lock::etcd_v2::follow::FollowV3;
+use rebootd::lock::etcd::EtcdStore;
 use rebootd::lock::etcd_v2::{tree, EtcdV2Semaphore, Timeouts};
 use rebootd::lock::{Acquired, Admin, Fence, LockError, Reported, Semaphore};
 use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
@@ -424,7 +424,7 @@ async fn a_moved_document_is_followed_to_v3(env: Env) {
     assert!(matches!(e, LockError::Moved { .. }), "{e}");
     assert!(e.to_string().contains("api = \"v3\""), "{e}");
     // A node on v2 follows to v3.
-    let follow = FollowV3::new(&env.settings(), "default", None);
+    let follow = EtcdStore::new(&env.settings(), "default", None);
     follow.acquire(&me("a")).await.unwrap();
     assert!(follow.moved());
     let v3 = env.etcdctl_get(&semaphore_key("default"));

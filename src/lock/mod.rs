@@ -20,6 +20,7 @@
 pub mod acquire;
 pub mod arbiter;
 pub mod document;
+pub mod etcd;
 pub mod etcd_v2;
 pub mod etcd_v3;
 pub mod fleetlock;

@@ -11,9 +11,8 @@
 //! by its machine id and, for its own host, adopted.
 //!
 //! When `rebootctl migrate` has moved the semaphore to v3 ([`tree::is_moved`]), every call
-//! answers [`LockError::Moved`]; [`follow::FollowV3`] then goes on in v3.
+//! answers [`LockError::Moved`]; [`super::etcd::EtcdStore`] then goes on in v3.
 
-pub mod follow;
 pub mod migrate;
 mod pause;
 pub mod tree;

@@ -1,8 +1,10 @@
-//! A node configured for the v2 store that follows the semaphore to v3 once `rebootctl
-//! migrate` moved it: every call goes to the v2 store until one answers
+//! The etcd store `[lock.etcd]` names, as one [`Semaphore`] and [`Admin`]: the v3 store
+//! ([`super::etcd_v3`]), or the v2 store ([`super::etcd_v2`]) followed to v3 once `rebootctl
+//! migrate` moved it. On v2 every call goes to the v2 store until one answers
 //! [`LockError::Moved`] (seen by a read, or by the watch of a waiter), then to the v3 store on
 //! the same endpoints, for good (until the process restarts, which finds the marker again at
-//! its first call). Both connect when first needed.
+//! its first call). Each store connects when first needed, and again after a failed connection,
+//! so an unreachable cluster at start is a retried error, not a daemon that exits.
 
 use crate::lock::Backend;
 use crate::state::Phase;
@@ -12,15 +14,15 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::OnceCell;
 
-use super::super::etcd_v3::EtcdSemaphore;
-use super::super::{
+use super::etcd_v2::EtcdV2Semaphore;
+use super::etcd_v3::EtcdSemaphore;
+use super::{
     Acquired, Admin, Fence, GroupPause, Identity, LockError, Reported, Semaphore, SemaphoreStatus,
 };
-use super::EtcdV2Semaphore;
 use crate::config::{self, EtcdApi};
 
-/// `[lock.etcd] api = "v2"`, following to v3 after a migration.
-pub struct FollowV3 {
+/// `[lock.etcd]`: v3, or v2 following to v3 after a migration.
+pub struct EtcdStore {
     settings: config::Etcd,
     group: String,
     max_hold: Option<Duration>,
@@ -29,19 +31,19 @@ pub struct FollowV3 {
     moved: AtomicBool,
 }
 
-impl FollowV3 {
+impl EtcdStore {
     pub fn new(settings: &config::Etcd, group: &str, max_hold: Option<Duration>) -> Self {
-        FollowV3 {
+        EtcdStore {
             settings: settings.clone(),
             group: group.to_owned(),
             max_hold,
             v2: OnceCell::new(),
             v3: OnceCell::new(),
-            moved: AtomicBool::new(false),
+            moved: AtomicBool::new(settings.api == EtcdApi::V3),
         }
     }
 
-    /// Whether this node follows the semaphore in v3 now.
+    /// Whether calls go to the v3 store now (configured so, or followed there).
     pub fn moved(&self) -> bool {
         self.moved.load(Ordering::Relaxed)
     }
@@ -72,8 +74,8 @@ impl FollowV3 {
     }
 }
 
-/// `$call` on the v2 store (as `$s`), or on the v3 store once the semaphore moved (the same
-/// method names on both).
+/// `$call` on the v2 store (as `$s`), or on the v3 store when configured or once the semaphore
+/// moved (the same method names on both).
 macro_rules! follow {
     ($self:ident, $s:ident => $call:expr) => {{
         if !$self.moved() {
@@ -89,7 +91,7 @@ macro_rules! follow {
 }
 
 #[async_trait]
-impl Semaphore for FollowV3 {
+impl Semaphore for EtcdStore {
     fn backend(&self) -> Backend {
         Backend::Etcd
     }
@@ -107,7 +109,7 @@ impl Semaphore for FollowV3 {
     }
 
     fn heartbeat_every(&self) -> Option<Duration> {
-        super::super::heartbeat_every(self.max_hold)
+        super::heartbeat_every(self.max_hold)
     }
 
     async fn heartbeat(&self, me: &Identity) -> Result<Fence, LockError> {
@@ -142,7 +144,7 @@ impl Semaphore for FollowV3 {
 }
 
 #[async_trait]
-impl Admin for FollowV3 {
+impl Admin for EtcdStore {
     async fn status(&self) -> Result<SemaphoreStatus, LockError> {
         follow!(self, s => s.status().await)
     }
