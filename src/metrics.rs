@@ -23,6 +23,31 @@ const PHASES: [Phase; 9] = [
     Phase::Releasing,
 ];
 
+/// What an error was talking to: the `service` label of `rebootd_errors_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ErrorKind {
+    /// The lock store (etcd, Kubernetes Leases, a FleetLock server).
+    Lock,
+    /// The Kubernetes API (drain, cordon, the Node's annotations).
+    Kubernetes,
+    /// systemd-logind (the reboot call).
+    Logind,
+}
+
+impl ErrorKind {
+    /// Every kind, in the order they are rendered.
+    pub const ALL: [ErrorKind; 3] = [ErrorKind::Lock, ErrorKind::Kubernetes, ErrorKind::Logind];
+
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            ErrorKind::Lock => "lock",
+            ErrorKind::Kubernetes => "kubernetes",
+            ErrorKind::Logind => "logind",
+        }
+    }
+}
+
 /// The values behind the metrics.
 #[derive(Debug, Default)]
 struct Values {
@@ -39,7 +64,7 @@ struct Values {
     slots_lost: u64,
     reboots: u64,
     last_reboot: Option<Timestamp>,
-    errors: BTreeMap<&'static str, u64>,
+    errors: BTreeMap<ErrorKind, u64>,
     /// Failed `accept`s of the metrics listener itself (e.g. out of file descriptors).
     accept_errors: u64,
 }
@@ -88,8 +113,8 @@ impl Metrics {
         });
     }
 
-    /// Count an error talking to something outside (`lock`, `kubernetes`, `logind`).
-    pub fn error(&self, what: &'static str) {
+    /// Count an error talking to something outside.
+    pub fn error(&self, what: ErrorKind) {
         self.with(|v| *v.errors.entry(what).or_default() += 1);
     }
 
@@ -137,8 +162,8 @@ impl Metrics {
             let last = v.last_reboot.map_or(0.0, |t| t.as_millisecond() as f64 / 1000.0);
             let _ = writeln!(out, "# HELP rebootd_last_reboot_timestamp_seconds When the last coordinated reboot was seen to complete.\n# TYPE rebootd_last_reboot_timestamp_seconds gauge\nrebootd_last_reboot_timestamp_seconds {last:.3}");
             let _ = writeln!(out, "# HELP rebootd_errors_total Errors talking to outside services, by service.\n# TYPE rebootd_errors_total counter");
-            for what in ["lock", "kubernetes", "logind"] {
-                let _ = writeln!(out, "rebootd_errors_total{{service=\"{what}\"}} {}", v.errors.get(what).copied().unwrap_or(0));
+            for what in ErrorKind::ALL {
+                let _ = writeln!(out, "rebootd_errors_total{{service=\"{}\"}} {}", what.label(), v.errors.get(&what).copied().unwrap_or(0));
             }
             let _ = writeln!(out, "# HELP rebootd_metrics_accept_errors_total Connections the metrics listener failed to accept (e.g. out of file descriptors).\n# TYPE rebootd_metrics_accept_errors_total counter\nrebootd_metrics_accept_errors_total {}", v.accept_errors);
             out
@@ -190,7 +215,7 @@ mod tests {
         s.slot_held = true;
         s.phase = Phase::Rebooting;
         m.observe(&s, t(75));
-        m.error("lock");
+        m.error(ErrorKind::Lock);
         m.slot_lost();
         let text = m.render(t(80));
         assert!(text.contains("rebootd_slot_lost_total 1"), "{text}");

@@ -7,6 +7,7 @@ use crate::agent::{Action, Event};
 use crate::config::DrainFailure;
 use crate::gate::Stage;
 use crate::lock::{self, Fence};
+use crate::metrics::ErrorKind;
 use crate::notify::Duty;
 use crate::reboot::RebootError;
 use crate::state::{Phase, State};
@@ -107,7 +108,7 @@ impl Runtime {
             Action::AcquireSlot => {
                 let event = self.acquire_within_window().await;
                 if matches!(event, Event::Transient { .. }) {
-                    self.metrics.error("lock");
+                    self.metrics.error(ErrorKind::Lock);
                 }
                 event
             }
@@ -184,7 +185,7 @@ impl Runtime {
                 Ok(None) => Event::GroupResumed,
                 Ok(Some(pause)) => Event::GroupPaused { pause },
                 Err(e) => {
-                    self.metrics.error("lock");
+                    self.metrics.error(ErrorKind::Lock);
                     Event::Transient {
                         error: format!("cannot follow the group's pause: {e}"),
                     }
@@ -201,7 +202,7 @@ impl Runtime {
     async fn unmark_and_release(&self) -> Event {
         if let Some(d) = &self.drainer {
             if let Err(e) = d.unmark().await {
-                self.metrics.error("kubernetes");
+                self.metrics.error(ErrorKind::Kubernetes);
                 return Event::Transient {
                     error: format!("cannot take the reboot labels and taint off: {e}"),
                 };
@@ -277,7 +278,7 @@ impl Runtime {
                     Event::Uncordoned
                 }
                 Err(e) => {
-                    self.metrics.error("kubernetes");
+                    self.metrics.error(ErrorKind::Kubernetes);
                     Event::Transient {
                         error: format!("cannot uncordon: {e}"),
                     }
@@ -478,7 +479,7 @@ impl Runtime {
         match self.semaphore.release(&self.me).await {
             Ok(()) => Event::Released,
             Err(e) => {
-                self.metrics.error("lock");
+                self.metrics.error(ErrorKind::Lock);
                 Event::Transient {
                     error: e.to_string(),
                 }
@@ -533,7 +534,7 @@ impl Runtime {
                 Some(Event::SlotLost { why })
             }
             Err(e) => {
-                self.metrics.error("lock");
+                self.metrics.error(ErrorKind::Lock);
                 Some(Event::Transient {
                     error: format!("cannot prove the slot is still held before {what}: {e}"),
                 })
@@ -579,7 +580,7 @@ impl Runtime {
             }
             Err(e) => {
                 error!(error = %e, "the reboot request failed; will ask again");
-                self.metrics.error("logind");
+                self.metrics.error(ErrorKind::Logind);
                 Event::RebootRefused {
                     error: e.to_string(),
                 }
