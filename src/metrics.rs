@@ -1,15 +1,22 @@
 //! Prometheus metrics on an optional local address (`[metrics] listen`): what the agent is
-//! doing, what it waited for, and what went wrong. Served as the text exposition format by a
-//! minimal HTTP/1.1 responder (`serve.rs`), since the only client is a scraper.
+//! doing, what it waited for, and what went wrong. The values live here; each scrape encodes
+//! them with `prometheus-client` as the Prometheus text format (0.0.4), served by `serve.rs`.
 
 mod serve;
 pub use serve::{serve, serve_with, Limits};
 
 use crate::state::{Phase, State};
 use jiff::Timestamp;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{prometheus_text, DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
 use std::collections::BTreeMap;
-use std::fmt::Write;
 use std::sync::{Arc, Mutex};
+
+/// The `Content-Type` of [`Metrics::render`]'s text.
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
 
 const PHASES: [Phase; 9] = [
     Phase::Idle,
@@ -22,6 +29,31 @@ const PHASES: [Phase; 9] = [
     Phase::Uncordoning,
     Phase::Releasing,
 ];
+
+/// What an error was talking to: the `service` label of `rebootd_errors_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ErrorKind {
+    /// The lock store (etcd, Kubernetes Leases, a FleetLock server).
+    Lock,
+    /// The Kubernetes API (drain, cordon, the Node's annotations).
+    Kubernetes,
+    /// systemd-logind (the reboot call).
+    Logind,
+}
+
+impl ErrorKind {
+    /// Every kind, in the order they are rendered.
+    pub const ALL: [ErrorKind; 3] = [ErrorKind::Lock, ErrorKind::Kubernetes, ErrorKind::Logind];
+
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            ErrorKind::Lock => "lock",
+            ErrorKind::Kubernetes => "kubernetes",
+            ErrorKind::Logind => "logind",
+        }
+    }
+}
 
 /// The values behind the metrics.
 #[derive(Debug, Default)]
@@ -39,7 +71,7 @@ struct Values {
     slots_lost: u64,
     reboots: u64,
     last_reboot: Option<Timestamp>,
-    errors: BTreeMap<&'static str, u64>,
+    errors: BTreeMap<ErrorKind, u64>,
     /// Failed `accept`s of the metrics listener itself (e.g. out of file descriptors).
     accept_errors: u64,
 }
@@ -88,8 +120,8 @@ impl Metrics {
         });
     }
 
-    /// Count an error talking to something outside (`lock`, `kubernetes`, `logind`).
-    pub fn error(&self, what: &'static str) {
+    /// Count an error talking to something outside.
+    pub fn error(&self, what: ErrorKind) {
         self.with(|v| *v.errors.entry(what).or_default() += 1);
     }
 
@@ -108,41 +140,173 @@ impl Metrics {
         self.with(|v| v.evictions_blocked += n);
     }
 
-    /// The exposition text.
+    /// The exposition text (Prometheus text format 0.0.4, [`CONTENT_TYPE`]).
     pub fn render(&self, now: Timestamp) -> String {
-        self.with(|v| {
-            let mut out = String::new();
-            let flag = |b: bool| if b { 1 } else { 0 };
-            let _ = writeln!(out, "# HELP rebootd_reboot_needed Whether this host needs a reboot.\n# TYPE rebootd_reboot_needed gauge\nrebootd_reboot_needed {}", flag(v.reboot_needed));
-            let _ = writeln!(out, "# HELP rebootd_phase The agent's current phase (1 for the current one).\n# TYPE rebootd_phase gauge");
-            for p in PHASES {
-                let _ = writeln!(out, "rebootd_phase{{phase=\"{p}\"}} {}", flag(v.phase == Some(p)));
-            }
-            let _ = writeln!(out, "# HELP rebootd_slot_held Whether this node holds a slot of the semaphore.\n# TYPE rebootd_slot_held gauge\nrebootd_slot_held {}", flag(v.slot_held));
-            let _ = writeln!(out, "# HELP rebootd_paused Whether an operator paused this node (rebootctl pause): it takes no slot.\n# TYPE rebootd_paused gauge\nrebootd_paused {}", flag(v.paused));
-            let _ = writeln!(out, "# HELP rebootd_group_paused Whether this node waits for a slot of a group an operator paused (rebootctl pause --group).\n# TYPE rebootd_group_paused gauge\nrebootd_group_paused {}", flag(v.group_paused));
-            let _ = writeln!(out, "# HELP rebootd_wait_seconds_total Time spent waiting, by what for (the current wait included).\n# TYPE rebootd_wait_seconds_total counter");
-            for what in ["window", "slot", "drain", "healthy"] {
-                let mut secs = v.waited.get(what).copied().unwrap_or(0.0);
-                if let (Some(p), Some(since)) = (v.phase, v.phase_since) {
-                    if waits_for(p) == Some(what) {
-                        secs += now.duration_since(since).as_secs_f64().max(0.0);
-                    }
+        let snapshot = self.with(|v| Snapshot::of(v, now));
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(snapshot));
+        let mut out = String::new();
+        // Writing to a String cannot fail; an encoder error would leave what was written.
+        if let Err(e) = prometheus_text::encode(&mut out, &registry) {
+            tracing::debug!(error = %e, "metrics: encoding stopped early");
+        }
+        out
+    }
+}
+
+/// The values at one scrape, with the waits under way counted up to its time.
+#[derive(Debug)]
+struct Snapshot {
+    phase: Option<Phase>,
+    reboot_needed: bool,
+    slot_held: bool,
+    paused: bool,
+    group_paused: bool,
+    waited: [(&'static str, f64); 4],
+    evictions_blocked: u64,
+    slots_lost: u64,
+    reboots: u64,
+    last_reboot: f64,
+    errors: [(ErrorKind, u64); 3],
+    accept_errors: u64,
+}
+
+impl Snapshot {
+    fn of(v: &Values, now: Timestamp) -> Snapshot {
+        let waited = ["window", "slot", "drain", "healthy"].map(|what| {
+            let mut secs = v.waited.get(what).copied().unwrap_or(0.0);
+            if let (Some(p), Some(since)) = (v.phase, v.phase_since) {
+                if waits_for(p) == Some(what) {
+                    secs += now.duration_since(since).as_secs_f64().max(0.0);
                 }
-                let _ = writeln!(out, "rebootd_wait_seconds_total{{what=\"{what}\"}} {secs:.3}");
             }
-            let _ = writeln!(out, "# HELP rebootd_evictions_blocked_total Evictions refused by a PodDisruptionBudget.\n# TYPE rebootd_evictions_blocked_total counter\nrebootd_evictions_blocked_total {}", v.evictions_blocked);
-            let _ = writeln!(out, "# HELP rebootd_slot_lost_total Times this node found, right before cordoning or rebooting, that it no longer held its slot, and backed out.\n# TYPE rebootd_slot_lost_total counter\nrebootd_slot_lost_total {}", v.slots_lost);
-            let _ = writeln!(out, "# HELP rebootd_reboots_total Coordinated reboots completed on this host.\n# TYPE rebootd_reboots_total counter\nrebootd_reboots_total {}", v.reboots);
-            let last = v.last_reboot.map_or(0.0, |t| t.as_millisecond() as f64 / 1000.0);
-            let _ = writeln!(out, "# HELP rebootd_last_reboot_timestamp_seconds When the last coordinated reboot was seen to complete.\n# TYPE rebootd_last_reboot_timestamp_seconds gauge\nrebootd_last_reboot_timestamp_seconds {last:.3}");
-            let _ = writeln!(out, "# HELP rebootd_errors_total Errors talking to outside services, by service.\n# TYPE rebootd_errors_total counter");
-            for what in ["lock", "kubernetes", "logind"] {
-                let _ = writeln!(out, "rebootd_errors_total{{service=\"{what}\"}} {}", v.errors.get(what).copied().unwrap_or(0));
-            }
-            let _ = writeln!(out, "# HELP rebootd_metrics_accept_errors_total Connections the metrics listener failed to accept (e.g. out of file descriptors).\n# TYPE rebootd_metrics_accept_errors_total counter\nrebootd_metrics_accept_errors_total {}", v.accept_errors);
-            out
-        })
+            (what, secs)
+        });
+        Snapshot {
+            phase: v.phase,
+            reboot_needed: v.reboot_needed,
+            slot_held: v.slot_held,
+            paused: v.paused,
+            group_paused: v.group_paused,
+            waited,
+            evictions_blocked: v.evictions_blocked,
+            slots_lost: v.slots_lost,
+            reboots: v.reboots,
+            last_reboot: v
+                .last_reboot
+                .map_or(0.0, |t| t.as_millisecond() as f64 / 1000.0),
+            errors: ErrorKind::ALL.map(|k| (k, v.errors.get(&k).copied().unwrap_or(0))),
+            accept_errors: v.accept_errors,
+        }
+    }
+}
+
+/// A gauge of 0 or 1.
+fn flag(b: bool) -> ConstGauge {
+    ConstGauge::new(i64::from(b))
+}
+
+/// One metric without labels. A counter's name is given without `_total`: the encoder adds it.
+fn single(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    metric: impl EncodeMetric,
+) -> Result<(), std::fmt::Error> {
+    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+}
+
+/// One metric with a label, a sample per `(value, metric)`.
+fn family<M: EncodeMetric>(
+    encoder: &mut DescriptorEncoder<'_>,
+    (name, help, label): (&str, &str, &str),
+    samples: impl IntoIterator<Item = (&'static str, M)>,
+) -> Result<(), std::fmt::Error> {
+    let mut samples = samples.into_iter().peekable();
+    let Some((_, first)) = samples.peek() else {
+        return Ok(());
+    };
+    let mut family = encoder.encode_descriptor(name, help, None, first.metric_type())?;
+    for (value, metric) in samples {
+        metric.encode(family.encode_family(&[(label, value)])?)?;
+    }
+    Ok(())
+}
+
+impl Collector for Snapshot {
+    fn encode(&self, mut e: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        single(
+            &mut e,
+            "rebootd_reboot_needed",
+            "Whether this host needs a reboot.",
+            flag(self.reboot_needed),
+        )?;
+        family(
+            &mut e,
+            (
+                "rebootd_phase",
+                "The agent's current phase (1 for the current one).",
+                "phase",
+            ),
+            PHASES.map(|p| (p.as_str(), flag(self.phase == Some(p)))),
+        )?;
+        single(
+            &mut e,
+            "rebootd_slot_held",
+            "Whether this node holds a slot of the semaphore.",
+            flag(self.slot_held),
+        )?;
+        single(
+            &mut e,
+            "rebootd_paused",
+            "Whether an operator paused this node (rebootctl pause): it takes no slot.",
+            flag(self.paused),
+        )?;
+        single(&mut e, "rebootd_group_paused", "Whether this node waits for a slot of a group an operator paused (rebootctl pause --group).", flag(self.group_paused))?;
+        family(
+            &mut e,
+            (
+                "rebootd_wait_seconds",
+                "Time spent waiting, by what for (the current wait included).",
+                "what",
+            ),
+            self.waited
+                .map(|(what, secs)| (what, ConstCounter::new(secs))),
+        )?;
+        single(
+            &mut e,
+            "rebootd_evictions_blocked",
+            "Evictions refused by a PodDisruptionBudget.",
+            ConstCounter::new(self.evictions_blocked),
+        )?;
+        single(&mut e, "rebootd_slot_lost", "Times this node found, right before cordoning or rebooting, that it no longer held its slot, and backed out.", ConstCounter::new(self.slots_lost))?;
+        single(
+            &mut e,
+            "rebootd_reboots",
+            "Coordinated reboots completed on this host.",
+            ConstCounter::new(self.reboots),
+        )?;
+        single(
+            &mut e,
+            "rebootd_last_reboot_timestamp_seconds",
+            "When the last coordinated reboot was seen to complete.",
+            ConstGauge::new(self.last_reboot),
+        )?;
+        family(
+            &mut e,
+            (
+                "rebootd_errors",
+                "Errors talking to outside services, by service.",
+                "service",
+            ),
+            self.errors.map(|(k, n)| (k.label(), ConstCounter::new(n))),
+        )?;
+        single(
+            &mut e,
+            "rebootd_metrics_accept_errors",
+            "Connections the metrics listener failed to accept (e.g. out of file descriptors).",
+            ConstCounter::new(self.accept_errors),
+        )
     }
 }
 
@@ -152,6 +316,15 @@ mod tests {
 
     fn t(s: i64) -> Timestamp {
         Timestamp::from_second(s).unwrap()
+    }
+
+    /// The value of one series, e.g. `value(text, "rebootd_reboots_total")`.
+    fn value(text: &str, series: &str) -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no {series} in {text}"))
+            .parse()
+            .unwrap()
     }
 
     #[test]
@@ -190,7 +363,7 @@ mod tests {
         s.slot_held = true;
         s.phase = Phase::Rebooting;
         m.observe(&s, t(75));
-        m.error("lock");
+        m.error(ErrorKind::Lock);
         m.slot_lost();
         let text = m.render(t(80));
         assert!(text.contains("rebootd_slot_lost_total 1"), "{text}");
@@ -201,14 +374,87 @@ mod tests {
         assert!(text.contains("rebootd_phase{phase=\"idle\"} 0"));
         assert!(text.contains("rebootd_reboot_needed 1"));
         assert!(text.contains("rebootd_slot_held 1"));
-        assert!(
-            text.contains("rebootd_wait_seconds_total{what=\"window\"} 60.000"),
-            "{text}"
+        assert_eq!(
+            value(&text, "rebootd_wait_seconds_total{what=\"window\"}"),
+            60.0
         );
-        assert!(
-            text.contains("rebootd_wait_seconds_total{what=\"slot\"} 5.000"),
-            "{text}"
+        assert_eq!(
+            value(&text, "rebootd_wait_seconds_total{what=\"slot\"}"),
+            5.0
         );
         assert!(text.contains("rebootd_errors_total{service=\"lock\"} 1"));
     }
+
+    /// Names, HELP and TYPE lines as dashboards and alerts know them (counters end in
+    /// `_total` on every line, as in the 0.0.4 format).
+    #[test]
+    fn the_exposition_keeps_its_names_help_and_types() {
+        let m = Metrics::default();
+        m.error(ErrorKind::Kubernetes);
+        assert_eq!(m.render(t(0)), GOLDEN);
+    }
+
+    #[test]
+    fn the_last_reboot_is_a_unix_time_in_seconds() {
+        let m = Metrics::default();
+        let mut s = State::new("b", t(0));
+        s.last_reboot = Some(Timestamp::from_millisecond(1_764_259_200_250).unwrap());
+        m.observe(&s, t(0));
+        let text = m.render(t(0));
+        assert_eq!(
+            value(&text, "rebootd_last_reboot_timestamp_seconds"),
+            1_764_259_200.25
+        );
+    }
+
+    const GOLDEN: &str = r#"# HELP rebootd_reboot_needed Whether this host needs a reboot.
+# TYPE rebootd_reboot_needed gauge
+rebootd_reboot_needed 0
+# HELP rebootd_phase The agent's current phase (1 for the current one).
+# TYPE rebootd_phase gauge
+rebootd_phase{phase="idle"} 0
+rebootd_phase{phase="reboot_needed"} 0
+rebootd_phase{phase="waiting_for_window"} 0
+rebootd_phase{phase="acquiring_slot"} 0
+rebootd_phase{phase="draining"} 0
+rebootd_phase{phase="rebooting"} 0
+rebootd_phase{phase="waiting_for_healthy"} 0
+rebootd_phase{phase="uncordoning"} 0
+rebootd_phase{phase="releasing"} 0
+# HELP rebootd_slot_held Whether this node holds a slot of the semaphore.
+# TYPE rebootd_slot_held gauge
+rebootd_slot_held 0
+# HELP rebootd_paused Whether an operator paused this node (rebootctl pause): it takes no slot.
+# TYPE rebootd_paused gauge
+rebootd_paused 0
+# HELP rebootd_group_paused Whether this node waits for a slot of a group an operator paused (rebootctl pause --group).
+# TYPE rebootd_group_paused gauge
+rebootd_group_paused 0
+# HELP rebootd_wait_seconds_total Time spent waiting, by what for (the current wait included).
+# TYPE rebootd_wait_seconds_total counter
+rebootd_wait_seconds_total{what="window"} 0.0
+rebootd_wait_seconds_total{what="slot"} 0.0
+rebootd_wait_seconds_total{what="drain"} 0.0
+rebootd_wait_seconds_total{what="healthy"} 0.0
+# HELP rebootd_evictions_blocked_total Evictions refused by a PodDisruptionBudget.
+# TYPE rebootd_evictions_blocked_total counter
+rebootd_evictions_blocked_total 0
+# HELP rebootd_slot_lost_total Times this node found, right before cordoning or rebooting, that it no longer held its slot, and backed out.
+# TYPE rebootd_slot_lost_total counter
+rebootd_slot_lost_total 0
+# HELP rebootd_reboots_total Coordinated reboots completed on this host.
+# TYPE rebootd_reboots_total counter
+rebootd_reboots_total 0
+# HELP rebootd_last_reboot_timestamp_seconds When the last coordinated reboot was seen to complete.
+# TYPE rebootd_last_reboot_timestamp_seconds gauge
+rebootd_last_reboot_timestamp_seconds 0.0
+# HELP rebootd_errors_total Errors talking to outside services, by service.
+# TYPE rebootd_errors_total counter
+rebootd_errors_total{service="lock"} 0
+rebootd_errors_total{service="kubernetes"} 1
+rebootd_errors_total{service="logind"} 0
+# HELP rebootd_metrics_accept_errors_total Connections the metrics listener failed to accept (e.g. out of file descriptors).
+# TYPE rebootd_metrics_accept_errors_total counter
+rebootd_metrics_accept_errors_total 0
+"#;
 }

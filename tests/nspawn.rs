@@ -414,11 +414,13 @@ async fn the_shipped_unit_runs_under_real_systemd() {
 }
 
 /// Fields that say where a message comes from rather than what happened: the spans' fields
-/// and journald's own.
+/// (with tracing-journald's `SPAN_NAME`, `SPAN_TARGET`, `SPAN_CODE_*` of each span) and
+/// journald's own.
 fn context_field(key: &str) -> bool {
     key.starts_with('_')
         || key.starts_with("SYSLOG_")
         || key.starts_with("CODE_")
+        || key.starts_with("SPAN_")
         || matches!(
             key,
             "MESSAGE"

@@ -1,53 +1,37 @@
-//! A journald layer whose `MESSAGE` reads on its own: `journalctl -u rebootd` (the short view
-//! operators read) shows each message with the values of its fields that the text does not
-//! already say, e.g. `cannot renew the waiter entry (error: connection refused)`. Every field
-//! is also sent as a journal field of its own (`FROM=`, `TO=`, `WHY=`, ...), with the fields of
-//! the spans around the event (`NODE=`, `GROUP=`, `HOLDER=`, `PHASE=`, `ACTION=`), for
+//! The journal: `tracing-journald` speaks journald's native protocol; [`Readable`] makes each
+//! `MESSAGE` read on its own. `journalctl -u rebootd` (the short view operators read) shows only
+//! `MESSAGE`, so each message carries the values of its fields that the text does not already
+//! say, e.g. `cannot renew the waiter entry (error: connection refused)`. Every field is also
+//! sent as a journal field of its own (`FROM=`, `TO=`, `WHY=`, ...), with the fields of the
+//! spans around the event (`NODE=`, `GROUP=`, `HOLDER=`, `PHASE=`, `ACTION=`), for
 //! `-o verbose`, `-o json` and filtering (`journalctl -u rebootd PHASE=draining`).
-//!
-//! The native protocol (systemd's `sd_journal_sendv`): one datagram to
-//! `/run/systemd/journal/socket` per entry, `KEY=value\n` lines, or `KEY\n` + 64-bit
-//! little-endian length + value + `\n` for a value with a newline.
+//! tracing-journald also adds `SPAN_NAME=`, `SPAN_TARGET=`, `SPAN_CODE_FILE=` and
+//! `SPAN_CODE_LINE=` for each enclosing span.
 
-use std::fmt::Write as _;
-use std::os::unix::net::UnixDatagram;
-use tracing::field::{Field, Visit};
-use tracing::{Event, Level, Subscriber};
+use tracing::field::{Field, Value, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Subscriber};
 use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
 
-/// journald's socket for native messages.
-pub const SOCKET: &str = "/run/systemd/journal/socket";
-/// Longer values are cut (a datagram has to fit the socket's buffer).
-const MAX_VALUE: usize = 32 * 1024;
-
-/// Sends every event to journald.
-pub struct JournalLayer {
-    socket: UnixDatagram,
-    identifier: String,
+/// The journal layer: tracing-journald under `identifier`, fields under their own names (no
+/// `F_` prefix), messages made [`readable`].
+pub fn layer(identifier: &str) -> std::io::Result<Readable<tracing_journald::Layer>> {
+    let journald = tracing_journald::layer()?
+        .with_syslog_identifier(identifier.to_string())
+        .with_field_prefix(None);
+    Ok(Readable(journald))
 }
 
-impl JournalLayer {
-    /// Connect to journald's socket; an error when there is none.
-    pub fn connect(identifier: &str) -> std::io::Result<JournalLayer> {
-        let socket = UnixDatagram::unbound()?;
-        socket.connect(SOCKET)?;
-        Ok(JournalLayer {
-            socket,
-            identifier: identifier.to_string(),
-        })
-    }
-}
+/// Hands `L` each event with its message made [`readable`]; spans pass through unchanged.
+pub struct Readable<L>(pub L);
 
-/// The fields of a span, kept in its extensions.
-struct SpanFields(Vec<(String, String)>);
-
-/// Collects `(name, value)` pairs, the message apart.
+/// Collects `(field, value)` pairs as journald would write them, the message apart.
 #[derive(Default)]
 struct Fields {
     message: Option<String>,
-    fields: Vec<(String, String)>,
+    fields: Vec<(Field, String)>,
 }
 
 impl Visit for Fields {
@@ -65,7 +49,7 @@ impl Fields {
         if field.name() == "message" {
             self.message = Some(value);
         } else {
-            self.fields.push((field.name().to_string(), value));
+            self.fields.push((field.clone(), value));
         }
     }
 }
@@ -102,122 +86,98 @@ pub fn field_name(name: &str) -> String {
         .to_string()
 }
 
-fn put(buf: &mut Vec<u8>, key: &str, value: &str) {
-    let mut end = value.len().min(MAX_VALUE);
-    while !value.is_char_boundary(end) {
-        end -= 1;
-    }
-    let value = &value[..end];
-    buf.extend_from_slice(key.as_bytes());
-    if value.contains('\n') {
-        buf.push(b'\n');
-        buf.extend_from_slice(&(value.len() as u64).to_le_bytes());
+/// Fields tracing-journald or journald set themselves. An event field of the same name (e.g.
+/// the lock's `target`) is said in `MESSAGE` only, so that `TARGET=` stays the module.
+fn reserved(name: &str) -> bool {
+    let key = field_name(name);
+    key.is_empty()
+        || key.starts_with("SPAN_")
+        || matches!(
+            key.as_str(),
+            "MESSAGE" | "PRIORITY" | "SYSLOG_IDENTIFIER" | "TARGET" | "CODE_FILE" | "CODE_LINE"
+        )
+}
+
+/// Call `emit` with `event` rebuilt from the same callsite: its message made [`readable`],
+/// fields with [`reserved`] names left out. An event without a message field goes as it is.
+fn with_readable_message(event: &Event<'_>, emit: impl FnOnce(&Event<'_>)) {
+    let meta = event.metadata();
+    let names = meta.fields();
+    let Some(message_field) = names.field("message") else {
+        return emit(event);
+    };
+    let mut seen = Fields::default();
+    event.record(&mut seen);
+    let pairs: Vec<(String, String)> = seen
+        .fields
+        .iter()
+        .map(|(f, v)| (f.name().to_string(), v.clone()))
+        .collect();
+    let message = readable(seen.message.as_deref().unwrap_or(""), &pairs);
+    // One value per field of the callsite, in its order: what `value_set_all` asks.
+    let values: Vec<Option<&dyn Value>> = names
+        .iter()
+        .map(|field| {
+            if field == message_field {
+                return Some(&message as &dyn Value);
+            }
+            if reserved(field.name()) {
+                return None;
+            }
+            seen.fields
+                .iter()
+                .find(|(f, _)| *f == field)
+                .map(|(_, v)| v as &dyn Value)
+        })
+        .collect();
+    let set = names.value_set_all(&values);
+    let rebuilt = if event.is_contextual() {
+        Event::new(meta, &set)
     } else {
-        buf.push(b'=');
-    }
-    buf.extend_from_slice(value.as_bytes());
-    buf.push(b'\n');
+        Event::new_child_of(event.parent().cloned(), meta, &set)
+    };
+    emit(&rebuilt);
 }
 
-fn priority(level: &Level) -> &'static str {
-    match *level {
-        Level::ERROR => "3",
-        Level::WARN => "4",
-        Level::INFO => "5",
-        Level::DEBUG => "6",
-        Level::TRACE => "7",
-    }
-}
-
-/// Fields journald sets or reads itself: an event field of the same name goes under `F_`.
-fn reserved(key: &str) -> bool {
-    matches!(
-        key,
-        "MESSAGE" | "PRIORITY" | "SYSLOG_IDENTIFIER" | "TARGET" | "CODE_FILE" | "CODE_LINE"
-    ) || key.is_empty()
-}
-
-impl<S> Layer<S> for JournalLayer
+impl<S, L> Layer<S> for Readable<L>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
+    L: Layer<S>,
 {
-    fn on_new_span(
-        &self,
-        attrs: &tracing::span::Attributes<'_>,
-        id: &tracing::span::Id,
-        ctx: Context<'_, S>,
-    ) {
-        let mut fields = Fields::default();
-        attrs.record(&mut fields);
-        if let Some(span) = ctx.span(id) {
-            span.extensions_mut().insert(SpanFields(fields.fields));
-        }
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        self.0.on_new_span(attrs, id, ctx);
     }
 
-    fn on_record(
-        &self,
-        id: &tracing::span::Id,
-        values: &tracing::span::Record<'_>,
-        ctx: Context<'_, S>,
-    ) {
-        let mut fields = Fields::default();
-        values.record(&mut fields);
-        if let Some(span) = ctx.span(id) {
-            let mut ext = span.extensions_mut();
-            match ext.get_mut::<SpanFields>() {
-                Some(SpanFields(known)) => known.extend(fields.fields),
-                None => ext.insert(SpanFields(fields.fields)),
-            }
-        }
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        self.0.on_record(id, values, ctx);
+    }
+
+    fn on_follows_from(&self, span: &Id, follows: &Id, ctx: Context<'_, S>) {
+        self.0.on_follows_from(span, follows, ctx);
+    }
+
+    fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
+        self.0.on_enter(id, ctx);
+    }
+
+    fn on_exit(&self, id: &Id, ctx: Context<'_, S>) {
+        self.0.on_exit(id, ctx);
+    }
+
+    fn on_close(&self, id: Id, ctx: Context<'_, S>) {
+        self.0.on_close(id, ctx);
     }
 
     fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
-        let mut buf = Vec::with_capacity(512);
-        if let Some(scope) = ctx.event_scope(event) {
-            for span in scope.from_root() {
-                if let Some(SpanFields(fields)) = span.extensions().get::<SpanFields>() {
-                    for (k, v) in fields {
-                        let key = field_name(k);
-                        if !reserved(&key) {
-                            put(&mut buf, &key, v);
-                        }
-                    }
-                }
-            }
-        }
-        let mut fields = Fields::default();
-        event.record(&mut fields);
-        for (k, v) in &fields.fields {
-            let key = field_name(k);
-            let key = if reserved(&key) {
-                format!("F_{key}")
-            } else {
-                key
-            };
-            put(&mut buf, &key, v);
-        }
-        let meta = event.metadata();
-        let message = readable(fields.message.as_deref().unwrap_or(""), &fields.fields);
-        put(&mut buf, "MESSAGE", &message);
-        put(&mut buf, "PRIORITY", priority(meta.level()));
-        put(&mut buf, "SYSLOG_IDENTIFIER", &self.identifier);
-        put(&mut buf, "TARGET", meta.target());
-        if let Some(file) = meta.file() {
-            put(&mut buf, "CODE_FILE", file);
-        }
-        if let Some(line) = meta.line() {
-            let mut l = String::new();
-            let _ = write!(l, "{line}");
-            put(&mut buf, "CODE_LINE", &l);
-        }
-        // Nothing to do about a failure: logging must not stop the daemon.
-        let _ = self.socket.send(&buf);
+        with_readable_message(event, |e| self.0.on_event(e, ctx));
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::{Arc, Mutex};
+    use tracing_subscriber::layer::SubscriberExt;
 
     fn f(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs
@@ -258,14 +218,107 @@ mod tests {
         assert_eq!(field_name("1x"), "X");
     }
 
+    /// What an event looked like to the layer under [`Readable`].
+    #[derive(Debug, Default, Clone, PartialEq)]
+    struct Seen {
+        message: Option<String>,
+        fields: Vec<(String, String)>,
+        spans: Vec<String>,
+    }
+
+    #[derive(Clone, Default)]
+    struct Capture(Arc<Mutex<Vec<Seen>>>);
+
+    impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
+        fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+            let mut fields = Fields::default();
+            event.record(&mut fields);
+            let spans = ctx
+                .event_scope(event)
+                .map(|s| s.from_root().map(|s| s.name().to_string()).collect())
+                .unwrap_or_default();
+            self.0.lock().unwrap().push(Seen {
+                message: fields.message,
+                fields: fields
+                    .fields
+                    .iter()
+                    .map(|(f, v)| (f.name().to_string(), v.clone()))
+                    .collect(),
+                spans,
+            });
+        }
+    }
+
+    fn seen(log: impl FnOnce()) -> Vec<Seen> {
+        let capture = Capture::default();
+        let subscriber = tracing_subscriber::registry().with(Readable(capture.clone()));
+        tracing::subscriber::with_default(subscriber, log);
+        let seen = capture.0.lock().unwrap().clone();
+        seen
+    }
+
     #[test]
-    fn values_with_newlines_use_the_binary_form() {
-        let mut buf = Vec::new();
-        put(&mut buf, "A", "x");
-        put(&mut buf, "B", "y\nz");
-        let mut want = b"A=x\nB\n".to_vec();
-        want.extend_from_slice(&3u64.to_le_bytes());
-        want.extend_from_slice(b"y\nz\n");
-        assert_eq!(buf, want);
+    fn the_layer_below_gets_the_readable_message_and_every_field() {
+        let got = seen(|| {
+            let span = tracing::info_span!("agent", node = "n1");
+            let _in = span.enter();
+            tracing::warn!(error = %"connection refused", attempt = 3, "cannot renew");
+        });
+        assert_eq!(
+            got,
+            [Seen {
+                message: Some("cannot renew (error: connection refused; attempt: 3)".into()),
+                fields: f(&[("error", "connection refused"), ("attempt", "3")]),
+                spans: vec!["agent".into()],
+            }]
+        );
+    }
+
+    #[test]
+    fn a_field_named_like_journalds_own_is_said_in_the_message_only() {
+        let got = seen(|| tracing::debug!(target = "etcd group default", "lost a race"));
+        assert_eq!(
+            got,
+            [Seen {
+                message: Some("lost a race (target: etcd group default)".into()),
+                fields: vec![],
+                spans: vec![],
+            }]
+        );
+    }
+
+    #[test]
+    fn an_explicit_parent_is_kept() {
+        let got = seen(|| {
+            let parent = tracing::info_span!("action", phase = "draining");
+            tracing::info!(parent: &parent, "evicting");
+            tracing::info!(parent: None, "alone");
+        });
+        assert_eq!(got[0].spans, ["action"]);
+        assert_eq!(got[0].message.as_deref(), Some("evicting"));
+        assert!(got[1].spans.is_empty(), "{got:?}");
+    }
+
+    /// Against a real journald (run by hand, e.g. a systemd-journald in a private mount
+    /// namespace): logs as the agent does, for `journalctl -o json` to be read.
+    #[test]
+    #[ignore = "needs journald's socket"]
+    fn logs_to_a_real_journald() {
+        let subscriber =
+            tracing_subscriber::registry().with(layer("rebootd-journal-test").unwrap());
+        tracing::subscriber::with_default(subscriber, || {
+            let agent = tracing::info_span!("agent", node = "n1", group = "default", holder = "m1");
+            let _in = agent.enter();
+            tracing::info!(
+                from = "idle",
+                to = "reboot_needed",
+                why = "sentinel /run/reboot-required",
+                "idle → reboot_needed: sentinel /run/reboot-required"
+            );
+            let action = tracing::info_span!("action", phase = "draining");
+            let _in = action.enter();
+            tracing::warn!(error = %"connection refused", target = "etcd", "cannot renew");
+            tracing::info!(detail = "line one\nline two", "multi-line value");
+        });
     }
 }

@@ -53,7 +53,7 @@ pub fn init(format: LogFormat) {
     match format {
         // Fields as plain journal fields (NODE=, GROUP=, HOLDER=, PHASE=, ...) and messages that
         // say their values (journal.rs).
-        LogFormat::Journal => match journal::JournalLayer::connect("rebootd") {
+        LogFormat::Journal => match journal::layer("rebootd") {
             Ok(layer) => registry.with(layer).init(),
             Err(_) => registry.with(text_layer()).init(),
         },

@@ -1,17 +1,26 @@
-//! The metrics listener: a minimal HTTP/1.1 responder for `GET /metrics`, hardened against
+//! The metrics listener: hyper's HTTP/1.1 server answering `/metrics`, hardened against
 //! clients that misbehave, since it runs in the daemon that reboots the host: a request head
-//! must arrive within [`Limits::read_timeout`] and the answer be taken within
+//! (at most 8 KiB) must arrive within [`Limits::read_timeout`] and the answer be taken within
 //! [`Limits::write_timeout`]; at most [`Limits::max_connections`] are served at once (one more
 //! is told `503` and closed at once); a failing `accept` (out of file descriptors) is retried
 //! with a capped back-off instead of a busy loop, logged when it starts and when it ends.
 
 use super::Metrics;
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use jiff::Timestamp;
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
 /// How the listener protects itself.
@@ -100,7 +109,7 @@ pub async fn serve_with(
                 Ok(permit) => {
                     let metrics = metrics.clone();
                     tokio::spawn(async move {
-                        answer(conn, peer, &metrics, &limits).await;
+                        answer(conn, peer, metrics, &limits).await;
                         drop(permit);
                     });
                 }
@@ -114,47 +123,60 @@ pub async fn serve_with(
     }))
 }
 
-/// Read the request head: until the blank line, `HEAD_MAX` bytes, or the end of the stream.
-async fn read_head(conn: &mut TcpStream) -> std::io::Result<Vec<u8>> {
-    let mut head = Vec::with_capacity(512);
-    let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < HEAD_MAX {
-        let n = conn.read(&mut buf).await?;
-        if n == 0 {
-            break;
-        }
-        head.extend_from_slice(&buf[..n]);
-    }
-    Ok(head)
+/// The answer to a request for `path`.
+fn respond(path: &str, metrics: &Metrics) -> Response<Full<Bytes>> {
+    let (status, body) = if path == "/metrics" {
+        (StatusCode::OK, metrics.render(Timestamp::now()))
+    } else {
+        (StatusCode::NOT_FOUND, "see /metrics\n".to_string())
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(super::CONTENT_TYPE));
+    response
 }
 
-async fn answer(mut conn: TcpStream, peer: SocketAddr, metrics: &Metrics, limits: &Limits) {
-    let head = match tokio::time::timeout(limits.read_timeout, read_head(&mut conn)).await {
-        Ok(Ok(h)) => h,
-        Ok(Err(e)) => {
-            debug!(%peer, error = %e, "metrics: read failed");
-            return;
+/// Serve one connection with hyper: one request (no keep-alive), its head within
+/// `read_timeout` and at most `HEAD_MAX` bytes (hyper answers `431` past that), the answer taken
+/// within `write_timeout` of being ready.
+async fn answer(conn: TcpStream, peer: SocketAddr, metrics: Metrics, limits: &Limits) {
+    let answered = Arc::new(Notify::new());
+    let service = {
+        let answered = answered.clone();
+        service_fn(move |request: Request<Incoming>| {
+            let response = respond(request.uri().path(), &metrics);
+            answered.notify_one();
+            std::future::ready(Ok::<_, Infallible>(response))
+        })
+    };
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.read_timeout)
+        .max_header_size(HEAD_MAX)
+        .keep_alive(false);
+    let connection = builder.serve_connection(TokioIo::new(conn), service);
+    tokio::pin!(connection);
+    let served = tokio::select! {
+        served = connection.as_mut() => served,
+        () = answered.notified() => {
+            match tokio::time::timeout(limits.write_timeout, connection.as_mut()).await {
+                Ok(served) => served,
+                Err(_) => {
+                    debug!(%peer, "metrics: the client did not take the answer in time; closed");
+                    return;
+                }
+            }
         }
-        Err(_) => {
+    };
+    match served {
+        Ok(()) => {}
+        Err(e) if e.is_timeout() => {
             debug!(%peer, timeout = ?limits.read_timeout, "metrics: no request in time; closed");
-            return;
         }
-    };
-    let request = String::from_utf8_lossy(&head);
-    let path = request.split_whitespace().nth(1).unwrap_or("/");
-    let (status, body) = if path == "/metrics" || path.starts_with("/metrics?") {
-        ("200 OK", metrics.render(Timestamp::now()))
-    } else {
-        ("404 Not Found", "see /metrics\n".to_string())
-    };
-    let response = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    match tokio::time::timeout(limits.write_timeout, conn.write_all(response.as_bytes())).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => debug!(%peer, error = %e, "metrics: write failed"),
-        Err(_) => debug!(%peer, "metrics: the client did not take the answer in time; closed"),
+        Err(e) => debug!(%peer, error = %e, "metrics: connection failed"),
     }
 }
 
@@ -170,5 +192,68 @@ mod tests {
         assert_eq!(accept_backoff(&l, 7), Duration::from_millis(640));
         assert_eq!(accept_backoff(&l, 8), Duration::from_secs(1));
         assert_eq!(accept_backoff(&l, 5000), Duration::from_secs(1));
+    }
+
+    /// A served listener with short read and write limits, and its address.
+    async fn listener() -> SocketAddr {
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let limits = Limits {
+            read_timeout: Duration::from_millis(300),
+            write_timeout: Duration::from_millis(300),
+            ..Limits::default()
+        };
+        serve_with(addr, Metrics::default(), limits).await.unwrap();
+        addr
+    }
+
+    /// Send `request` and read until the server closes.
+    async fn exchange(addr: SocketAddr, request: &[u8]) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut conn = TcpStream::connect(addr).await.unwrap();
+        conn.write_all(request).await.unwrap();
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), conn.read_to_end(&mut out))
+            .await
+            .expect("the server closes after answering")
+            .unwrap();
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[tokio::test]
+    async fn metrics_are_served_with_their_content_type_and_other_paths_are_not_found() {
+        let addr = listener().await;
+        let ok = exchange(addr, b"GET /metrics?x=1 HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert!(ok.starts_with("HTTP/1.1 200 OK\r\n"), "{ok}");
+        assert!(
+            ok.to_ascii_lowercase()
+                .contains("content-type: text/plain; version=0.0.4; charset=utf-8\r\n"),
+            "{ok}"
+        );
+        assert!(ok.contains("\r\n\r\n# HELP rebootd_reboot_needed "), "{ok}");
+        let missing = exchange(addr, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
+        assert!(missing.ends_with("see /metrics\n"), "{missing}");
+    }
+
+    #[tokio::test]
+    async fn a_head_over_8_kib_is_refused() {
+        let addr = listener().await;
+        let mut request = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: ".to_vec();
+        request.extend(std::iter::repeat_n(b'a', HEAD_MAX));
+        request.extend_from_slice(b"\r\n\r\n");
+        let answer = exchange(addr, &request).await;
+        assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+    }
+
+    #[tokio::test]
+    async fn a_connection_without_a_request_is_closed_unanswered() {
+        let addr = listener().await;
+        let started = std::time::Instant::now();
+        let answer = exchange(addr, b"GET /metr").await;
+        assert_eq!(answer, "", "closed without an answer");
+        assert!(started.elapsed() >= Duration::from_millis(300));
     }
 }

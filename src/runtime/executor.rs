@@ -8,6 +8,7 @@ use crate::config::DrainFailure;
 use crate::drain::{DrainError, EventReason};
 use crate::gate::Stage;
 use crate::lock::{self, Fence};
+use crate::metrics::ErrorKind;
 use crate::notify::Duty;
 use crate::reboot::RebootError;
 use crate::state::{Phase, State};
@@ -110,7 +111,7 @@ impl Runtime {
             Action::AcquireSlot => {
                 let event = self.acquire_within_window().await;
                 if matches!(event, Event::Transient { .. }) {
-                    self.metrics.error("lock");
+                    self.metrics.error(ErrorKind::Lock);
                 }
                 event
             }
@@ -185,7 +186,7 @@ impl Runtime {
                 Ok(None) => Event::GroupResumed,
                 Ok(Some(pause)) => Event::GroupPaused { pause },
                 Err(e) => {
-                    self.metrics.error("lock");
+                    self.metrics.error(ErrorKind::Lock);
                     Event::Transient {
                         error: format!("cannot follow the group's pause: {e}"),
                     }
@@ -202,7 +203,7 @@ impl Runtime {
     async fn unmark_and_release(&self) -> Event {
         if let Some(n) = &self.node {
             if let Err(e) = n.unmark().await {
-                self.metrics.error("kubernetes");
+                self.metrics.error(ErrorKind::Kubernetes);
                 return Event::Transient {
                     error: format!("cannot take the reboot labels and taint off: {e}"),
                 };
@@ -276,7 +277,7 @@ impl Runtime {
                     Event::Uncordoned
                 }
                 Err(e) => {
-                    self.metrics.error("kubernetes");
+                    self.metrics.error(ErrorKind::Kubernetes);
                     Event::Transient {
                         error: format!("cannot uncordon: {e}"),
                     }
@@ -479,7 +480,7 @@ impl Runtime {
         match self.semaphore.release(&self.me).await {
             Ok(()) => Event::Released,
             Err(e) => {
-                self.metrics.error("lock");
+                self.metrics.error(ErrorKind::Lock);
                 Event::Transient {
                     error: e.to_string(),
                 }
@@ -534,7 +535,7 @@ impl Runtime {
                 Some(Event::SlotLost { why })
             }
             Err(e) => {
-                self.metrics.error("lock");
+                self.metrics.error(ErrorKind::Lock);
                 Some(Event::Transient {
                     error: format!("cannot prove the slot is still held before {what}: {e}"),
                 })
@@ -579,7 +580,7 @@ impl Runtime {
             }
             Err(e) => {
                 error!(error = %e, "the reboot request failed; will ask again");
-                self.metrics.error("logind");
+                self.metrics.error(ErrorKind::Logind);
                 Event::RebootRefused {
                     error: e.to_string(),
                 }

@@ -3,6 +3,7 @@
 
 use super::Runtime;
 use crate::lock::Fence;
+use crate::metrics::ErrorKind;
 use tracing::{debug, warn};
 
 impl Runtime {
@@ -53,7 +54,7 @@ impl Runtime {
                 warn!(%why, "heartbeat: this node no longer holds its slot (the next fence backs out)")
             }
             Err(e) => {
-                self.metrics.error("lock");
+                self.metrics.error(ErrorKind::Lock);
                 warn!(error = %e, "heartbeat failed; trying again at the next one")
             }
         }
