@@ -298,27 +298,4 @@ mod tests {
         assert_eq!(got[0].message.as_deref(), Some("evicting"));
         assert!(got[1].spans.is_empty(), "{got:?}");
     }
-
-    /// Against a real journald (run by hand, e.g. a systemd-journald in a private mount
-    /// namespace): logs as the agent does, for `journalctl -o json` to be read.
-    #[test]
-    #[ignore = "needs journald's socket"]
-    fn logs_to_a_real_journald() {
-        let subscriber =
-            tracing_subscriber::registry().with(layer("rebootd-journal-test").unwrap());
-        tracing::subscriber::with_default(subscriber, || {
-            let agent = tracing::info_span!("agent", node = "n1", group = "default", holder = "m1");
-            let _in = agent.enter();
-            tracing::info!(
-                from = "idle",
-                to = "reboot_needed",
-                why = "sentinel /run/reboot-required",
-                "idle → reboot_needed: sentinel /run/reboot-required"
-            );
-            let action = tracing::info_span!("action", phase = "draining");
-            let _in = action.enter();
-            tracing::warn!(error = %"connection refused", target = "etcd", "cannot renew");
-            tracing::info!(detail = "line one\nline two", "multi-line value");
-        });
-    }
 }
