@@ -79,7 +79,7 @@ pub struct State {
     /// When the current phase was entered.
     pub since: Timestamp,
     /// Why a reboot is needed (which trigger, what it said); None when none is. On disk the
-    /// string `<trigger>: <what it saw>`, as before the trigger became a type.
+    /// string `<trigger>: <what it saw>`, which older state files also hold.
     #[serde(default)]
     pub reason: Option<crate::need::Need>,
     /// The boot id when this state was written.

@@ -23,7 +23,7 @@ const WINDOW_RECHECK: Duration = Duration::from_secs(300);
 /// How old a phase report's proof of the slot may be to serve as the fence before the cordon or
 /// the logind call (see [`Runtime::fence`]). A fence is a proof of the moment it was made; the
 /// steps between the report and the action (the checks before the reboot, recording the
-/// cordon) are quick unless a gate is slow, and then the fence is sent as before.
+/// cordon) are quick unless a gate is slow, and then the fence is sent.
 const REPORT_PROOF_FRESH: Duration = Duration::from_secs(1);
 
 /// Whether an action waits for something with no bound in time (the watchdog is fed meanwhile)

@@ -23,7 +23,7 @@
 //! fresh read happens only after a compaction, a reconnect or an error. A waiter that dies leaves
 //! an entry that vanishes with its lease ([`Timeouts::queue_ttl`]); a restarted one re-puts its
 //! entry under a new lease, which keeps the create revision, so it keeps its place. locksmith
-//! never reads the queue: it takes free slots by CAS as before, and queued waiters wait on.
+//! never reads the queue: it takes free slots by CAS, and queued waiters wait on.
 //!
 //! # Liveness of holders
 //!

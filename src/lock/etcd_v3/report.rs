@@ -4,13 +4,13 @@
 //! Only its holder writes a record, and every change that takes an id out of the document
 //! (`unlock`, a reclaim, a take that clears orphans) deletes that id's record in the same
 //! transaction. So "my record is at the revision I last saw" implies "I still hold my slot", and
-//! a report no longer loses races to other holders taking and giving back slots. The store keeps
+//! a report does not lose races to other holders taking and giving back slots. The store keeps
 //! the revision and content of the record this process last wrote ([`Written`]): a report is
 //! then one transaction, whose else branch reads the semaphore when the record moved (a
 //! heartbeat of mine, a release, an operator), for one more attempt on that read.
 //!
 //! Without a record (a slot adopted from locksmith or moved by `rebootctl migrate`) nothing
-//! deletes it with the slot, so the write is guarded by the document's revision, as before.
+//! deletes it with the slot, so the write is guarded by the document's revision.
 //!
 //! A report also keeps the semaphore as it read it (the one-transaction report reads it in the
 //! same transaction, after its write), for the release that follows it soon after: the release's
