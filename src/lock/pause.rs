@@ -16,6 +16,8 @@
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
+use super::LockError;
+
 /// A group's pause as the store keeps it (JSON on etcd, the annotation's value on a Lease).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupPause {
@@ -80,6 +82,59 @@ pub(crate) fn watch_from<At>(last: &LastRead<At>, known: Option<&GroupPause>) ->
     last.take()
         .filter(|(pause, _)| pause.as_ref() == known)
         .map(|(_, at)| at)
+}
+
+/// A store's pause record, as the one wait for a change ([`changed`]) needs it.
+#[async_trait::async_trait]
+pub(crate) trait PauseRecord: Sync {
+    /// Where a read was in the store's history (etcd's revision or index, a resourceVersion).
+    type At: Send;
+    /// The pause now, and where that read was.
+    async fn read_pause(&self) -> Result<(Option<GroupPause>, Self::At), LockError>;
+    /// Watch from after `at` until the pause differs from `known`: `Some` of what it is then;
+    /// `None` when the store's history no longer reaches `at` (compacted, cleared, gone) or the
+    /// watch ended, and the pause is read again.
+    async fn watch_pause(
+        &self,
+        at: Self::At,
+        known: Option<&GroupPause>,
+    ) -> Result<Option<Option<GroupPause>>, LockError>;
+}
+
+/// The pause now; the read is remembered in `last` for the wait that may follow.
+pub(crate) async fn now<R: PauseRecord>(
+    record: &R,
+    last: &LastRead<R::At>,
+) -> Result<Option<GroupPause>, LockError> {
+    let (pause, at) = record.read_pause().await?;
+    last.set((pause.clone(), at));
+    Ok(pause)
+}
+
+/// Wait until the pause differs from `known`, written once for every store: read (unless
+/// `last` saw `known`: then watch from there), return what differs, else watch from the read;
+/// a watch whose start the store no longer has reads again.
+pub(crate) async fn changed<R: PauseRecord>(
+    record: &R,
+    last: &LastRead<R::At>,
+    known: Option<&GroupPause>,
+) -> Result<Option<GroupPause>, LockError> {
+    let mut from = watch_from(last, known);
+    loop {
+        let at = match from.take() {
+            Some(at) => at,
+            None => {
+                let (now, at) = record.read_pause().await?;
+                if now.as_ref() != known {
+                    return Ok(now);
+                }
+                at
+            }
+        };
+        if let Some(now) = record.watch_pause(at, known).await? {
+            return Ok(now);
+        }
+    }
 }
 
 /// The etcd key (v3 form, no leading `/`) of `group`'s pause.

@@ -4,7 +4,9 @@
 //! pause waited on: see [`crate::lock::pause::LastRead`]). A waiter needs none of this: the key
 //! is in the directory its read and watch follow (`acquire_unless_paused`).
 
-use super::super::pause::{self, GroupPause};
+use async_trait::async_trait;
+
+use super::super::pause::{self, GroupPause, PauseRecord};
 use super::super::LockError;
 use super::{lock_error, EtcdV2Semaphore};
 use crate::clients::etcd_v2::{Action, Get, Put, V2Error};
@@ -15,27 +17,9 @@ impl EtcdV2Semaphore {
         self.keys.pause.clone()
     }
 
-    /// The pause and etcd's index when it was read.
-    async fn read_pause(&self) -> Result<(Option<GroupPause>, u64), LockError> {
-        let get = Get {
-            quorum: true,
-            ..Get::default()
-        };
-        match self.client.get(&self.pause_key(), get).await {
-            Ok(r) => Ok((
-                r.node.value.as_deref().map(GroupPause::parse),
-                r.etcd_index.max(r.node.modified_index),
-            )),
-            Err(e @ V2Error::Etcd { index, .. }) if e.is_key_not_found() => Ok((None, index)),
-            Err(e) => Err(lock_error(e)),
-        }
-    }
-
     /// The pause now; the read is remembered for the wait that may follow.
     pub(super) async fn group_pause_now(&self) -> Result<Option<GroupPause>, LockError> {
-        let (pause, index) = self.read_pause().await?;
-        self.last_pause.set((pause.clone(), index));
-        Ok(pause)
+        pause::now(self, &self.last_pause).await
     }
 
     #[tracing::instrument(skip(self, p), fields(key = %self.pause_key()))]
@@ -59,41 +43,58 @@ impl EtcdV2Semaphore {
         Ok(())
     }
 
-    /// Wait until the pause differs from `known`: read (unless the last read saw `known`), then
-    /// watch the key from the index read. An index cleared from etcd's history reads again.
+    /// Wait until the pause differs from `known` ([`pause::changed`]).
     pub(super) async fn pause_changed(
         &self,
         known: Option<&GroupPause>,
     ) -> Result<Option<GroupPause>, LockError> {
-        let mut last_read = pause::watch_from(&self.last_pause, known);
-        'read: loop {
-            let index = match last_read.take() {
-                Some(index) => index,
-                None => {
-                    let (now, index) = self.read_pause().await?;
-                    if now.as_ref() != known {
-                        return Ok(now);
+        pause::changed(self, &self.last_pause, known).await
+    }
+}
+
+#[async_trait]
+impl PauseRecord for EtcdV2Semaphore {
+    type At = u64;
+
+    /// A quorum read of the key, and etcd's index then.
+    async fn read_pause(&self) -> Result<(Option<GroupPause>, u64), LockError> {
+        let get = Get {
+            quorum: true,
+            ..Get::default()
+        };
+        match self.client.get(&self.pause_key(), get).await {
+            Ok(r) => Ok((
+                r.node.value.as_deref().map(GroupPause::parse),
+                r.etcd_index.max(r.node.modified_index),
+            )),
+            Err(e @ V2Error::Etcd { index, .. }) if e.is_key_not_found() => Ok((None, index)),
+            Err(e) => Err(lock_error(e)),
+        }
+    }
+
+    /// Long-poll watches of the key, one event each, from the index after `index`; an index
+    /// cleared from etcd's history: read again.
+    async fn watch_pause(
+        &self,
+        index: u64,
+        known: Option<&GroupPause>,
+    ) -> Result<Option<Option<GroupPause>>, LockError> {
+        let mut from = index + 1;
+        loop {
+            match self.client.watch(&self.pause_key(), false, from).await {
+                Ok(None) => continue,
+                Ok(Some(r)) => {
+                    from = r.node.modified_index + 1;
+                    let pause = match r.action {
+                        Action::Delete | Action::CompareAndDelete | Action::Expire => None,
+                        _ => r.node.value.as_deref().map(GroupPause::parse),
+                    };
+                    if pause.as_ref() != known {
+                        return Ok(Some(pause));
                     }
-                    index
                 }
-            };
-            let mut from = index + 1;
-            loop {
-                match self.client.watch(&self.pause_key(), false, from).await {
-                    Ok(None) => continue,
-                    Ok(Some(r)) => {
-                        from = r.node.modified_index + 1;
-                        let pause = match r.action {
-                            Action::Delete | Action::CompareAndDelete | Action::Expire => None,
-                            _ => r.node.value.as_deref().map(GroupPause::parse),
-                        };
-                        if pause.as_ref() != known {
-                            return Ok(pause);
-                        }
-                    }
-                    Err(e) if e.is_index_cleared() => continue 'read,
-                    Err(e) => return Err(lock_error(e)),
-                }
+                Err(e) if e.is_index_cleared() => return Ok(None),
+                Err(e) => return Err(lock_error(e)),
             }
         }
     }

@@ -5,7 +5,9 @@
 
 use etcd_client::{EventType, WatchOptions};
 
-use super::super::pause::{self, GroupPause};
+use async_trait::async_trait;
+
+use super::super::pause::{self, GroupPause, PauseRecord};
 use super::super::LockError;
 use super::EtcdSemaphore;
 
@@ -15,26 +17,9 @@ impl EtcdSemaphore {
         self.keys.pause.clone()
     }
 
-    /// The pause and the revision it was read at.
-    async fn read_pause(&self) -> Result<(Option<GroupPause>, i64), LockError> {
-        let mut kv = self.client.kv_client();
-        let key = self.pause_key();
-        let r = self
-            .request("reading the group's pause: ", kv.get(key, None))
-            .await?;
-        let revision = r.header().map_or(0, |h| h.revision());
-        let pause = r
-            .kvs()
-            .first()
-            .map(|kv| GroupPause::parse(&String::from_utf8_lossy(kv.value())));
-        Ok((pause, revision))
-    }
-
     /// The pause now; the read is remembered for the wait that may follow.
     pub(super) async fn group_pause_now(&self) -> Result<Option<GroupPause>, LockError> {
-        let (pause, revision) = self.read_pause().await?;
-        self.last_pause.set((pause.clone(), revision));
-        Ok(pause)
+        pause::now(self, &self.last_pause).await
     }
 
     #[tracing::instrument(skip(self, p), fields(key = %self.pause_key()))]
@@ -55,61 +40,73 @@ impl EtcdSemaphore {
         Ok(())
     }
 
-    /// Wait until the pause differs from `known`: read (unless the last read saw `known`), then
-    /// watch from the revision read. A start compacted away reads again.
+    /// Wait until the pause differs from `known` ([`pause::changed`]).
     pub(super) async fn pause_changed(
         &self,
         known: Option<&GroupPause>,
     ) -> Result<Option<GroupPause>, LockError> {
-        let mut last_read = pause::watch_from(&self.last_pause, known);
+        pause::changed(self, &self.last_pause, known).await
+    }
+}
+
+#[async_trait]
+impl PauseRecord for EtcdSemaphore {
+    type At = i64;
+
+    async fn read_pause(&self) -> Result<(Option<GroupPause>, i64), LockError> {
+        let mut kv = self.client.kv_client();
+        let key = self.pause_key();
+        let r = self
+            .request("reading the group's pause: ", kv.get(key, None))
+            .await?;
+        let revision = r.header().map_or(0, |h| h.revision());
+        let pause = r
+            .kvs()
+            .first()
+            .map(|kv| GroupPause::parse(&String::from_utf8_lossy(kv.value())));
+        Ok((pause, revision))
+    }
+
+    /// A watch of the key from the revision after `revision`; compacted or cancelled (unless
+    /// refused): read again.
+    async fn watch_pause(
+        &self,
+        revision: i64,
+        known: Option<&GroupPause>,
+    ) -> Result<Option<Option<GroupPause>>, LockError> {
+        let options = WatchOptions::new().with_start_revision(revision + 1);
+        let mut watch = self.client.watch_client();
+        let mut stream = self
+            .request(
+                "watching the group's pause: ",
+                watch.watch(self.pause_key(), Some(options)),
+            )
+            .await?;
         loop {
-            let revision = match last_read.take() {
-                Some(revision) => revision,
-                None => {
-                    let (now, revision) = self.read_pause().await?;
-                    if now.as_ref() != known {
-                        return Ok(now);
-                    }
-                    revision
+            match stream.message().await {
+                Ok(Some(resp)) if resp.compact_revision() > 0 => return Ok(None),
+                Ok(Some(resp)) if resp.canceled() => {
+                    let key = self.pause_key();
+                    return match self.watch_cancelled(&key, &key, resp.cancel_reason()) {
+                        e @ LockError::Backend { .. } => Err(e),
+                        _ => Ok(None),
+                    };
                 }
-            };
-            let options = WatchOptions::new().with_start_revision(revision + 1);
-            let mut watch = self.client.watch_client();
-            let mut stream = self
-                .request(
-                    "watching the group's pause: ",
-                    watch.watch(self.pause_key(), Some(options)),
-                )
-                .await?;
-            loop {
-                match stream.message().await {
-                    // Compacted: read again. Cancelled: read again, unless refused.
-                    Ok(Some(resp)) if resp.compact_revision() > 0 => break,
-                    Ok(Some(resp)) if resp.canceled() => {
-                        let key = self.pause_key();
-                        match self.watch_cancelled(&key, &key, resp.cancel_reason()) {
-                            e @ LockError::Backend { .. } => return Err(e),
-                            _ => break,
-                        }
-                    }
-                    Ok(Some(resp)) => {
-                        for e in resp.events() {
-                            let pause = match (e.event_type(), e.kv()) {
-                                (EventType::Put, Some(kv)) => {
-                                    Some(GroupPause::parse(&String::from_utf8_lossy(kv.value())))
-                                }
-                                _ => None,
-                            };
-                            if pause.as_ref() != known {
-                                return Ok(pause);
+                Ok(Some(resp)) => {
+                    for e in resp.events() {
+                        let pause = match (e.event_type(), e.kv()) {
+                            (EventType::Put, Some(kv)) => {
+                                Some(GroupPause::parse(&String::from_utf8_lossy(kv.value())))
                             }
+                            _ => None,
+                        };
+                        if pause.as_ref() != known {
+                            return Ok(Some(pause));
                         }
                     }
-                    Ok(None) => {
-                        return Err(self.unreachable("the pause's watch stream ended".into()))
-                    }
-                    Err(e) => return Err(self.classify(e)),
                 }
+                Ok(None) => return Err(self.unreachable("the pause's watch stream ended".into())),
+                Err(e) => return Err(self.classify(e)),
             }
         }
     }

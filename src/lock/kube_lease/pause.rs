@@ -9,16 +9,16 @@
 //! `group_pause` reads it by a list of that one name, whose resourceVersion says where the read
 //! was even when there is no such Lease; a wait for the pause right after it watches from there
 //! (see [`crate::lock::pause::LastRead`]) instead of listing again. A start the server no longer
-//! has (410 Gone) or a watch that ends falls back to a watcher, which lists.
+//! has (410 Gone) or a watch that ends lists again (the lock core's `pause::changed`).
 
 use std::collections::BTreeMap;
 
+use async_trait::async_trait;
 use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams, WatchEvent, WatchParams};
-use kube::runtime::watcher;
 
-use super::super::pause::{self, GroupPause};
+use super::super::pause::{self, GroupPause, PauseRecord};
 use super::super::LockError;
 use super::calls::CallError;
 use super::{KubeLeaseSemaphore, LABEL_ROLE, LABEL_SEMAPHORE, ROLE_PAUSE};
@@ -62,19 +62,7 @@ impl KubeLeaseSemaphore {
     /// The pause now (one list of the one Lease); the read is remembered for the wait that may
     /// follow.
     pub(super) async fn group_pause_now(&self) -> Result<Option<GroupPause>, LockError> {
-        let lp = ListParams::default().fields(&self.pause_selector());
-        let list = self
-            .call("reading the group's pause", self.leases.list(&lp))
-            .await?;
-        let found = list.items.first();
-        let pause = found.and_then(|l| self.pause_in(l));
-        if let Some(lease) = found.filter(|l| pause.is_none() && pause_of(l).is_some()) {
-            tracing::warn!(namespace = %self.namespace, lease = ?lease.metadata.name, labels = ?lease.metadata.labels, "ignoring a pause on a Lease without this semaphore's labels ({LABEL_SEMAPHORE}={}, {LABEL_ROLE}={ROLE_PAUSE}): not written by rebootctl, or by one older than its labels; run `rebootctl pause --group` again to pause the group", self.name);
-        }
-        if let Some(rv) = list.metadata.resource_version.filter(|rv| !rv.is_empty()) {
-            self.last_pause.set((pause.clone(), rv));
-        }
-        Ok(pause)
+        pause::now(self, &self.last_pause).await
     }
 
     /// Watch the pause Lease from resourceVersion `rv` until the pause differs from `known`
@@ -188,43 +176,38 @@ impl KubeLeaseSemaphore {
         Ok(())
     }
 
-    /// Wait until the pause differs from `known`: a watch from the last read when it saw
-    /// `known`, else (or when that watch cannot go on) a watcher of the one Lease, by name (its
-    /// first list says what it is now).
+    /// Wait until the pause differs from `known` ([`pause::changed`]).
     pub(super) async fn pause_changed(
         &self,
         known: Option<&GroupPause>,
     ) -> Result<Option<GroupPause>, LockError> {
-        if let Some(rv) = pause::watch_from(&self.last_pause, known) {
-            if let Some(changed) = self.pause_changed_from(&rv, known).await? {
-                return Ok(changed);
-            }
+        pause::changed(self, &self.last_pause, known).await
+    }
+}
+
+#[async_trait]
+impl PauseRecord for KubeLeaseSemaphore {
+    type At = String;
+
+    /// One list of the one Lease, by name; its resourceVersion is where the read was.
+    async fn read_pause(&self) -> Result<(Option<GroupPause>, String), LockError> {
+        let lp = ListParams::default().fields(&self.pause_selector());
+        let list = self
+            .call("reading the group's pause", self.leases.list(&lp))
+            .await?;
+        let found = list.items.first();
+        let pause = found.and_then(|l| self.pause_in(l));
+        if let Some(lease) = found.filter(|l| pause.is_none() && pause_of(l).is_some()) {
+            tracing::warn!(namespace = %self.namespace, lease = ?lease.metadata.name, labels = ?lease.metadata.labels, "ignoring a pause on a Lease without this semaphore's labels ({LABEL_SEMAPHORE}={}, {LABEL_ROLE}={ROLE_PAUSE}): not written by rebootctl, or by one older than its labels; run `rebootctl pause --group` again to pause the group", self.name);
         }
-        let name = self.pause_name();
-        let config = watcher::Config::default().fields(&self.pause_selector());
-        let mut events = watcher::watcher(self.leases.clone(), config).boxed();
-        let mut listed: Option<Option<GroupPause>> = None;
-        while let Some(event) = events.next().await {
-            let now = match event {
-                Ok(watcher::Event::Init) => {
-                    listed = Some(None);
-                    continue;
-                }
-                Ok(watcher::Event::InitApply(l)) => {
-                    listed = Some(self.pause_in(&l));
-                    continue;
-                }
-                Ok(watcher::Event::InitDone) => listed.take().flatten(),
-                Ok(watcher::Event::Apply(l)) => self.pause_in(&l),
-                Ok(watcher::Event::Delete(_)) => None,
-                Err(e) => {
-                    return Err(self.unreachable(format!("watching Lease {name}: {e}")));
-                }
-            };
-            if now.as_ref() != known {
-                return Ok(now);
-            }
-        }
-        Err(self.unreachable(format!("the watch of Lease {name} ended")))
+        Ok((pause, list.metadata.resource_version.unwrap_or_default()))
+    }
+
+    async fn watch_pause(
+        &self,
+        rv: String,
+        known: Option<&GroupPause>,
+    ) -> Result<Option<Option<GroupPause>>, LockError> {
+        self.pause_changed_from(&rv, known).await
     }
 }
