@@ -375,8 +375,8 @@ impl HolderRecord {
         }
     }
 
-    pub fn parse(bytes: &[u8]) -> Result<Self, String> {
-        serde_json::from_slice(bytes).map_err(|e| e.to_string())
+    pub fn parse(bytes: &[u8]) -> Result<Self, serde_json::Error> {
+        serde_json::from_slice(bytes)
     }
 
     pub fn to_json(&self) -> String {
@@ -400,8 +400,8 @@ pub struct WaiterRecord {
 }
 
 impl WaiterRecord {
-    pub fn parse(bytes: &[u8]) -> Result<Self, String> {
-        serde_json::from_slice(bytes).map_err(|e| e.to_string())
+    pub fn parse(bytes: &[u8]) -> Result<Self, serde_json::Error> {
+        serde_json::from_slice(bytes)
     }
 
     pub fn to_json(&self) -> String {

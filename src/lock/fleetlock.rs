@@ -27,7 +27,6 @@
 
 use crate::lock::Backend;
 use crate::state::Phase;
-use std::hash::{BuildHasher, Hasher};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -38,9 +37,23 @@ use hyper::header::{HeaderValue, ACCEPT, CONTENT_TYPE, USER_AGENT};
 use hyper::{Method, Request, StatusCode, Uri};
 
 use super::{Fence, Identity, LockError, Reported, Semaphore};
+use crate::backoff::Backoff;
 use crate::http::{self, error_chain, HttpClient};
 
 const BACKEND: Backend = Backend::FleetLock;
+/// Why a request got no answer: a transport failure, a body that could not be read, or time.
+#[derive(Debug, thiserror::Error)]
+enum NoAnswer {
+    #[error("cannot build the request: {0}")]
+    Request(String),
+    #[error("{0}")]
+    Transport(String),
+    #[error("reading the answer to HTTP {0}: {1}")]
+    Body(hyper::StatusCode, http::BodyError),
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+}
+
 /// The header every FleetLock request carries (with value `true`).
 pub const PROTOCOL_HEADER: &str = "fleet-lock-protocol";
 /// Path of the lock call, relative to the base URL.
@@ -277,8 +290,8 @@ impl FleetLock {
         }
     }
 
-    /// One request. `Err` is a transport failure (no answer), as a reason.
-    async fn post(&self, call: Call, id: &str) -> Result<Answer, String> {
+    /// One request. `Err`: no answer came.
+    async fn post(&self, call: Call, id: &str) -> Result<Answer, NoAnswer> {
         let (uri, _) = self.endpoint(call);
         let body = serde_json::json!({
             "client_params": { "id": id, "group": self.group }
@@ -295,33 +308,36 @@ impl FleetLock {
                 HeaderValue::from_static(concat!("rebootd/", env!("CARGO_PKG_VERSION"))),
             )
             .body(Full::new(Bytes::from(body)))
-            .map_err(|e| format!("cannot build the request: {e}"))?;
+            .map_err(|e| NoAnswer::Request(e.to_string()))?;
         let exchange = async {
             let response = self
                 .client
                 .request(request)
                 .await
-                .map_err(|e| error_chain(&e))?;
+                .map_err(|e| NoAnswer::Transport(error_chain(&e)))?;
             let status = response.status();
             let body = http::read_body(response.into_body(), BODY_MAX)
                 .await
-                .map_err(|e| format!("reading the answer to HTTP {status}: {e}"))?;
-            Ok::<_, String>(Answer::from_body(status, &body))
+                .map_err(|e| NoAnswer::Body(status, e))?;
+            Ok::<_, NoAnswer>(Answer::from_body(status, &body))
         };
         match tokio::time::timeout(self.options.request_timeout, exchange).await {
-            Err(_) => Err(format!(
-                "no answer within {:?}",
-                self.options.request_timeout
-            )),
+            Err(_) => Err(NoAnswer::Timeout(self.options.request_timeout)),
             Ok(r) => r,
         }
     }
 
-    fn unreachable(&self, call: Call, reason: String) -> LockError {
+    /// The pause between tries: `backoff_min` doubling up to `backoff_max`, ±10 % jitter so a
+    /// fleet does not ask in lockstep.
+    fn backoff(&self) -> Backoff {
+        Backoff::new(self.options.backoff_min, self.options.backoff_max)
+    }
+
+    fn unreachable(&self, call: Call, reason: NoAnswer) -> LockError {
         LockError::Unreachable {
             backend: BACKEND,
             target: self.endpoint(call).1.clone(),
-            reason,
+            reason: reason.to_string(),
         }
     }
 
@@ -353,22 +369,6 @@ impl FleetLock {
             ),
         }
     }
-
-    /// The pause after `delay`, with ±10 % jitter so a fleet does not ask in lockstep.
-    fn jittered(&self, delay: Duration) -> Duration {
-        let r = std::collections::hash_map::RandomState::new()
-            .build_hasher()
-            .finish();
-        let factor = 0.9 + (r % 2001) as f64 / 10_000.0;
-        delay.mul_f64(factor)
-    }
-
-    fn next_delay(&self, delay: Duration) -> Duration {
-        delay
-            .saturating_mul(2)
-            .min(self.options.backoff_max)
-            .max(self.options.backoff_min)
-    }
 }
 
 #[async_trait]
@@ -381,7 +381,7 @@ impl Semaphore for FleetLock {
     /// backoff for ever (the caller may drop the future); other refusals are errors.
     #[tracing::instrument(skip(self, me), fields(url = %self.pre_reboot.1, group = %self.group, id = %me.id))]
     async fn acquire(&self, me: &Identity) -> Result<(), LockError> {
-        let mut delay = self.options.backoff_min;
+        let mut backoff = self.backoff();
         let mut last: Option<Seen> = None;
         let mut attempts: u64 = 0;
         loop {
@@ -406,6 +406,7 @@ impl Semaphore for FleetLock {
                 }
                 Err(reason) => Seen::Trouble(format!("unreachable: {reason}")),
             };
+            let delay = backoff.next_jittered();
             if last.as_ref() != Some(&seen) {
                 match &seen {
                     Seen::Taken(kind, value) => tracing::info!(
@@ -430,8 +431,7 @@ impl Semaphore for FleetLock {
             } else {
                 tracing::debug!(url = %self.pre_reboot.1, attempts, retry_in = ?delay, answer = ?last, "no slot yet");
             }
-            tokio::time::sleep(self.jittered(delay)).await;
-            delay = self.next_delay(delay);
+            tokio::time::sleep(delay).await;
         }
     }
 
@@ -440,7 +440,7 @@ impl Semaphore for FleetLock {
     async fn release(&self, me: &Identity) -> Result<(), LockError> {
         let id = me.id.as_str();
         let attempts = self.options.release_attempts.max(1);
-        let mut delay = self.options.backoff_min;
+        let mut backoff = self.backoff();
         let mut attempt = 1;
         loop {
             let err = match self.post(Call::SteadyState, id).await {
@@ -465,9 +465,9 @@ impl Semaphore for FleetLock {
                 tracing::warn!(error = %err, attempts, "giving up releasing the slot for now");
                 return Err(err);
             }
+            let delay = backoff.next_jittered();
             tracing::warn!(error = %err, attempt, retry_in = ?delay, "releasing the slot failed; retrying");
-            tokio::time::sleep(self.jittered(delay)).await;
-            delay = self.next_delay(delay);
+            tokio::time::sleep(delay).await;
             attempt += 1;
         }
     }
