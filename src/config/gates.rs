@@ -1,30 +1,6 @@
 //! `[gates]`: conditions outside rebootd that must hold before a reboot (see `crate::gate`).
-//!
-//! ```toml
-//! [gates]
-//! interval = "1m"                 # a gate that says wait is asked again this often
-//!
-//! [[gates.before_reboot]]         # each: exactly one of command, query, alerts
-//! name = "backup-idle"            # optional; shown in `rebootctl status`
-//! command = ["/usr/local/bin/backup-idle"]   # exit 0 = go
-//! timeout = "30s"                 # per check
-//!
-//! [[gates.before_reboot]]
-//! prometheus_url = "https://prometheus:9090"
-//! alerts = ['severity="critical"']            # firing alerts matching all = wait
-//! alertmanager_url = "https://alertmanager:9093"  # optional: silenced alerts do not count
-//! ca_file = "/etc/rebootd/prometheus-ca.pem"      # optional, for both URLs
-//! bearer_token_file = "/etc/rebootd/prometheus-token"  # optional: `Authorization: Bearer`
-//!
-//! [[gates.before_reboot]]                     # FLUO's before-reboot checks; needs [kubernetes]
-//! node_annotations = ["example.com/backup-done"]  # each "true" on this Node = go
-//! node_label = "rebootd.io/before-reboot"     # set "true" while the checks run (the default)
-//!
-//! [[gates.after_boot]]            # after the boot, node Ready, before uncordon and release;
-//! pods_ready = "app=csi-node"     # the same kinds, and: pods on this node matching, all Ready
-//! ```
-//! `settle = "5m"` under `[gates]` holds the slot that long after the node is back, before
-//! releasing it.
+//! Each gate is one of: a command, a Prometheus query or alerts, Node annotations, Ready pods;
+//! `before_reboot` or `after_boot`. The keys and an example: docs/configuration.md, `[gates]`.
 //!
 //! The raw input is read here and validated into [`Gates`]; every error names the file, the
 //! key (`gates.before_reboot[2].query`) and the value.

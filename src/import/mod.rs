@@ -6,6 +6,7 @@
 //! conversions work on a copy of a host's files.
 
 mod envfile;
+mod go_duration;
 pub mod locksmith;
 pub mod zincati;
 

@@ -513,15 +513,9 @@ fn valid_group(group: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
 }
 
+/// An answer's text for errors and logs: bounded and escaped ([`crate::text::clean_to`]).
 fn quote(text: &str) -> String {
-    if text.len() <= QUOTE_MAX {
-        return text.to_owned();
-    }
-    let mut cut = QUOTE_MAX;
-    while !text.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}…", &text[..cut])
+    crate::text::clean_to(text, QUOTE_MAX)
 }
 
 #[cfg(test)]

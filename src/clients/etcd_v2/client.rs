@@ -10,83 +10,25 @@ use hyper::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, USER_AGENT
 use hyper::{Method, Request, StatusCode};
 
 use super::error::{At, V2Error};
+pub use super::options::{escape_path, Get, Put, Settings, Timeouts};
 use super::stream::WatchStream;
 use super::types::{EtcdErrorBody, Response};
 use crate::http::{self, error_chain, HttpClient};
 
 /// Largest answer read (a recursive read of locksmith's whole tree, every group).
 const BODY_MAX: usize = 16 * 1024 * 1024;
-/// Largest `GET /version` answer read (etcd's is under 100 bytes).
-const VERSION_MAX: usize = 4096;
 /// Longest answer text quoted in errors.
 const QUOTE_MAX: usize = 300;
 
-/// Time limits of the v2 client.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Timeouts {
-    /// Opening a connection (TCP and TLS).
-    pub connect: Duration,
-    /// One request, to the end of its answer (a watch: to its headers, which etcd sends at once).
-    pub request: Duration,
-    /// How long one long-poll watch waits for an event before it is asked again (same index),
-    /// so a peer that went away without closing the connection is noticed.
-    pub watch: Duration,
-}
-
-impl Default for Timeouts {
-    fn default() -> Self {
-        Timeouts {
-            connect: Duration::from_secs(5),
-            request: Duration::from_secs(10),
-            watch: Duration::from_secs(300),
-        }
-    }
-}
-
-/// How to reach the cluster.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Settings {
-    /// Client URLs, `http://host:port` or `https://host:port`; tried in order, the last one that
-    /// answered first.
-    pub endpoints: Vec<String>,
-    /// CA and client certificate (`table` names the configuration table in errors).
-    pub tls: http::TlsFiles,
-    /// User name and password: v2 authentication is HTTP basic authentication.
-    pub basic_auth: Option<(String, String)>,
-    pub timeouts: Timeouts,
-}
-
-/// Options of a read.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Get {
-    /// A directory with everything under it.
-    pub recursive: bool,
-    /// Children in key order (in-order keys: creation order).
-    pub sorted: bool,
-    /// Through the raft leader (linearizable), not from the member's local store.
-    pub quorum: bool,
-}
-
-/// Options of a write.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Put {
-    /// Only if the key's `modifiedIndex` is this (compare-and-swap).
-    pub prev_index: Option<u64>,
-    /// `Some(false)`: only if the key does not exist (create); `Some(true)`: only if it does.
-    pub prev_exist: Option<bool>,
-    /// Time to live; the key is removed (an `expire` event) when it passes.
-    pub ttl: Option<Duration>,
-}
-
 /// A client of etcd's v2 keys API (`/v2/keys`).
 pub struct KeysClient {
-    http: HttpClient,
+    pub(super) http: HttpClient,
     endpoints: Vec<String>,
     /// The endpoint that answered last (index into `endpoints`).
     current: AtomicUsize,
     authorization: Option<HeaderValue>,
-    timeouts: Timeouts,
-    requests: AtomicU64,
+    pub(super) timeouts: Timeouts,
+    pub(super) requests: AtomicU64,
 }
 
 impl std::fmt::Debug for KeysClient {
@@ -606,32 +548,6 @@ impl KeysClient {
             answer: quote(&body),
         })
     }
-
-    /// What `GET /version` says the server is (`etcdserver`), if it is an etcd.
-    async fn etcd_version(&self, endpoint: &str) -> Option<String> {
-        #[derive(serde::Deserialize)]
-        struct Version {
-            etcdserver: String,
-        }
-        let request = Request::builder()
-            .method(Method::GET)
-            .uri(format!("{endpoint}/version"))
-            .body(Full::new(Bytes::new()))
-            .ok()?;
-        self.requests.fetch_add(1, Ordering::Relaxed);
-        let exchange = async {
-            let response = self.http.request(request).await.ok()?;
-            let body = http::read_body(response.into_body(), VERSION_MAX)
-                .await
-                .ok()?;
-            serde_json::from_slice::<Version>(&body).ok()
-        };
-        tokio::time::timeout(self.timeouts.request, exchange)
-            .await
-            .ok()
-            .flatten()
-            .map(|v| v.etcdserver)
-    }
 }
 
 /// Whether a call goes on to the next endpoint after `e`: no answer, or a member that has no
@@ -670,38 +586,9 @@ fn ttl_seconds(ttl: Duration) -> u64 {
     s.max(1)
 }
 
-/// Percent-encode a key for the URL path: `/` separates, every byte but unreserved ones is
-/// `%XX`, so a key holding `%` or `+` (locksmith escapes group names with Go's
-/// `url.QueryEscape`) reaches etcd unchanged.
-pub fn escape_path(key: &str) -> String {
-    const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    let mut out = String::with_capacity(key.len());
-    for &b in key.as_bytes() {
-        match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
-                out.push(char::from(b))
-            }
-            _ => {
-                out.push('%');
-                out.push(char::from(HEX[usize::from(b >> 4)]));
-                out.push(char::from(HEX[usize::from(b & 0x0f)]));
-            }
-        }
-    }
-    out
-}
-
+/// An answer's text for an error: bounded and escaped ([`crate::text::clean_to`]).
 fn quote(body: &[u8]) -> String {
-    let text = String::from_utf8_lossy(body);
-    let text = text.trim();
-    if text.len() <= QUOTE_MAX {
-        return text.to_owned();
-    }
-    let mut cut = QUOTE_MAX;
-    while !text.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}…", &text[..cut])
+    crate::text::clean_to(String::from_utf8_lossy(body).trim(), QUOTE_MAX)
 }
 
 #[cfg(test)]

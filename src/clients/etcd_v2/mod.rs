@@ -18,8 +18,10 @@
 
 mod client;
 mod error;
+mod options;
 mod stream;
 mod types;
+mod version;
 
 pub use client::{escape_path, Get, KeysClient, Put, Settings, Timeouts};
 pub use error::{At, V2Error};

@@ -15,14 +15,13 @@
 //! and watches one waiter Lease ahead (`marker`) until that one leaves the queue. A dropped
 //! `acquire` leaves its waiter Lease to expire: it stops holding its place after its TTL.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures_util::stream::{BoxStream, SelectAll, StreamExt};
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::runtime::watcher;
 
 use super::super::acquire::{self, Settings, Waiting, Wake};
@@ -30,12 +29,19 @@ use super::super::arbiter::Policy;
 use super::super::lost_race::LostRace;
 use super::super::view::View;
 use super::super::{Acquired, GroupPause};
-use super::calls::{CallError, NodeLookup};
+
 use super::far_back::{self, FarBack};
-use super::marker::{self, Marker};
+use super::marker::Marker;
 use super::objects::Slot;
 use super::snapshot::{lease_ticket, ticket, Snapshot};
 use super::*;
+
+mod nodes;
+mod renew;
+mod watch;
+
+use nodes::NodeWatches;
+use watch::{initial, lease_watcher, sleep_until, watch_error};
 
 type LeaseEvents = BoxStream<'static, Result<watcher::Event<Lease>, watcher::Error>>;
 /// One event of a holder's Node watcher, with the node's name.
@@ -110,18 +116,6 @@ pub(in crate::lock) fn waiting<'a>(
     }
 }
 
-/// The watchers of the holders' Nodes (head of the queue only).
-#[derive(Default)]
-struct NodeWatches {
-    /// The holders watched: (node, uid recorded on the slot).
-    watched: BTreeSet<(String, String)>,
-    /// Nodes whose watch was refused: not watched again.
-    refused: BTreeSet<String>,
-    /// Whether each node's current list found it.
-    found: HashMap<String, bool>,
-    streams: SelectAll<NodeEvents>,
-}
-
 pub(in crate::lock) struct LeaseWaiting<'a> {
     store: &'a KubeLeaseSemaphore,
     me: &'a Identity,
@@ -171,27 +165,6 @@ impl LeaseWaiting<'_> {
         watch_error(self.store, e)
     }
 
-    /// Our own Node's uid, looked up once per `acquire`.
-    async fn own_node_uid(&mut self) -> Result<Option<String>, LockError> {
-        if let Some(uid) = &self.own_node_uid {
-            return Ok(uid.clone());
-        }
-        let node = &self.me.node;
-        let uid = match self.store.node_lookup(node).await? {
-            NodeLookup::Found(uid) if !uid.is_empty() => Some(uid),
-            NodeLookup::Found(_) | NodeLookup::Missing => {
-                tracing::info!(%node, "no Node object of this name: the slot will carry no node uid, so it is never reclaimed for a missing Node (only by lock.max_hold)");
-                None
-            }
-            NodeLookup::Unknown(reason) => {
-                tracing::warn!(%node, %reason, "cannot read our own Node: the slot will carry no node uid, so it is never reclaimed for a missing Node");
-                None
-            }
-        };
-        self.own_node_uid = Some(uid.clone());
-        Ok(uid)
-    }
-
     /// The slot held by `holder` (its id as the view shows it).
     fn slot_of(&self, holder: &str) -> Result<Option<Slot>, LockError> {
         Ok(self
@@ -223,149 +196,14 @@ impl LeaseWaiting<'_> {
                 .is_some_and(|s| far_back::behind_me(s, &self.my_waiter, name, new))
     }
 
-    /// A write to Lease `name` that changes the snapshot: `false` = lost a race. The write that
-    /// beat it is on its way on the watch, which the wait follows (no list) until that Lease
-    /// changes; within the request time limit, or the wait lists again.
-    fn lost(&mut self, won: bool, name: &str) -> bool {
+    /// Whether a write to Lease `name` that changes the snapshot won; a loss is noted: the
+    /// write that beat it is on its way on the watch, which the wait follows (no list) until
+    /// that Lease changes; within the request time limit, or the wait lists again.
+    fn won(&mut self, won: bool, name: &str) -> bool {
         if !won {
             self.lost_race.lost(name, self.store.timeouts.request);
         }
         won
-    }
-
-    /// When our waiter Lease is due for renewal: a third of its TTL after its last renewal
-    /// (written by this host), or two thirds while far back ([`marker::FAR_RENEWAL_THIRDS`]).
-    fn renew_at(&self) -> Option<Instant> {
-        let lease = &self.snap.as_ref()?.waiters.get(&self.my_waiter)?.lease;
-        let spec = lease.spec.as_ref()?;
-        let renewed = spec.renew_time.as_ref().or(spec.acquire_time.as_ref())?.0;
-        let thirds = if self.marker.is_some() {
-            marker::FAR_RENEWAL_THIRDS
-        } else {
-            1
-        };
-        let every =
-            jiff::SignedDuration::from_secs(i64::from(self.store.waiter_ttl_secs())) * thirds / 3;
-        let due = renewed
-            .saturating_add(every)
-            .unwrap_or(jiff::Timestamp::MAX);
-        let ahead = due.duration_since(jiff::Timestamp::now());
-        Some(Instant::now() + Duration::try_from(ahead).unwrap_or_default())
-    }
-
-    /// Renew our waiter Lease. `false` = it changed or is gone (read again).
-    async fn renew(&mut self) -> Result<bool, LockError> {
-        let Some(w) = self.snap()?.waiters.get(&self.my_waiter) else {
-            return Ok(false);
-        };
-        let mut lease = w.lease.clone();
-        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-        spec.renew_time = Some(MicroTime(jiff::Timestamp::now()));
-        spec.lease_duration_seconds = Some(self.store.waiter_ttl_secs());
-        let pp = kube::api::PostParams::default();
-        let replace = self.store.leases.replace(&self.my_waiter, &pp, &lease);
-        match self.store.call("renewing the waiter Lease", replace).await {
-            Ok(l) => {
-                if let Some(snap) = self.snap.as_mut() {
-                    self.store.put_lease(snap, l);
-                }
-                Ok(true)
-            }
-            Err(CallError {
-                code: Some(409 | 404),
-                ..
-            }) => {
-                tracing::debug!(lease = %self.my_waiter, "the waiter Lease changed or is gone; reading again");
-                Ok(false)
-            }
-            Err(e) => Err(e.error),
-        }
-    }
-
-    /// Watch the Nodes of the holders that recorded one while first in the queue (`head`);
-    /// forget them otherwise. Restarted only when the holders change.
-    fn sync_node_watches(&mut self, head: bool) -> Result<(), LockError> {
-        let mut want = BTreeSet::new();
-        if head {
-            for (_, h) in self.snap()?.held() {
-                if let Some(uid) = &h.node_uid {
-                    if !self.nodes.refused.contains(&h.node) {
-                        want.insert((h.node.clone(), uid.clone()));
-                    }
-                }
-            }
-        }
-        let held: BTreeSet<&String> = want.iter().map(|(n, _)| n).collect();
-        self.gone.retain(|node, _| held.contains(node));
-        if want == self.nodes.watched {
-            return Ok(());
-        }
-        let mut streams = SelectAll::new();
-        for (node, _) in &want {
-            let config = watcher::Config::default()
-                .fields(&format!("metadata.name={node}"))
-                .timeout(self.store.timeouts.watch.as_secs().clamp(1, 290 * 60) as u32);
-            let name = node.clone();
-            streams.push(
-                watcher::watcher(self.store.nodes.clone(), config)
-                    .map(move |e| (name.clone(), e))
-                    .boxed(),
-            );
-        }
-        self.nodes.streams = streams;
-        self.nodes.found.clear();
-        self.nodes.watched = want;
-        Ok(())
-    }
-
-    /// A Node event: whether it makes a holder gone.
-    fn node_event(
-        &mut self,
-        node: String,
-        event: Result<watcher::Event<Node>, watcher::Error>,
-    ) -> bool {
-        let recorded = self
-            .nodes
-            .watched
-            .iter()
-            .find(|(n, _)| *n == node)
-            .map(|(_, u)| u.clone());
-        let Some(uid) = recorded else {
-            return false;
-        };
-        let why = match event {
-            Ok(watcher::Event::Init) => {
-                self.nodes.found.insert(node, false);
-                return false;
-            }
-            Ok(watcher::Event::InitApply(n) | watcher::Event::Apply(n)) => {
-                self.nodes.found.insert(node.clone(), true);
-                match n.metadata.uid {
-                    Some(now) if now != uid => format!(
-                        "its Node {node} was deleted and registered again (uid {uid} is now {now})"
-                    ),
-                    _ => return false,
-                }
-            }
-            Ok(watcher::Event::InitDone) => {
-                if self.nodes.found.get(&node).copied().unwrap_or(false) {
-                    return false;
-                }
-                format!("its Node {node} no longer exists")
-            }
-            Ok(watcher::Event::Delete(_)) => format!("its Node {node} no longer exists"),
-            Err(e) => {
-                if !self.node_access_warned {
-                    tracing::warn!(%node, error = %e, "cannot watch a holder's Node; it is not checked for deletion");
-                    self.node_access_warned = true;
-                }
-                self.nodes.refused.insert(node);
-                return false;
-            }
-        };
-        tracing::info!(%node, %why, "a holder's Node is gone");
-        self.gone.insert(node, (uid, why));
-        true
     }
 }
 
@@ -479,7 +317,7 @@ impl Waiting for LeaseWaiting<'_> {
             // The first phase report after the take is then one request.
             store.written.set(lease);
         }
-        Ok(self.lost(won, &lease_name))
+        Ok(self.won(won, &lease_name))
     }
 
     async fn adopt(&mut self, holder: &str) -> Result<bool, LockError> {
@@ -494,7 +332,7 @@ impl Waiting for LeaseWaiting<'_> {
         annotations.insert(ANNOTATION_BOOT_ID.to_owned(), self.me.boot_id.clone());
         annotations.insert(ANNOTATION_HOLDER_TOKEN.to_owned(), self.me.token.clone());
         let won = self.store.replace("adopting a slot", &lease).await?;
-        Ok(self.lost(won, slot.name()))
+        Ok(self.won(won, slot.name()))
     }
 
     async fn reclaim(&mut self, holder: &str, take_over: bool) -> Result<bool, LockError> {
@@ -516,7 +354,7 @@ impl Waiting for LeaseWaiting<'_> {
             node_uid.as_deref(),
         );
         let won = self.store.replace("reclaiming a slot", &lease).await?;
-        Ok(self.lost(won, slot.name()))
+        Ok(self.won(won, slot.name()))
     }
 
     async fn enqueue(&mut self) -> Result<(), LockError> {
@@ -715,71 +553,5 @@ impl Waiting for LeaseWaiting<'_> {
                 tracing::info!(lease = %name, "deleted the Lease of a waiter that stopped renewing it");
             }
         }
-    }
-}
-
-/// A watcher error as the lock core sees it.
-fn watch_error(store: &KubeLeaseSemaphore, e: watcher::Error) -> LockError {
-    let what = "watching Leases";
-    match e {
-        watcher::Error::InitialListFailed(e) => store.classify("listing Leases", e).error,
-        watcher::Error::WatchStartFailed(e) | watcher::Error::WatchFailed(e) => {
-            store.classify(what, e).error
-        }
-        watcher::Error::WatchError(s) => store.status_error(what, &s),
-        e => store.unreachable(format!("{what}: {e}")),
-    }
-}
-
-/// A new watcher of the semaphore's Leases; its first events are a list, in one request
-/// however long the queue: not in pages of 500 (kube-runtime's default), which made each read
-/// of a 1000-node queue two or three requests where one answer serves. A real API server
-/// answers the watcher's list (`resourceVersion=0`) from its watch cache, whole, whatever the
-/// limit (Kubernetes 1.13 and later); a server that honours the limit now sends the whole list
-/// too.
-fn lease_watcher(store: &KubeLeaseSemaphore) -> LeaseEvents {
-    let mut config = watcher::Config::default()
-        .labels(&store.selector)
-        .timeout(store.timeouts.watch.as_secs().clamp(1, 290 * 60) as u32);
-    config.page_size = None;
-    watcher::watcher(store.leases.clone(), config).boxed()
-}
-
-/// The watcher's list, up to `InitDone`, within the request time limit.
-async fn initial(
-    store: &KubeLeaseSemaphore,
-    stream: &mut LeaseEvents,
-) -> Result<Snapshot, LockError> {
-    let list = async {
-        let mut snap = Snapshot::empty();
-        loop {
-            match stream.next().await {
-                Some(Ok(watcher::Event::Init)) => snap = Snapshot::empty(),
-                Some(Ok(watcher::Event::InitApply(l) | watcher::Event::Apply(l))) => {
-                    store.put_lease(&mut snap, l)
-                }
-                Some(Ok(watcher::Event::Delete(l))) => {
-                    let name = l.metadata.name.unwrap_or_default();
-                    store.drop_lease(&mut snap, &name);
-                }
-                Some(Ok(watcher::Event::InitDone)) => return Ok(snap),
-                Some(Err(e)) => return Err(watch_error(store, e)),
-                None => return Err(store.unreachable("the Lease list ended".into())),
-            }
-        }
-    };
-    match tokio::time::timeout(store.timeouts.request, list).await {
-        Ok(r) => r,
-        Err(_) => Err(store.unreachable(format!(
-            "listing Leases: no answer within {:?}",
-            store.timeouts.request
-        ))),
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
-        None => std::future::pending().await,
     }
 }
