@@ -158,6 +158,9 @@ pub enum LockError {
     MaxBelowHolders { requested: u64, holders: usize },
     #[error("{}", clean(.0))]
     Refused(String),
+    /// A waiter asked for its view before its first read: a bug, never the store's doing.
+    #[error("{0} error: internal: the semaphore was not read yet")]
+    NotRead(Backend),
     #[error("{backend} error: {}", clean(.reason))]
     Backend { backend: Backend, reason: String },
     /// The semaphore was moved to etcd v3 by `rebootctl migrate`: the v2 document at `from`

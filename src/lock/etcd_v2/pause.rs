@@ -6,7 +6,7 @@
 
 use async_trait::async_trait;
 
-use super::super::pause::{self, GroupPause, PauseRecord};
+use super::super::pause::{GroupPause, PauseRecord};
 use super::super::LockError;
 use super::{lock_error, EtcdV2Semaphore};
 use crate::clients::etcd_v2::{Action, Get, Put, V2Error};
@@ -15,11 +15,6 @@ impl EtcdV2Semaphore {
     /// The key of this group's pause.
     pub fn pause_key(&self) -> String {
         self.keys.pause.clone()
-    }
-
-    /// The pause now; the read is remembered for the wait that may follow.
-    pub(super) async fn group_pause_now(&self) -> Result<Option<GroupPause>, LockError> {
-        pause::now(self, &self.last_pause).await
     }
 
     #[tracing::instrument(skip(self, p), fields(key = %self.pause_key()))]
@@ -41,14 +36,6 @@ impl EtcdV2Semaphore {
         }
         tracing::info!(key = %self.pause_key(), "group resumed");
         Ok(())
-    }
-
-    /// Wait until the pause differs from `known` ([`pause::changed`]).
-    pub(super) async fn pause_changed(
-        &self,
-        known: Option<&GroupPause>,
-    ) -> Result<Option<GroupPause>, LockError> {
-        pause::changed(self, &self.last_pause, known).await
     }
 }
 

@@ -22,7 +22,7 @@ use async_trait::async_trait;
 use super::super::acquire::{self, Settings, Waiting, Wake};
 use super::super::arbiter::Policy;
 use super::super::lost_race::LostRace;
-use super::super::view::{Me, View};
+use super::super::view::View;
 use super::super::{Acquired, GroupPause, Identity, LockError};
 use super::tree::{DocState, QueueRecord, Snapshot};
 use super::{lock_error, EtcdV2Semaphore, BACKEND};
@@ -138,18 +138,7 @@ enum Got {
 
 impl V2Waiting<'_> {
     fn snap(&self) -> Result<&Snapshot, LockError> {
-        self.snap.as_ref().ok_or_else(|| LockError::Backend {
-            backend: BACKEND,
-            reason: "internal: no snapshot read yet".into(),
-        })
-    }
-
-    fn me(&self) -> Me<'_> {
-        Me {
-            id: &self.me.id,
-            node: &self.me.node,
-            token: &self.me.token,
-        }
+        self.snap.as_ref().ok_or(LockError::NotRead(BACKEND))
     }
 
     fn refresh_every(&self) -> Duration {
@@ -254,7 +243,7 @@ impl Waiting for V2Waiting<'_> {
     fn view(&self) -> Result<View, LockError> {
         let snap = self.snap()?;
         let doc = self.store.document(snap)?;
-        Ok(snap.view(&self.store.keys, &doc, Some(&self.me())))
+        Ok(snap.view(&self.store.keys, &doc, Some(&self.me.as_me())))
     }
 
     async fn take(&mut self, _rank: usize) -> Result<bool, LockError> {

@@ -498,21 +498,21 @@ impl Semaphore for EtcdSemaphore {
     }
 
     async fn group_pause(&self) -> Result<Option<GroupPause>, LockError> {
-        self.group_pause_now().await
+        super::pause::now(self, &self.last_pause).await
     }
 
     async fn group_pause_changed(
         &self,
         known: Option<&GroupPause>,
     ) -> Result<Option<GroupPause>, LockError> {
-        self.pause_changed(known).await
+        super::pause::changed(self, &self.last_pause, known).await
     }
 }
 
 #[async_trait]
 impl Admin for EtcdSemaphore {
     async fn group_pause(&self) -> Result<Option<GroupPause>, LockError> {
-        self.group_pause_now().await
+        super::pause::now(self, &self.last_pause).await
     }
 
     async fn pause_group(&self, pause: &GroupPause) -> Result<(), LockError> {

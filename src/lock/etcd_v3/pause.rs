@@ -7,7 +7,7 @@ use etcd_client::{EventType, WatchOptions};
 
 use async_trait::async_trait;
 
-use super::super::pause::{self, GroupPause, PauseRecord};
+use super::super::pause::{GroupPause, PauseRecord};
 use super::super::LockError;
 use super::EtcdSemaphore;
 
@@ -15,11 +15,6 @@ impl EtcdSemaphore {
     /// The key of this group's pause.
     pub fn pause_key(&self) -> String {
         self.keys.pause.clone()
-    }
-
-    /// The pause now; the read is remembered for the wait that may follow.
-    pub(super) async fn group_pause_now(&self) -> Result<Option<GroupPause>, LockError> {
-        pause::now(self, &self.last_pause).await
     }
 
     #[tracing::instrument(skip(self, p), fields(key = %self.pause_key()))]
@@ -38,14 +33,6 @@ impl EtcdSemaphore {
         self.request("resuming the group: ", delete).await?;
         tracing::info!(key = %self.pause_key(), group = %self.keys.group, "group resumed");
         Ok(())
-    }
-
-    /// Wait until the pause differs from `known` ([`pause::changed`]).
-    pub(super) async fn pause_changed(
-        &self,
-        known: Option<&GroupPause>,
-    ) -> Result<Option<GroupPause>, LockError> {
-        pause::changed(self, &self.last_pause, known).await
     }
 }
 

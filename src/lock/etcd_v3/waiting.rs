@@ -21,7 +21,7 @@ use etcd_client::{
 use super::super::acquire::{self, Settings, Waiting, Wake};
 use super::super::arbiter::Policy;
 use super::super::document::{HolderRecord, WaiterRecord};
-use super::super::view::{Me, View};
+use super::super::view::View;
 use super::super::{Acquired, GroupPause, Identity, LockError};
 use super::snapshot::{Kv, QueueEntry, Snapshot};
 use super::{EtcdSemaphore, BACKEND};
@@ -168,18 +168,7 @@ enum Woken {
 
 impl V3Waiting<'_> {
     fn snap(&self) -> Result<&Snapshot, LockError> {
-        self.snap.as_ref().ok_or_else(|| LockError::Backend {
-            backend: BACKEND,
-            reason: "internal: no snapshot read yet".into(),
-        })
-    }
-
-    fn me(&self) -> Me<'_> {
-        Me {
-            id: &self.me.id,
-            node: &self.me.node,
-            token: &self.me.token,
-        }
+        self.snap.as_ref().ok_or(LockError::NotRead(BACKEND))
     }
 
     /// A fresh record of mine, for a slot just taken.
@@ -330,7 +319,7 @@ impl Waiting for V3Waiting<'_> {
     }
 
     fn view(&self) -> Result<View, LockError> {
-        Ok(self.snap()?.view(&self.store.keys, Some(&self.me())))
+        Ok(self.snap()?.view(&self.store.keys, Some(&self.me.as_me())))
     }
 
     async fn take(&mut self, _rank: usize) -> Result<bool, LockError> {

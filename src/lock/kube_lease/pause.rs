@@ -18,7 +18,7 @@ use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams, WatchEvent, WatchParams};
 
-use super::super::pause::{self, GroupPause, PauseRecord};
+use super::super::pause::{GroupPause, PauseRecord};
 use super::super::LockError;
 use super::calls::CallError;
 use super::{KubeLeaseSemaphore, LABEL_ROLE, LABEL_SEMAPHORE, ROLE_PAUSE};
@@ -57,12 +57,6 @@ impl KubeLeaseSemaphore {
     /// The field selector of the pause Lease.
     fn pause_selector(&self) -> String {
         format!("metadata.name={}", self.pause_name())
-    }
-
-    /// The pause now (one list of the one Lease); the read is remembered for the wait that may
-    /// follow.
-    pub(super) async fn group_pause_now(&self) -> Result<Option<GroupPause>, LockError> {
-        pause::now(self, &self.last_pause).await
     }
 
     /// Watch the pause Lease from resourceVersion `rv` until the pause differs from `known`
@@ -174,14 +168,6 @@ impl KubeLeaseSemaphore {
         }
         tracing::info!(lease = %name, "group resumed");
         Ok(())
-    }
-
-    /// Wait until the pause differs from `known` ([`pause::changed`]).
-    pub(super) async fn pause_changed(
-        &self,
-        known: Option<&GroupPause>,
-    ) -> Result<Option<GroupPause>, LockError> {
-        pause::changed(self, &self.last_pause, known).await
     }
 }
 

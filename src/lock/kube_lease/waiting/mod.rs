@@ -155,10 +155,7 @@ enum Woken {
 
 impl LeaseWaiting<'_> {
     fn snap(&self) -> Result<&Snapshot, LockError> {
-        self.snap.as_ref().ok_or_else(|| LockError::Backend {
-            backend: BACKEND,
-            reason: "internal: no list read yet".into(),
-        })
+        self.snap.as_ref().ok_or(LockError::NotRead(BACKEND))
     }
 
     fn watch_error(&self, e: watcher::Error) -> LockError {
