@@ -87,6 +87,39 @@ pub struct Observed {
     /// At a time-out: what each node's rebootd process was doing (see
     /// `trial::process_report`), to tell a hung rebootd from one that was not running.
     pub processes: BTreeMap<String, String>,
+    /// Every reboot call logind accepted, by node (several may lead to one reboot).
+    pub calls: Vec<(String, Duration)>,
+    /// When each simulated reboot ended (the node's next boot started), by node.
+    pub ups: Vec<(String, Duration)>,
+    /// The document's `max` at each revision the outside watcher saw (etcd), recorded just
+    /// before that revision's holder set.
+    pub maxes: Vec<(Duration, u64)>,
+    /// What the operator did (`--operators`); `None`: no operator in the trial.
+    pub ops: Option<Operations>,
+}
+
+/// A span of time an operator's command was in force, on a node (or run from it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Span {
+    pub node: String,
+    pub from: Duration,
+    pub to: Duration,
+}
+
+/// What the operator actor did, as the invariants need it (see `operator.rs`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Operations {
+    /// `rebootctl pause` of `node`: from the moment its state file said paused (rebootctl
+    /// waits for that) until `rebootctl resume` was run.
+    pub pauses: Vec<Span>,
+    /// `rebootctl pause --group`: from the moment the command returned (its write landed)
+    /// until `rebootctl resume --group` was run.
+    pub group_pauses: Vec<Span>,
+    /// `rebootctl unlock <node's id>`: from when it was run until it returned.
+    pub unlocks: Vec<Span>,
+    /// Cancelled cycles found with something left behind once the node was idle again
+    /// (described): its Node cordoned, or its slot held.
+    pub cancel_leftovers: Vec<String>,
 }
 
 /// Idle again after a reboot, slot released, not cordoned.
@@ -172,7 +205,7 @@ fn cut_spans(cuts: &[CutOff], node: &str, gap: Duration) -> Vec<(Duration, Durat
 /// from the store (it is cut off), and it must not go on to reboot (its fence fails): it is no
 /// longer in flight. Every other cordoned Node counts.
 pub fn cordoned_in_flight(o: &Observed) -> Timeline {
-    let parked: Vec<(String, Duration, Duration)> = reclaims(&o.holders)
+    let mut parked: Vec<(String, Duration, Duration)> = reclaims(&o.holders)
         .into_iter()
         .filter(|r| reclaim_allowed(o, r))
         .map(|r| {
@@ -184,6 +217,13 @@ pub fn cordoned_in_flight(o: &Observed) -> Timeline {
             (r.from, r.at, until)
         })
         .collect();
+    // A node whose slot the operator unlocked is out of flight the same way, from the unlock
+    // until it holds a slot again: its cordon stays until it finds out, and its fence fails.
+    for u in o.ops.iter().flat_map(|ops| &ops.unlocks) {
+        if let Some((_, back)) = unlocked_until(o, u) {
+            parked.push((u.node.clone(), u.from, back));
+        }
+    }
     o.cordoned
         .iter()
         .map(|(at, set)| {
@@ -201,11 +241,178 @@ pub fn cordoned_in_flight(o: &Observed) -> Timeline {
         .collect()
 }
 
-/// The instants of a timeline with more than `max` members, listed.
-fn over(t: &Timeline, max: u64) -> String {
+/// The `max` in force at `at`: with an operator (who may run `rebootctl set-max`), the
+/// document's as the watcher last saw it at or before `at`; else the trial's.
+pub fn max_at(o: &Observed, at: Duration) -> u64 {
+    if o.ops.is_none() {
+        return o.max;
+    }
+    o.maxes
+        .iter()
+        .rev()
+        .find(|(t, _)| *t <= at)
+        .map_or(o.max, |(_, m)| *m)
+}
+
+/// The largest `max` in force at any moment within the watchers' lag before `at`: what a set of
+/// cordons or of nodes down seen at `at` is judged by (it may be seen up to that late).
+pub fn max_around(o: &Observed, at: Duration) -> u64 {
+    let from = at.saturating_sub(WATCH_LAG);
+    let mut m = max_at(o, from);
+    if o.ops.is_some() {
+        for (t, v) in &o.maxes {
+            if *t > from && *t <= at {
+                m = m.max(*v);
+            }
+        }
+    }
+    m
+}
+
+/// The nodes down (from a simulated reboot until the next boot started) at each reboot.
+pub fn down_at_once(o: &Observed) -> Timeline {
+    let up_after = |node: &str, at: Duration| {
+        o.ups
+            .iter()
+            .filter(|(n, t)| n == node && *t >= at)
+            .map(|(_, t)| *t)
+            .min()
+            .unwrap_or(Duration::MAX)
+    };
+    let mut downs: Vec<&Down> = o.downs.iter().collect();
+    downs.sort_by_key(|d| d.at);
+    downs
+        .iter()
+        .map(|d| {
+            let set = downs
+                .iter()
+                .filter(|e| e.at <= d.at && up_after(&e.node, e.at) > d.at)
+                .map(|e| e.node.clone())
+                .collect();
+            (d.at, set)
+        })
+        .collect()
+}
+
+/// For each simulated reboot, the reboot call that led to it: the node's first call after its
+/// previous reboot ended (calls re-made while a shutdown is pending join it), as
+/// `(node, call, down)`; the moment it went down when no call was recorded.
+pub fn first_calls(o: &Observed) -> Vec<(String, Duration, Duration)> {
+    o.downs
+        .iter()
+        .map(|d| {
+            let prev_up = o
+                .ups
+                .iter()
+                .filter(|(n, t)| *n == d.node && *t <= d.at)
+                .map(|(_, t)| *t)
+                .max()
+                .unwrap_or_default();
+            let call = o
+                .calls
+                .iter()
+                .filter(|(n, t)| *n == d.node && *t > prev_up && *t <= d.at)
+                .map(|(_, t)| *t)
+                .min()
+                .unwrap_or(d.at);
+            (d.node.clone(), call, d.at)
+        })
+        .collect()
+}
+
+/// Each time a node came into the holders (it was not in the set seen before), as `(at, node)`.
+pub fn takes(history: &Timeline) -> Vec<(Duration, String)> {
+    let empty = BTreeSet::new();
+    let mut prev = &empty;
+    let mut out = Vec::new();
+    for (at, now) in history {
+        for n in now.difference(prev) {
+            out.push((*at, n.clone()));
+        }
+        prev = now;
+    }
+    out
+}
+
+/// After `rebootctl unlock` of `u.node`: the first holder set seen from `u.from` on without it
+/// (the unlock, or an earlier release), and the first set after that with it again (a new slot;
+/// `Duration::MAX`: none). `None` when no set without it was seen.
+pub fn unlocked_until(o: &Observed, u: &Span) -> Option<(Duration, Duration)> {
+    let (gone, _) = o
+        .holders
+        .iter()
+        .find(|(t, h)| *t >= u.from && !h.contains(&u.node))?;
+    let back = o
+        .holders
+        .iter()
+        .find(|(t, h)| *t > *gone && h.contains(&u.node))
+        .map_or(Duration::MAX, |(t, _)| *t);
+    Some((*gone, back))
+}
+
+/// What the operator's commands must not have led to (see RELIABILITY.md, "Operators").
+fn operator_violations(o: &Observed, ops: &Operations, v: &mut Vec<String>) {
+    let calls = first_calls(o);
+    let takes = takes(&o.holders);
+    let secs = |d: Duration| format!("{:.2}s", d.as_secs_f64());
+    for p in &ops.pauses {
+        for (n, call, _) in &calls {
+            if *n == p.node && p.from < *call && *call < p.to {
+                v.push(format!(
+                    "{n} asked logind to reboot at {} while paused ({} to {})",
+                    secs(*call),
+                    secs(p.from),
+                    secs(p.to)
+                ));
+            }
+        }
+        for (at, n) in &takes {
+            if *n == p.node && p.from + WATCH_LAG < *at && *at < p.to {
+                v.push(format!(
+                    "{n} took a slot at {} while paused ({} to {})",
+                    secs(*at),
+                    secs(p.from),
+                    secs(p.to)
+                ));
+            }
+        }
+    }
+    for g in &ops.group_pauses {
+        for (at, n) in &takes {
+            if g.from + WATCH_LAG < *at && *at < g.to {
+                v.push(format!(
+                    "{n} took a slot at {} while the group was paused ({} to {})",
+                    secs(*at),
+                    secs(g.from),
+                    secs(g.to)
+                ));
+            }
+        }
+    }
+    for u in &ops.unlocks {
+        let Some((gone, back)) = unlocked_until(o, u) else {
+            continue;
+        };
+        for (n, call, _) in &calls {
+            if *n == u.node && *call > u.to && back > *call + WATCH_LAG {
+                v.push(format!(
+                    "{n} asked logind to reboot at {} after its slot was unlocked ({} to {}; gone from the holders at {}) without a new slot",
+                    secs(*call),
+                    secs(u.from),
+                    secs(u.to),
+                    secs(gone)
+                ));
+            }
+        }
+    }
+    v.extend(ops.cancel_leftovers.iter().cloned());
+}
+
+/// The instants of a timeline with more members than `max_at` allows then, listed.
+fn over_by(t: &Timeline, max_at: impl Fn(Duration) -> u64) -> String {
     let over: Vec<String> = t
         .iter()
-        .filter(|(_, s)| s.len() as u64 > max)
+        .filter(|(at, s)| s.len() as u64 > max_at(*at))
         .map(|(at, s)| format!("{:.2}s {:?}", at.as_secs_f64(), s))
         .collect();
     let more = over.len().saturating_sub(LIST_MAX);
@@ -251,22 +458,38 @@ pub fn violations(o: &Observed) -> Vec<String> {
         ));
     }
     // Safety, from the outside watchers.
-    let holders = peak(&o.holders);
-    if holders as u64 > o.max {
+    // The max in force (with an operator's set-max, it changes): the document's at each
+    // revision for its holders; within the watchers' lag for cordons and nodes down.
+    let worst = |t: &Timeline, max: &dyn Fn(Duration) -> u64| {
+        t.iter()
+            .filter(|(at, s)| s.len() as u64 > max(*at))
+            .map(|(at, s)| (s.len(), max(*at)))
+            .max()
+    };
+    let held_max = |at: Duration| max_at(o, at);
+    let around = |at: Duration| max_around(o, at);
+    if let Some((n, max)) = worst(&o.holders, &held_max) {
         v.push(format!(
-            "{holders} holders at once (max {}): {}",
-            o.max,
-            over(&o.holders, o.max)
+            "{n} holders at once (max {max}): {}",
+            over_by(&o.holders, held_max)
         ));
     }
     let in_flight = cordoned_in_flight(o);
-    let cordoned = peak(&in_flight);
-    if cordoned as u64 > o.max {
+    if let Some((n, max)) = worst(&in_flight, &around) {
         v.push(format!(
-            "{cordoned} nodes cordoned at once (max {}): {}",
-            o.max,
-            over(&in_flight, o.max)
+            "{n} nodes cordoned at once (max {max}): {}",
+            over_by(&in_flight, around)
         ));
+    }
+    let down = down_at_once(o);
+    if let Some((n, max)) = worst(&down, &around) {
+        v.push(format!(
+            "{n} nodes down at once (max {max}): {}",
+            over_by(&down, around)
+        ));
+    }
+    if let Some(ops) = &o.ops {
+        operator_violations(o, ops, &mut v);
     }
     // A slot is taken over only from a holder that stopped, and only with max_hold.
     for r in reclaims(&o.holders) {
@@ -339,7 +562,12 @@ pub fn violations(o: &Observed) -> Vec<String> {
     }
     match &o.semaphore_end {
         SemaphoreEnd::Etcd(doc) => {
-            if !doc.holders.is_empty() || doc.semaphore != o.max as i64 {
+            let max = o
+                .maxes
+                .last()
+                .filter(|_| o.ops.is_some())
+                .map_or(o.max, |m| m.1);
+            if !doc.holders.is_empty() || doc.semaphore != max as i64 {
                 v.push(format!("semaphore at the end: {}", doc.to_json()));
             }
         }
@@ -426,6 +654,18 @@ mod tests {
             max_hold: None,
             cut_offs: Vec::new(),
             processes: BTreeMap::new(),
+            calls: vec![
+                ("a".into(), s(1.9)),
+                ("b".into(), s(2.0)),
+                ("c".into(), s(3.9)),
+            ],
+            ups: vec![
+                ("a".into(), s(2.3)),
+                ("b".into(), s(2.4)),
+                ("c".into(), s(4.3)),
+            ],
+            maxes: Vec::new(),
+            ops: None,
         }
     }
 
@@ -619,6 +859,16 @@ mod tests {
                 pods_left: Vec::new(),
             },
         ];
+        o.calls = vec![
+            ("a".into(), s(21.9)),
+            ("b".into(), s(22.9)),
+            ("c".into(), s(32.9)),
+        ];
+        o.ups = vec![
+            ("a".into(), s(22.3)),
+            ("b".into(), s(23.3)),
+            ("c".into(), s(33.3)),
+        ];
         o
     }
 
@@ -736,5 +986,129 @@ mod tests {
         assert!(held_at(&h, "b", s(1.5)));
         assert!(!held_at(&h, "a", s(11.0)));
         assert!(!held_at(&h, "c", s(5.0)));
+    }
+
+    fn span(node: &str, from: f64, to: f64) -> Span {
+        Span {
+            node: node.into(),
+            from: s(from),
+            to: s(to),
+        }
+    }
+
+    /// `clean()` with an operator who did nothing.
+    fn operated() -> Observed {
+        let mut o = clean();
+        o.ops = Some(Operations::default());
+        o.maxes = o.holders.iter().map(|(t, _)| (*t, 2)).collect();
+        o
+    }
+
+    #[test]
+    fn an_operator_who_did_nothing_passes() {
+        assert_eq!(violations(&operated()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn three_nodes_down_at_once_with_max_two_are_reported() {
+        let mut o = clean();
+        // c goes down while a and b are still down (their boots end later).
+        o.ups = vec![
+            ("a".into(), s(4.5)),
+            ("b".into(), s(4.6)),
+            ("c".into(), s(4.3)),
+        ];
+        reports(&o, "3 nodes down at once (max 2): 4.00s");
+    }
+
+    #[test]
+    fn a_paused_node_taking_a_slot_or_calling_logind_is_reported() {
+        // c paused from 0.5 s to 3.0 s: it takes its slot at 3.1 s, after the resume: fine.
+        let mut o = operated();
+        o.ops.as_mut().unwrap().pauses.push(span("c", 0.5, 3.05));
+        assert_eq!(violations(&o), Vec::<String>::new());
+        // Paused until 3.5 s: the take at 3.1 s is more than the watcher's lag after 0.5 s.
+        o.ops.as_mut().unwrap().pauses[0].to = s(3.5);
+        reports(&o, "c took a slot at 3.10s while paused (0.50s to 3.50s)");
+        // Paused from 2.0 s: within the lag of the take, but its reboot call at 3.9 s is not.
+        let mut o = operated();
+        o.ops.as_mut().unwrap().pauses.push(span("c", 2.0, 3.95));
+        reports(
+            &o,
+            "c asked logind to reboot at 3.90s while paused (2.00s to 3.95s)",
+        );
+    }
+
+    #[test]
+    fn a_slot_taken_while_the_group_is_paused_is_reported() {
+        // Paused from 0.5 s: b's take at 1.1 s is within the watcher's lag (it may have
+        // landed before), c's at 3.1 s is not.
+        let mut o = operated();
+        o.ops
+            .as_mut()
+            .unwrap()
+            .group_pauses
+            .push(span("a", 0.5, 3.5));
+        reports(
+            &o,
+            "c took a slot at 3.10s while the group was paused (0.50s to 3.50s)",
+        );
+        // Resumed at 3.05 s: fine.
+        o.ops.as_mut().unwrap().group_pauses[0].to = s(3.05);
+        assert_eq!(violations(&o), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_reboot_after_an_unlock_without_a_new_slot_is_reported() {
+        // c's slot unlocked from 3.3 s to 3.4 s; the watcher sees it go at 4.2 s (late, so
+        // c's reboot at 4.0 s looks held), and c's reboot call at 3.9 s came without a new
+        // slot.
+        let mut o = operated();
+        o.ops.as_mut().unwrap().unlocks.push(span("c", 3.3, 3.4));
+        o.holders[5] = (s(4.2), set(&[]));
+        o.maxes[5].0 = s(4.2);
+        reports(&o, "c asked logind to reboot at 3.90s after its slot was unlocked (3.30s to 3.40s; gone from the holders at 4.20s) without a new slot");
+        // Gone at 3.6 s, back at 3.7 s, then the call: fine.
+        let mut o = operated();
+        o.ops.as_mut().unwrap().unlocks.push(span("c", 3.3, 3.4));
+        o.holders.insert(5, (s(3.6), set(&[])));
+        o.holders.insert(6, (s(3.7), set(&["c"])));
+        assert_eq!(violations(&o), Vec::<String>::new());
+    }
+
+    #[test]
+    fn the_max_in_force_is_the_documents_and_a_cordon_of_an_unlocked_node_does_not_count() {
+        // set-max 3 at 1.0 s: three holders are fine, not four.
+        let mut o = operated();
+        o.max = 2;
+        o.maxes = vec![(s(1.0), 3), (s(4.0), 2)];
+        o.holders.insert(2, (s(1.5), set(&["a", "b", "c"])));
+        assert_eq!(violations(&o), Vec::<String>::new());
+        // Down to 1 at 1.4 s (as the document said then): three are too many.
+        o.maxes = vec![(s(1.0), 3), (s(1.4), 1), (s(1.6), 2)];
+        reports(&o, "3 holders at once (max 1): 1.50s");
+        // Nodes cordoned are judged by the largest max within the lag.
+        let mut o = operated();
+        o.maxes = vec![(s(0.0), 2), (s(3.6), 1), (s(10.0), 2)];
+        o.cordoned.insert(5, (s(3.7), set(&["b", "c"])));
+        assert_eq!(violations(&o), Vec::<String>::new());
+        o.cordoned.push((s(5.8), set(&["b", "c"])));
+        reports(&o, "2 nodes cordoned at once (max 1): 5.80s");
+        // An unlocked node's cordon does not count until it holds a slot again.
+        let mut o = operated();
+        o.cordoned.insert(3, (s(3.15), set(&["a", "b", "c"])));
+        reports(&o, "3 nodes cordoned at once (max 2)");
+        o.ops.as_mut().unwrap().unlocks.push(span("a", 2.5, 2.6));
+        assert_eq!(violations(&o), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_cancel_leaving_a_cordon_is_reported() {
+        let mut o = operated();
+        o.ops.as_mut().unwrap().cancel_leftovers.push(
+            "b: cancelled at 1.00s (was draining), idle again, but its Node is still cordoned"
+                .into(),
+        );
+        reports(&o, "its Node is still cordoned");
     }
 }

@@ -82,6 +82,10 @@ struct Cli {
     /// off from the others).
     #[arg(long, default_value = "leader,follower,partition,isolate")]
     faults: String,
+    /// An operator runs rebootctl beside the chaos: pause/resume a node, pause/resume the
+    /// group, cancel a node's cycle, unlock a holder's slot, set-max 1-3 (etcd stores only).
+    #[arg(long)]
+    operators: bool,
     /// Checker self-test: the lab itself adds a holder (`holder`) or cordons a node
     /// (`cordon`) beyond max mid-trial; every trial must then fail.
     #[arg(long, hide = true)]
@@ -264,6 +268,7 @@ fn options(cli: Cli) -> Result<ChaosOptions, String> {
         skew_clock: cli.skew_clock,
         etcd_members: cli.etcd_members,
         member_faults: MemberFault::parse_list(&cli.faults)?,
+        operators: cli.operators,
         ..ChaosOptions::new(rebootd)
     })
     .and_then(|o: ChaosOptions| o.check().map(|()| o))
@@ -283,6 +288,9 @@ fn extras(opts: &ChaosOptions) -> String {
     }
     if opts.skew_clock {
         out.push_str(", a node's clock hours off");
+    }
+    if opts.operators {
+        out.push_str(", an operator running rebootctl");
     }
     if opts.etcd_members > 1 {
         let faults: Vec<String> = opts.member_faults.iter().map(|f| f.to_string()).collect();

@@ -47,6 +47,7 @@ pub(super) async fn simulated_reboots(
             Err(RecvError::Lagged(_)) => {}
             Err(RecvError::Closed) => return,
         }
+        shared.record_call(&n.name);
         shared.stats(|s| s.reboot_calls += 1);
         if rng.chance(40) {
             let delay = rng.ms(50, 1500);
@@ -87,7 +88,10 @@ pub(super) async fn simulated_reboots(
         // Calls made before the machine went down belong to this shutdown.
         loop {
             match calls.try_recv() {
-                Ok(_) => shared.stats(|s| s.reboot_calls += 1),
+                Ok(_) => {
+                    shared.record_call(&n.name);
+                    shared.stats(|s| s.reboot_calls += 1)
+                }
                 Err(TryRecvError::Lagged(_)) => {}
                 Err(_) => break,
             }
@@ -99,7 +103,10 @@ pub(super) async fn simulated_reboots(
         // as a second reboot). A real logind would be gone with the machine.
         loop {
             match calls.try_recv() {
-                Ok(_) => shared.stats(|s| s.reboot_calls += 1),
+                Ok(_) => {
+                    shared.record_call(&n.name);
+                    shared.stats(|s| s.reboot_calls += 1)
+                }
                 Err(TryRecvError::Lagged(_)) => {}
                 Err(_) => break,
             }
@@ -110,6 +117,7 @@ pub(super) async fn simulated_reboots(
                 shared.problem(format!("{}: boot: {e}", n.name));
             }
             n.down.store(false, Ordering::SeqCst);
+            shared.record_up(&n.name);
             node.boot_id()
         };
         let (c, name) = (cluster.clone(), n.name.clone());

@@ -27,6 +27,7 @@ pub mod cutoff;
 mod disrupt;
 mod inject;
 mod members;
+mod operator;
 mod report;
 mod rng;
 mod store;
@@ -141,6 +142,9 @@ pub struct ChaosOptions {
     pub etcd_members: usize,
     /// The faults of a multi-member etcd the chaos takes.
     pub member_faults: Vec<MemberFault>,
+    /// An operator runs `rebootctl` beside the chaos (pause, resume, cancel, unlock,
+    /// set-max; up to `actions` of them).
+    pub operators: bool,
 }
 
 /// The default `kubernetes.drain_timeout` and `ready_timeout` of a trial.
@@ -171,6 +175,7 @@ impl ChaosOptions {
             skew_clock: false,
             etcd_members: 1,
             member_faults: MemberFault::ALL.to_vec(),
+            operators: false,
         }
     }
 
@@ -182,6 +187,11 @@ impl ChaosOptions {
         }
         if self.etcd_members > 1 && self.cut_off {
             return Err("--cut-off is not supported with --etcd-members > 1 yet".into());
+        }
+        if self.operators && !self.backend.etcd() {
+            return Err(
+                "--operators: only with the semaphore in etcd (--backend etcd or etcd-v2)".into(),
+            );
         }
         if self.etcd_members == 0 || self.etcd_members.is_multiple_of(2) {
             return Err(format!(
@@ -242,6 +252,8 @@ pub struct Stats {
     /// Faults of a multi-member etcd, by kind (`leader`, `follower`, `partition`, `partition
     /// (leader)`, `isolate (connected)`, `isolate (first endpoint)`).
     pub member_faults: BTreeMap<String, u32>,
+    /// The operator's commands, by what came of them (`pause`, `cancel refused`, ...).
+    pub operator: BTreeMap<String, u32>,
 }
 
 impl Stats {
@@ -269,6 +281,9 @@ impl Stats {
         self.fenced += o.fenced;
         for (k, v) in &o.member_faults {
             *self.member_faults.entry(k.clone()).or_default() += v;
+        }
+        for (k, v) in &o.operator {
+            *self.operator.entry(k.clone()).or_default() += v;
         }
     }
 }
@@ -309,6 +324,14 @@ impl std::fmt::Display for Stats {
                 .map(|(k, v)| format!("{k} {v}"))
                 .collect();
             write!(f, ", member faults: {}", faults.join(", "))?;
+        }
+        if !self.operator.is_empty() {
+            let ops: Vec<String> = self
+                .operator
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect();
+            write!(f, ", operator: {}", ops.join(", "))?;
         }
         if !self.injected.is_empty() {
             write!(f, "; injected: {}", self.injected.join(", "))?;
@@ -460,6 +483,9 @@ pub fn replay_command(opts: &ChaosOptions, seed: u64) -> String {
             opts.etcd_members,
             faults.join(",")
         ));
+    }
+    if opts.operators {
+        cmd.push_str(" --operators");
     }
     if opts.trial_timeout != DEFAULT_TRIAL_TIMEOUT {
         cmd.push_str(&format!(

@@ -4,11 +4,11 @@
 //! error, a [`Stop`]), the processes the trial started are in its [`Rig`] and the tear-down
 //! ends them all before the trial returns.
 
-use super::check::{self, CutOff, Down, Observed, SemaphoreEnd, Timeline};
+use super::check::{self, CutOff, Down, Observed, Operations, SemaphoreEnd, Timeline};
 use super::members::{self, EtcdAt};
 use super::{
-    cutoff, disrupt, inject, report, store, watch, workload, Backend, ChaosOptions, Rng, Stats,
-    Stop, TrialReport,
+    cutoff, disrupt, inject, operator, report, store, watch, workload, Backend, ChaosOptions, Rng,
+    Stats, Stop, TrialReport,
 };
 use crate::cut_proxy::CutProxy;
 use crate::etcd::EtcdServer;
@@ -54,6 +54,13 @@ pub(super) struct Shared {
     /// Each time a node was cut off from the store.
     pub cut_offs: Mutex<Vec<CutOff>>,
     pub problems: Mutex<Vec<String>>,
+    /// Reboot calls logind accepted, and the ends of simulated reboots, by node.
+    pub calls: Mutex<Vec<(String, Duration)>>,
+    pub ups: Mutex<Vec<(String, Duration)>>,
+    /// The document's max at each revision the watcher saw (etcd).
+    pub maxes: Mutex<Vec<(Duration, u64)>>,
+    /// What the operator did (`--operators`).
+    pub ops: Mutex<Operations>,
     /// The rollout is over (or the trial is being torn down): the chaos stops.
     pub stop: AtomicBool,
 }
@@ -72,6 +79,10 @@ impl Shared {
             downs: Mutex::new(Vec::new()),
             cut_offs: Mutex::new(Vec::new()),
             problems: Mutex::new(Vec::new()),
+            calls: Mutex::new(Vec::new()),
+            ups: Mutex::new(Vec::new()),
+            maxes: Mutex::new(Vec::new()),
+            ops: Mutex::new(Operations::default()),
             stop: AtomicBool::new(false),
         }
     }
@@ -98,6 +109,22 @@ impl Shared {
 
     pub fn record_down(&self, d: Down) {
         lock(&self.downs).push(d);
+    }
+
+    pub fn record_call(&self, node: &str) {
+        lock(&self.calls).push((node.to_owned(), self.started.elapsed()));
+    }
+
+    pub fn record_up(&self, node: &str) {
+        lock(&self.ups).push((node.to_owned(), self.started.elapsed()));
+    }
+
+    pub fn record_max(&self, max: u64) {
+        lock(&self.maxes).push((self.started.elapsed(), max));
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
     }
 
     pub fn record_cut_off(&self, c: CutOff) {
@@ -488,6 +515,22 @@ async fn run_trial(
         ))),
         _ => None,
     };
+    let operating = opts.operators.then(|| {
+        let ids: Vec<(String, String)> = rig
+            .nodes
+            .iter()
+            .map(|n| (n.machine_id.clone(), n.name.clone()))
+            .collect();
+        tokio::spawn(operator::operator(
+            Rng::fork(seed, 11),
+            opts.actions,
+            opts.rebootd.with_file_name("rebootctl"),
+            rig.nodes.clone(),
+            ids,
+            cluster.clone(),
+            shared.clone(),
+        ))
+    });
     let injection = opts.inject.map(|v| {
         tokio::spawn(inject::run(
             v,
@@ -508,6 +551,7 @@ async fn run_trial(
             rig.tasks.extend(member_chaos);
             rig.tasks.extend(injection);
             rig.tasks.extend(cutting);
+            rig.tasks.extend(operating);
             return Err(Cut::Stopped);
         }
         let all_done = rig.nodes.iter().all(|n| {
@@ -536,6 +580,7 @@ async fn run_trial(
     heal.extend(member_chaos);
     heal.extend(injection);
     heal.extend(cutting);
+    heal.extend(operating);
     let healed = or_stop(stop, async {
         for h in heal.iter_mut() {
             let _ = h.await;
@@ -647,6 +692,10 @@ async fn run_trial(
         max_hold: opts.max_hold,
         cut_offs: lock(&shared.cut_offs).clone(),
         processes,
+        calls: lock(&shared.calls).clone(),
+        ups: lock(&shared.ups).clone(),
+        maxes: lock(&shared.maxes).clone(),
+        ops: opts.operators.then(|| lock(&shared.ops).clone()),
     })
 }
 

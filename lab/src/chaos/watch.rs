@@ -66,15 +66,17 @@ pub(super) async fn etcd(at: EtcdAt, ids: Vec<(String, String)>, shared: Arc<Sha
 /// The holders of a document, by node name where the holder id is a lab node's machine id.
 fn holder_names(value: &[u8], ids: &[(String, String)], shared: &Shared) -> BTreeSet<String> {
     match SemaphoreDoc::parse(value) {
-        Ok(doc) => doc
-            .holders
-            .iter()
-            .map(|h| {
-                ids.iter()
-                    .find(|(id, _)| id == h)
-                    .map_or(h.clone(), |(_, n)| n.clone())
-            })
-            .collect(),
+        Ok(doc) => {
+            shared.record_max(doc.max);
+            doc.holders
+                .iter()
+                .map(|h| {
+                    ids.iter()
+                        .find(|(id, _)| id == h)
+                        .map_or(h.clone(), |(_, n)| n.clone())
+                })
+                .collect()
+        }
         Err(err) => {
             shared.problem(format!("semaphore document does not parse: {err}"));
             BTreeSet::new()
