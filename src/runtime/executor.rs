@@ -526,7 +526,10 @@ impl Runtime {
             self.semaphore.fence(&self.me).await
         };
         match proof {
-            Ok(Fence::Held) => None,
+            Ok(Fence::Held) => {
+                debug!(before = what, "the store proves the slot held");
+                None
+            }
             Ok(Fence::Lost { why }) => {
                 error!(before = what, %why, "this node no longer holds its slot; backing out");
                 self.metrics.slot_lost();

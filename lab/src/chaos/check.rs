@@ -96,6 +96,9 @@ pub struct Observed {
     pub maxes: Vec<(Duration, u64)>,
     /// What the operator did (`--operators`); `None`: no operator in the trial.
     pub ops: Option<Operations>,
+    /// When each node's log says its slot was proved held before a reboot call (the line is
+    /// written after the proof's request returned).
+    pub proofs: Vec<(String, Duration)>,
 }
 
 /// A span of time an operator's command was in force, on a node (or run from it).
@@ -269,8 +272,46 @@ pub fn max_around(o: &Observed, at: Duration) -> u64 {
     m
 }
 
-/// The nodes down (from a simulated reboot until the next boot started) at each reboot.
+/// The reboots of nodes whose slot the operator unlocked while the reboot was already on its
+/// way, as `(node, down)`: the shutdown's first call came before `rebootctl unlock` returned,
+/// or the slot was last proved (the node's log says) before the unlock began. The operator
+/// gave away a slot in use; rebootd cannot take back a reboot logind accepted (nor one it is
+/// calling for on a proof made before), so such a node goes down without its slot, beside the
+/// node that took the slot. These reboots are not counted as down without a slot nor among
+/// the nodes down at once; the trials count them (`unlock of a reboot on its way`).
+pub fn unlocked_on_its_way(o: &Observed) -> Vec<(String, Duration)> {
+    let Some(ops) = &o.ops else {
+        return Vec::new();
+    };
+    let calls = first_calls(o);
+    let mut out = Vec::new();
+    for u in &ops.unlocks {
+        for (n, call, down) in &calls {
+            if *n != u.node || *down < u.from {
+                continue;
+            }
+            let booted_between = o
+                .ups
+                .iter()
+                .any(|(m, t)| m == n && *t > u.from && *t < *down);
+            let proof = o
+                .proofs
+                .iter()
+                .filter(|(p, at)| p == n && at <= call)
+                .map(|(_, at)| *at)
+                .max();
+            if !booted_between && (*call <= u.to || proof.is_some_and(|p| p < u.from)) {
+                out.push((n.clone(), *down));
+            }
+        }
+    }
+    out
+}
+
+/// The nodes down (from a simulated reboot until the next boot started) at each reboot, but
+/// the reboots [`unlocked_on_its_way`].
 pub fn down_at_once(o: &Observed) -> Timeline {
+    let exempt = unlocked_on_its_way(o);
     let up_after = |node: &str, at: Duration| {
         o.ups
             .iter()
@@ -279,7 +320,11 @@ pub fn down_at_once(o: &Observed) -> Timeline {
             .min()
             .unwrap_or(Duration::MAX)
     };
-    let mut downs: Vec<&Down> = o.downs.iter().collect();
+    let mut downs: Vec<&Down> = o
+        .downs
+        .iter()
+        .filter(|d| !exempt.iter().any(|(n, at)| *n == d.node && *at == d.at))
+        .collect();
     downs.sort_by_key(|d| d.at);
     downs
         .iter()
@@ -395,12 +440,24 @@ fn operator_violations(o: &Observed, ops: &Operations, v: &mut Vec<String>) {
         };
         for (n, call, _) in &calls {
             if *n == u.node && *call > u.to && back > *call + WATCH_LAG {
+                // A reboot on its way: the slot was proved before the unlock began (a proof
+                // and the call cannot be one step; the unlock came in between).
+                let proof = o
+                    .proofs
+                    .iter()
+                    .filter(|(p, at)| p == n && at <= call)
+                    .map(|(_, at)| *at)
+                    .max();
+                if proof.is_some_and(|p| p < u.from) {
+                    continue;
+                }
                 v.push(format!(
-                    "{n} asked logind to reboot at {} after its slot was unlocked ({} to {}; gone from the holders at {}) without a new slot",
+                    "{n} asked logind to reboot at {} after its slot was unlocked ({} to {}; gone from the holders at {}) without a new slot (last proof of the slot {})",
                     secs(*call),
                     secs(u.from),
                     secs(u.to),
-                    secs(gone)
+                    secs(gone),
+                    proof.map_or("none in its log".into(), |p| format!("at {}", secs(p)))
                 ));
             }
         }
@@ -537,8 +594,10 @@ pub fn violations(o: &Observed) -> Vec<String> {
         }
     }
     // A node goes down only while it holds a slot, and drained.
+    let on_its_way = unlocked_on_its_way(o);
     for d in &o.downs {
-        let held = d.held.unwrap_or_else(|| held_at(&o.holders, &d.node, d.at));
+        let held = d.held.unwrap_or_else(|| held_at(&o.holders, &d.node, d.at))
+            || on_its_way.iter().any(|(n, at)| *n == d.node && *at == d.at);
         if !held {
             v.push(format!(
                 "{} went down at {:.2}s without holding a slot",
@@ -666,6 +725,7 @@ mod tests {
             ],
             maxes: Vec::new(),
             ops: None,
+            proofs: Vec::new(),
         }
     }
 
@@ -1067,7 +1127,13 @@ mod tests {
         o.ops.as_mut().unwrap().unlocks.push(span("c", 3.3, 3.4));
         o.holders[5] = (s(4.2), set(&[]));
         o.maxes[5].0 = s(4.2);
-        reports(&o, "c asked logind to reboot at 3.90s after its slot was unlocked (3.30s to 3.40s; gone from the holders at 4.20s) without a new slot");
+        reports(&o, "c asked logind to reboot at 3.90s after its slot was unlocked (3.30s to 3.40s; gone from the holders at 4.20s) without a new slot (last proof of the slot none in its log)");
+        // Proved after the unlock began: still reported.
+        o.proofs = vec![("c".into(), s(3.85))];
+        reports(&o, "without a new slot (last proof of the slot at 3.85s)");
+        // Proved before it began: a reboot already on its way, fine.
+        o.proofs = vec![("c".into(), s(3.25))];
+        assert_eq!(violations(&o), Vec::<String>::new());
         // Gone at 3.6 s, back at 3.7 s, then the call: fine.
         let mut o = operated();
         o.ops.as_mut().unwrap().unlocks.push(span("c", 3.3, 3.4));
@@ -1110,5 +1176,53 @@ mod tests {
                 .into(),
         );
         reports(&o, "its Node is still cordoned");
+    }
+
+    #[test]
+    fn an_unlock_of_a_reboot_on_its_way_is_not_a_reboot_without_a_slot() {
+        // c called logind at 3.9 s; the operator unlocked its slot from 3.8 s to 3.95 s and a
+        // took it at 3.96 s: c goes down at 4.0 s without its slot, beside a and b.
+        let mut o = operated();
+        o.holders.insert(5, (s(3.93), set(&[])));
+        o.holders.insert(6, (s(3.96), set(&["a"])));
+        o.holders.insert(7, (s(3.97), set(&["a", "b"])));
+        o.ups = vec![
+            ("a".into(), s(4.5)),
+            ("b".into(), s(4.6)),
+            ("c".into(), s(4.3)),
+        ];
+        o.calls.push(("a".into(), s(3.98)));
+        o.calls.push(("b".into(), s(3.99)));
+        o.downs.push(Down {
+            at: s(4.01),
+            node: "a".into(),
+            held: None,
+            pods_left: Vec::new(),
+        });
+        o.downs.push(Down {
+            at: s(4.02),
+            node: "b".into(),
+            held: None,
+            pods_left: Vec::new(),
+        });
+        o.downs.retain(|d| d.at > s(3.0));
+        o.nodes = vec!["c".into(), "a".into(), "b".into()];
+        let unlock = span("c", 3.8, 3.95);
+        o.ops.as_mut().unwrap().unlocks.push(unlock);
+        assert_eq!(unlocked_on_its_way(&o), vec![("c".to_string(), s(4.0))]);
+        assert_eq!(violations(&o), Vec::<String>::new());
+        // Without the unlock, c's reboot is one without a slot, and one too many down.
+        o.ops.as_mut().unwrap().unlocks.clear();
+        let v = violations(&o);
+        assert!(
+            v.iter()
+                .any(|v| v.contains("c went down at 4.00s without holding a slot")),
+            "{v:?}"
+        );
+        assert!(
+            v.iter()
+                .any(|v| v.contains("3 nodes down at once (max 2): 4.02s")),
+            "{v:?}"
+        );
     }
 }

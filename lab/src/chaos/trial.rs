@@ -44,6 +44,8 @@ pub(super) struct ChaosNode {
 /// What the trial's tasks record.
 pub(super) struct Shared {
     pub started: Instant,
+    /// The wall clock at `started` (to place the nodes' log lines in the trial's time).
+    pub started_wall: jiff::Timestamp,
     pub stats: Mutex<Stats>,
     /// Every holder set the outside watcher saw, in order.
     pub holders: Mutex<Timeline>,
@@ -73,6 +75,7 @@ impl Shared {
     fn new() -> Shared {
         Shared {
             started: Instant::now(),
+            started_wall: jiff::Timestamp::now(),
             stats: Mutex::new(Stats::default()),
             holders: Mutex::new(Vec::new()),
             cordoned: Mutex::new(Vec::new()),
@@ -676,8 +679,25 @@ async fn run_trial(
             _ => {}
         }
     }
-    Ok(Observed {
+    // Each node's proofs of its slot before a reboot call, from its log (an unlock is judged
+    // by them: see check::operator_violations).
+    let proofs = if opts.operators {
+        rig.nodes
+            .iter()
+            .flat_map(|n| {
+                let log = std::fs::read_to_string(&n.log_path).unwrap_or_default();
+                report::proofs_before_reboot(&log, shared.started_wall)
+                    .into_iter()
+                    .map(|at| (n.name.clone(), at))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let observed = Observed {
         max: opts.max,
+        proofs,
         nodes: names,
         holders: shared.holders(),
         cordoned: shared.cordoned(),
@@ -696,7 +716,16 @@ async fn run_trial(
         ups: lock(&shared.ups).clone(),
         maxes: lock(&shared.maxes).clone(),
         ops: opts.operators.then(|| lock(&shared.ops).clone()),
-    })
+    };
+    let on_its_way = check::unlocked_on_its_way(&observed).len() as u32;
+    if on_its_way > 0 {
+        shared.stats(|s| {
+            *s.operator
+                .entry("unlock of a reboot on its way".into())
+                .or_default() += on_its_way
+        });
+    }
+    Ok(observed)
 }
 
 /// What the kubelet posts after boot: the boot id in `status.nodeInfo.bootID`.
