@@ -96,9 +96,62 @@ pub struct Observed {
     pub maxes: Vec<(Duration, u64)>,
     /// What the operator did (`--operators`); `None`: no operator in the trial.
     pub ops: Option<Operations>,
-    /// When each node's log says its slot was proved held before a reboot call (the line is
-    /// written after the proof's request returned).
-    pub proofs: Vec<(String, Duration)>,
+    /// The semaphore's document and rebootd's holder records as the outside watchers saw them
+    /// change, with the store's revision (etcd v3) or index (v2), which orders them (etcd).
+    pub store: Vec<StoreEvent>,
+    /// Each node's maintenance windows (`--windows`), open on `[from, to)`, in the trial's
+    /// time: its configured windows on its own clock, placed by that clock's offset.
+    pub windows: BTreeMap<String, Vec<(Duration, Duration)>>,
+}
+
+/// How long after its window closed a node's reboot call may still reach logind: rebootd
+/// checks the window in the step before the call (then proves its slot, lists the inhibitors
+/// and records a Kubernetes event), and the lab sees the call when logind has it.
+pub const WINDOW_LATE: Duration = Duration::from_secs(1);
+
+/// The reboots whose call came outside the node's windows, as `(node, call, how)`: the first
+/// call of each shutdown (calls re-made while it is pending join it), judged by the node's own
+/// windows: before one opened (allowing 50 ms for the clocks' readings), or more than
+/// [`WINDOW_LATE`] after one closed.
+pub fn outside_windows(o: &Observed) -> Vec<(String, Duration, String)> {
+    let early = Duration::from_millis(50);
+    let mut out = Vec::new();
+    for (n, call, _) in first_calls(o) {
+        let Some(w) = o.windows.get(&n) else {
+            continue;
+        };
+        if w.iter()
+            .any(|(f, t)| *f <= call + early && call < *t + WINDOW_LATE)
+        {
+            continue;
+        }
+        let last = w.iter().filter(|(_, t)| *t <= call).map(|(_, t)| *t).max();
+        let next = w.iter().filter(|(f, _)| *f > call).map(|(f, _)| *f).min();
+        let how = format!(
+            "its last window closed {}, the next opens {}",
+            last.map_or("never".into(), |t| format!("at {:.2}s", t.as_secs_f64())),
+            next.map_or("never".into(), |t| format!("at {:.2}s", t.as_secs_f64()))
+        );
+        out.push((n, call, how));
+    }
+    out
+}
+
+/// A change of the store, as an outside watcher saw it (see [`Observed::store`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreEvent {
+    pub at: Duration,
+    /// etcd's revision (v3) or index (v2) of the change.
+    pub rev: i64,
+    pub change: StoreChange,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreChange {
+    /// The document, with its holders.
+    Holders(BTreeSet<String>),
+    /// A node's holder record written (`put`) or deleted.
+    Record { node: String, put: bool },
 }
 
 /// A span of time an operator's command was in force, on a node (or run from it).
@@ -272,36 +325,80 @@ pub fn max_around(o: &Observed, at: Duration) -> u64 {
     m
 }
 
-/// The reboots of nodes whose slot the operator unlocked while the reboot was already on its
-/// way, as `(node, down)`: the shutdown's first call came before `rebootctl unlock` returned,
-/// or the slot was last proved (the node's log says) before the unlock began. The operator
-/// gave away a slot in use; rebootd cannot take back a reboot logind accepted (nor one it is
-/// calling for on a proof made before), so such a node goes down without its slot, beside the
-/// node that took the slot. These reboots are not counted as down without a slot nor among
-/// the nodes down at once; the trials count them (`unlock of a reboot on its way`).
+/// For each `rebootctl unlock` of a node that held a slot: the store revision of the document
+/// without it, the first seen from the unlock's start on, and the revision at which it was
+/// among the holders again (`i64::MAX`: never). `None` when no such document was seen.
+pub fn unlocked_revisions(o: &Observed, u: &Span) -> Option<(i64, i64)> {
+    let holders = |e: &StoreEvent| match &e.change {
+        StoreChange::Holders(h) => Some(h.contains(&u.node)),
+        StoreChange::Record { .. } => None,
+    };
+    let gone = o
+        .store
+        .iter()
+        .find(|e| e.at >= u.from && holders(e) == Some(false))?;
+    let back = o
+        .store
+        .iter()
+        .filter(|e| e.rev > gone.rev && holders(e) == Some(true))
+        .map(|e| e.rev)
+        .min()
+        .unwrap_or(i64::MAX);
+    Some((gone.rev, back))
+}
+
+/// The holder records a node wrote after `rebootctl unlock` took its slot, before it held a
+/// slot again, as `(node, revision of the unlock, revision of the write)`: in the store's own
+/// order, a phase report (which proves the slot held: rebootd then sends no other proof before
+/// its logind call) or a heartbeat that landed on a slot that was gone.
+pub fn record_after_unlock(o: &Observed) -> Vec<(String, i64, i64)> {
+    let Some(ops) = &o.ops else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for u in &ops.unlocks {
+        let Some((gone, back)) = unlocked_revisions(o, u) else {
+            continue;
+        };
+        for e in &o.store {
+            if let StoreChange::Record { node, put: true } = &e.change {
+                if *node == u.node && e.rev > gone && e.rev < back {
+                    out.push((node.clone(), gone, e.rev));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The reboots of nodes whose slot the operator unlocked while the reboot was on its way, as
+/// `(node, down)`: the node went down after the unlock began, without a slot taken again and
+/// without a boot in between. rebootd proves its slot before the logind call, but a proof and
+/// the call cannot be one step: an unlock that lands between them (or after logind accepted)
+/// gives away a slot in use, and the node goes down without it beside the node that took the
+/// slot. These reboots are not counted as down without a slot nor among the nodes down at once
+/// (the trials count them, `unlock of a reboot on its way`). A node that proved its slot after
+/// the unlock is caught by [`record_after_unlock`] (a report, which writes its record) or would
+/// need a read that says it holds a slot it does not (etcd's reads are linearizable).
 pub fn unlocked_on_its_way(o: &Observed) -> Vec<(String, Duration)> {
     let Some(ops) = &o.ops else {
         return Vec::new();
     };
-    let calls = first_calls(o);
     let mut out = Vec::new();
     for u in &ops.unlocks {
-        for (n, call, down) in &calls {
-            if *n != u.node || *down < u.from {
+        let Some((_, back)) = unlocked_until(o, u) else {
+            continue;
+        };
+        for d in &o.downs {
+            if d.node != u.node || d.at < u.from {
                 continue;
             }
             let booted_between = o
                 .ups
                 .iter()
-                .any(|(m, t)| m == n && *t > u.from && *t < *down);
-            let proof = o
-                .proofs
-                .iter()
-                .filter(|(p, at)| p == n && at <= call)
-                .map(|(_, at)| *at)
-                .max();
-            if !booted_between && (*call <= u.to || proof.is_some_and(|p| p < u.from)) {
-                out.push((n.clone(), *down));
+                .any(|(m, t)| *m == d.node && *t > u.from && *t < d.at);
+            if !booted_between && back > d.at {
+                out.push((d.node.clone(), d.at));
             }
         }
     }
@@ -434,33 +531,10 @@ fn operator_violations(o: &Observed, ops: &Operations, v: &mut Vec<String>) {
             }
         }
     }
-    for u in &ops.unlocks {
-        let Some((gone, back)) = unlocked_until(o, u) else {
-            continue;
-        };
-        for (n, call, _) in &calls {
-            if *n == u.node && *call > u.to && back > *call + WATCH_LAG {
-                // A reboot on its way: the slot was proved before the unlock began (a proof
-                // and the call cannot be one step; the unlock came in between).
-                let proof = o
-                    .proofs
-                    .iter()
-                    .filter(|(p, at)| p == n && at <= call)
-                    .map(|(_, at)| *at)
-                    .max();
-                if proof.is_some_and(|p| p < u.from) {
-                    continue;
-                }
-                v.push(format!(
-                    "{n} asked logind to reboot at {} after its slot was unlocked ({} to {}; gone from the holders at {}) without a new slot (last proof of the slot {})",
-                    secs(*call),
-                    secs(u.from),
-                    secs(u.to),
-                    secs(gone),
-                    proof.map_or("none in its log".into(), |p| format!("at {}", secs(p)))
-                ));
-            }
-        }
+    for (n, gone, rev) in record_after_unlock(o) {
+        v.push(format!(
+            "{n} wrote its holder record at revision {rev} after rebootctl unlock took its slot (revision {gone}), without a new slot: a proof of a slot it did not hold"
+        ));
     }
     v.extend(ops.cancel_leftovers.iter().cloned());
 }
@@ -548,6 +622,12 @@ pub fn violations(o: &Observed) -> Vec<String> {
     if let Some(ops) = &o.ops {
         operator_violations(o, ops, &mut v);
     }
+    for (n, call, how) in outside_windows(o) {
+        v.push(format!(
+            "{n} asked logind to reboot at {:.2}s outside its maintenance windows ({how})",
+            call.as_secs_f64()
+        ));
+    }
     // A slot is taken over only from a holder that stopped, and only with max_hold.
     for r in reclaims(&o.holders) {
         if reclaim_allowed(o, &r) {
@@ -568,7 +648,9 @@ pub fn violations(o: &Observed) -> Vec<String> {
             r.at.as_secs_f64()
         ));
     }
-    // Every node rebooted exactly once, and says so.
+    // Every node rebooted exactly once, and says so (a node whose reboot was on its way when
+    // the operator unlocked its slot may count it as one outside its control).
+    let on_its_way = unlocked_on_its_way(o);
     for n in &o.nodes {
         let r = o.downs.iter().filter(|d| &d.node == n).count();
         if r != 1 {
@@ -576,7 +658,8 @@ pub fn violations(o: &Observed) -> Vec<String> {
         }
         match o.ends.get(n) {
             Some(Ok(Some(s))) if o.timed_out.is_none() => {
-                if s.reboots != 1 {
+                let unlocked = on_its_way.iter().any(|(m, _)| m == n);
+                if s.reboots != 1 && !(unlocked && s.reboots == 0) {
                     v.push(format!(
                         "{n}: state counts {} coordinated reboots (expected 1)",
                         s.reboots
@@ -593,11 +676,12 @@ pub fn violations(o: &Observed) -> Vec<String> {
             _ => {}
         }
     }
-    // A node goes down only while it holds a slot, and drained.
-    let on_its_way = unlocked_on_its_way(o);
+    // A node goes down only while it holds a slot, and drained (but a reboot on its way when
+    // the operator unlocked its slot: rebootd backs out of its drain after a restart that finds
+    // the slot gone, while logind's shutdown is still pending).
     for d in &o.downs {
-        let held = d.held.unwrap_or_else(|| held_at(&o.holders, &d.node, d.at))
-            || on_its_way.iter().any(|(n, at)| *n == d.node && *at == d.at);
+        let unlocked = on_its_way.iter().any(|(n, at)| *n == d.node && *at == d.at);
+        let held = d.held.unwrap_or_else(|| held_at(&o.holders, &d.node, d.at)) || unlocked;
         if !held {
             v.push(format!(
                 "{} went down at {:.2}s without holding a slot",
@@ -605,7 +689,7 @@ pub fn violations(o: &Observed) -> Vec<String> {
                 d.at.as_secs_f64()
             ));
         }
-        if !d.pods_left.is_empty() {
+        if !d.pods_left.is_empty() && !unlocked {
             v.push(format!(
                 "{} went down at {:.2}s with {} pods still on it (drain incomplete): {}",
                 d.node,
@@ -725,7 +809,8 @@ mod tests {
             ],
             maxes: Vec::new(),
             ops: None,
-            proofs: Vec::new(),
+            store: Vec::new(),
+            windows: BTreeMap::new(),
         }
     }
 
@@ -1119,26 +1204,35 @@ mod tests {
     }
 
     #[test]
-    fn a_reboot_after_an_unlock_without_a_new_slot_is_reported() {
-        // c's slot unlocked from 3.3 s to 3.4 s; the watcher sees it go at 4.2 s (late, so
-        // c's reboot at 4.0 s looks held), and c's reboot call at 3.9 s came without a new
-        // slot.
+    fn a_record_written_after_an_unlock_without_a_new_slot_is_reported() {
+        // The store: c takes (rev 10), writes its record (11), the operator's unlock (12), c
+        // writes its record again (13: a report that "proves" the slot), a takes (14).
+        let ev = |at: f64, rev: i64, change: StoreChange| StoreEvent {
+            at: s(at),
+            rev,
+            change,
+        };
+        let rec = |n: &str| StoreChange::Record {
+            node: n.into(),
+            put: true,
+        };
         let mut o = operated();
+        o.store = vec![
+            ev(3.1, 10, StoreChange::Holders(set(&["b", "c"]))),
+            ev(3.15, 11, rec("c")),
+            ev(3.35, 12, StoreChange::Holders(set(&["b"]))),
+            ev(3.36, 13, rec("c")),
+            ev(3.37, 14, StoreChange::Holders(set(&["a", "b"]))),
+        ];
         o.ops.as_mut().unwrap().unlocks.push(span("c", 3.3, 3.4));
-        o.holders[5] = (s(4.2), set(&[]));
-        o.maxes[5].0 = s(4.2);
-        reports(&o, "c asked logind to reboot at 3.90s after its slot was unlocked (3.30s to 3.40s; gone from the holders at 4.20s) without a new slot (last proof of the slot none in its log)");
-        // Proved after the unlock began: still reported.
-        o.proofs = vec![("c".into(), s(3.85))];
-        reports(&o, "without a new slot (last proof of the slot at 3.85s)");
-        // Proved before it began: a reboot already on its way, fine.
-        o.proofs = vec![("c".into(), s(3.25))];
+        reports(&o, "c wrote its holder record at revision 13 after rebootctl unlock took its slot (revision 12), without a new slot");
+        // Its record written before the unlock only: fine.
+        o.store.remove(3);
         assert_eq!(violations(&o), Vec::<String>::new());
-        // Gone at 3.6 s, back at 3.7 s, then the call: fine.
-        let mut o = operated();
-        o.ops.as_mut().unwrap().unlocks.push(span("c", 3.3, 3.4));
-        o.holders.insert(5, (s(3.6), set(&[])));
-        o.holders.insert(6, (s(3.7), set(&["c"])));
+        // Written again after a new take: fine.
+        o.store
+            .push(ev(3.5, 15, StoreChange::Holders(set(&["a", "c"]))));
+        o.store.push(ev(3.6, 16, rec("c")));
         assert_eq!(violations(&o), Vec::<String>::new());
     }
 
@@ -1224,5 +1318,24 @@ mod tests {
                 .any(|v| v.contains("3 nodes down at once (max 2): 4.02s")),
             "{v:?}"
         );
+    }
+
+    #[test]
+    fn a_reboot_outside_the_nodes_windows_is_reported() {
+        let mut o = clean();
+        // a called at 1.9 s, b at 2.0 s, c at 3.9 s.
+        o.windows.insert("a".into(), vec![(s(1.0), s(3.0))]);
+        o.windows
+            .insert("b".into(), vec![(s(0.5), s(0.9)), (s(5.0), s(8.0))]);
+        o.windows
+            .insert("c".into(), vec![(s(1.0), s(2.0)), (s(3.95), s(6.0))]);
+        // b: closed at 0.9 s, more than a second before its call.
+        reports(&o, "b asked logind to reboot at 2.00s outside its maintenance windows (its last window closed at 0.90s, the next opens at 5.00s)");
+        // Within the allowance after a close: fine; c's call 50 ms before its window opened
+        // too (the clocks' readings).
+        o.windows.insert("b".into(), vec![(s(0.5), s(1.2))]);
+        assert_eq!(violations(&o), Vec::<String>::new());
+        o.windows.insert("c".into(), vec![(s(3.96), s(6.0))]);
+        reports(&o, "c asked logind to reboot at 3.90s outside its maintenance windows (its last window closed never, the next opens at 3.96s)");
     }
 }

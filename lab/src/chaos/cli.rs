@@ -86,6 +86,10 @@ struct Cli {
     /// group, cancel a node's cycle, unlock a holder's slot, set-max 1-3 (etcd stores only).
     #[arg(long)]
     operators: bool,
+    /// Every node gets maintenance windows of 2-6 s with gaps of 1-6 s, opening and closing
+    /// throughout the rollout (on its own clock with --skew-clock).
+    #[arg(long)]
+    windows: bool,
     /// Checker self-test: the lab itself adds a holder (`holder`) or cordons a node
     /// (`cordon`) beyond max mid-trial; every trial must then fail.
     #[arg(long, hide = true)]
@@ -269,6 +273,7 @@ fn options(cli: Cli) -> Result<ChaosOptions, String> {
         etcd_members: cli.etcd_members,
         member_faults: MemberFault::parse_list(&cli.faults)?,
         operators: cli.operators,
+        windows: cli.windows,
         ..ChaosOptions::new(rebootd)
     })
     .and_then(|o: ChaosOptions| o.check().map(|()| o))
@@ -291,6 +296,9 @@ fn extras(opts: &ChaosOptions) -> String {
     }
     if opts.operators {
         out.push_str(", an operator running rebootctl");
+    }
+    if opts.windows {
+        out.push_str(", maintenance windows of a few seconds");
     }
     if opts.etcd_members > 1 {
         let faults: Vec<String> = opts.member_faults.iter().map(|f| f.to_string()).collect();

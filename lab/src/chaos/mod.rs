@@ -33,6 +33,7 @@ mod rng;
 mod store;
 mod trial;
 mod watch;
+pub mod windows;
 mod workload;
 
 pub use cli::command;
@@ -145,6 +146,9 @@ pub struct ChaosOptions {
     /// An operator runs `rebootctl` beside the chaos (pause, resume, cancel, unlock,
     /// set-max; up to `actions` of them).
     pub operators: bool,
+    /// Every node gets maintenance windows a few seconds long that open and close throughout
+    /// the rollout (on its own clock, with `skew_clock`).
+    pub windows: bool,
 }
 
 /// The default `kubernetes.drain_timeout` and `ready_timeout` of a trial.
@@ -176,6 +180,7 @@ impl ChaosOptions {
             etcd_members: 1,
             member_faults: MemberFault::ALL.to_vec(),
             operators: false,
+            windows: false,
         }
     }
 
@@ -254,6 +259,9 @@ pub struct Stats {
     pub member_faults: BTreeMap<String, u32>,
     /// The operator's commands, by what came of them (`pause`, `cancel refused`, ...).
     pub operator: BTreeMap<String, u32>,
+    /// With windows: what the nodes' logs say the windows did (`left the queue`: closed while
+    /// waiting for a slot; `backed out`: closed before the reboot), and `reboots`.
+    pub windows: BTreeMap<String, u32>,
 }
 
 impl Stats {
@@ -284,6 +292,9 @@ impl Stats {
         }
         for (k, v) in &o.operator {
             *self.operator.entry(k.clone()).or_default() += v;
+        }
+        for (k, v) in &o.windows {
+            *self.windows.entry(k.clone()).or_default() += v;
         }
     }
 }
@@ -332,6 +343,14 @@ impl std::fmt::Display for Stats {
                 .map(|(k, v)| format!("{k} {v}"))
                 .collect();
             write!(f, ", operator: {}", ops.join(", "))?;
+        }
+        if !self.windows.is_empty() {
+            let w: Vec<String> = self
+                .windows
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect();
+            write!(f, ", windows: {}", w.join(", "))?;
         }
         if !self.injected.is_empty() {
             write!(f, "; injected: {}", self.injected.join(", "))?;
@@ -486,6 +505,9 @@ pub fn replay_command(opts: &ChaosOptions, seed: u64) -> String {
     }
     if opts.operators {
         cmd.push_str(" --operators");
+    }
+    if opts.windows {
+        cmd.push_str(" --windows");
     }
     if opts.trial_timeout != DEFAULT_TRIAL_TIMEOUT {
         cmd.push_str(&format!(

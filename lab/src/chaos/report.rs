@@ -79,21 +79,3 @@ pub(super) fn process_report(n: &ChaosNode) -> String {
         .unwrap_or_default();
     format!("rebootd pid {pid} running, threads {}", threads.join(" "))
 }
-
-/// The moments (since `started`) a node's log says its slot was proved held before a reboot
-/// call: by a phase report (`the report of phase rebooting proves the slot held`) or by the
-/// store (`the store proves the slot held`), `before="the reboot"`. Each line is written once
-/// the proof's request has returned, so the proof landed at or before it.
-pub(super) fn proofs_before_reboot(
-    log: &str,
-    started: jiff::Timestamp,
-) -> Vec<std::time::Duration> {
-    log.lines()
-        .filter(|l| l.contains("proves the slot held") && l.contains("before=\"the reboot\""))
-        .filter_map(|l| {
-            let at: jiff::Timestamp = l.split_whitespace().next()?.parse().ok()?;
-            let since = at.duration_since(started);
-            std::time::Duration::try_from(since).ok()
-        })
-        .collect()
-}

@@ -4,11 +4,13 @@
 //! error, a [`Stop`]), the processes the trial started are in its [`Rig`] and the tear-down
 //! ends them all before the trial returns.
 
-use super::check::{self, CutOff, Down, Observed, Operations, SemaphoreEnd, Timeline};
+use super::check::{
+    self, CutOff, Down, Observed, Operations, SemaphoreEnd, StoreChange, StoreEvent, Timeline,
+};
 use super::members::{self, EtcdAt};
 use super::{
-    cutoff, disrupt, inject, operator, report, store, watch, workload, Backend, ChaosOptions, Rng,
-    Stats, Stop, TrialReport,
+    cutoff, disrupt, inject, operator, report, store, watch, windows, workload, Backend,
+    ChaosOptions, Rng, Stats, Stop, TrialReport,
 };
 use crate::cut_proxy::CutProxy;
 use crate::etcd::EtcdServer;
@@ -63,6 +65,8 @@ pub(super) struct Shared {
     pub maxes: Mutex<Vec<(Duration, u64)>>,
     /// What the operator did (`--operators`).
     pub ops: Mutex<Operations>,
+    /// The document's and the holder records' changes, with the store's revisions.
+    pub store: Mutex<Vec<StoreEvent>>,
     /// The rollout is over (or the trial is being torn down): the chaos stops.
     pub stop: AtomicBool,
 }
@@ -86,6 +90,7 @@ impl Shared {
             ups: Mutex::new(Vec::new()),
             maxes: Mutex::new(Vec::new()),
             ops: Mutex::new(Operations::default()),
+            store: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
         }
     }
@@ -124,6 +129,14 @@ impl Shared {
 
     pub fn record_max(&self, max: u64) {
         lock(&self.maxes).push((self.started.elapsed(), max));
+    }
+
+    pub fn record_store(&self, rev: i64, change: StoreChange) {
+        lock(&self.store).push(StoreEvent {
+            at: self.started.elapsed(),
+            rev,
+            change,
+        });
     }
 
     pub fn elapsed(&self) -> Duration {
@@ -377,17 +390,38 @@ async fn run_trial(
         }
         std::fs::write(&lease_kubeconfig, via).map_err(|e| format!("kubeconfig: {e}"))?;
     }
+    // Each node's maintenance windows, on its own clock (`--windows`).
+    let plans: Vec<Option<windows::Plan>> = (0..opts.nodes)
+        .map(|i| {
+            opts.windows.then(|| {
+                let offset = match &skew {
+                    Some((at, by, _)) if *at == i => cutoff::skew_of(by),
+                    _ => jiff::SignedDuration::ZERO,
+                };
+                windows::plan(
+                    &mut Rng::fork(seed, 300 + i as u64),
+                    jiff::Timestamp::now(),
+                    offset,
+                    opts.trial_timeout,
+                )
+            })
+        })
+        .collect();
     let proxy_url = rig.proxy.as_ref().map(|p| p.url());
     let config_for = |i: usize| -> String {
         let via = proxy_url.as_deref().filter(|_| cut_node == Some(i));
         let endpoints = store::node_endpoints(etcd_endpoint.as_deref(), &members, i);
-        store::node_config(
+        let mut config = store::node_config(
             opts,
             endpoints.as_deref(),
             via,
             &kubeconfig,
             &lease_kubeconfig,
-        )
+        );
+        if let Some(p) = &plans[i] {
+            config.push_str(&windows::toml(p));
+        }
+        config
     };
 
     // The outside watchers, started (and their requests made) before anything else happens.
@@ -463,6 +497,19 @@ async fn run_trial(
         .iter()
         .map(|n| (n.machine_id.clone(), n.name.clone()))
         .collect();
+    // With an operator, rebootd's holder records too (an unlock is judged by them).
+    if opts.operators {
+        if let Some(at) = &etcd_at {
+            rig.tasks.push(match opts.backend {
+                Backend::EtcdV2 => tokio::spawn(watch::etcd_v2_records(
+                    at.clone(),
+                    ids.clone(),
+                    shared.clone(),
+                )),
+                _ => tokio::spawn(watch::etcd_records(at.clone(), ids.clone(), shared.clone())),
+            });
+        }
+    }
     rig.tasks.push(match (&etcd_at, opts.backend) {
         (Some(at), Backend::EtcdV2) => {
             tokio::spawn(watch::etcd_v2(at.clone(), ids, shared.clone()))
@@ -679,25 +726,38 @@ async fn run_trial(
             _ => {}
         }
     }
-    // Each node's proofs of its slot before a reboot call, from its log (an unlock is judged
-    // by them: see check::operator_violations).
-    let proofs = if opts.operators {
-        rig.nodes
-            .iter()
-            .flat_map(|n| {
-                let log = std::fs::read_to_string(&n.log_path).unwrap_or_default();
-                report::proofs_before_reboot(&log, shared.started_wall)
-                    .into_iter()
-                    .map(|at| (n.name.clone(), at))
-                    .collect::<Vec<_>>()
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
+    // What the windows did, as the nodes' logs say.
+    if opts.windows {
+        for n in &rig.nodes {
+            let log = std::fs::read_to_string(&n.log_path).unwrap_or_default();
+            let left = log
+                .matches("while waiting for a slot; leaving the queue")
+                .count() as u32;
+            let backed = log
+                .matches("the maintenance window closed before the reboot; backing out")
+                .count() as u32;
+            let waited = log
+                .matches("outside the maintenance window; next opens")
+                .count() as u32;
+            shared.stats(|s| {
+                *s.windows.entry("left the queue".into()).or_default() += left;
+                *s.windows.entry("backed out".into()).or_default() += backed;
+                *s.windows.entry("waited for one".into()).or_default() += waited;
+            });
+        }
+    }
+    let window_spans = names
+        .iter()
+        .zip(&plans)
+        .filter_map(|(n, p)| {
+            p.as_ref()
+                .map(|p| (n.clone(), windows::spans(p, shared.started_wall)))
+        })
+        .collect();
     let observed = Observed {
         max: opts.max,
-        proofs,
+        store: lock(&shared.store).clone(),
+        windows: window_spans,
         nodes: names,
         holders: shared.holders(),
         cordoned: shared.cordoned(),
