@@ -566,6 +566,15 @@ impl Runtime {
             false,
         )
         .await;
+        // The window once more, last: the steps above may have taken a while (a store, a
+        // webhook receiver or the API slow to answer), and the window checked in the step
+        // before may have closed meanwhile. Closed: back out as that check would have.
+        let now = Timestamp::now();
+        if !self.config.windows.is_open(now) {
+            return Event::WindowClosed {
+                next_open: self.config.windows.next_open(now),
+            };
+        }
         match self.rebooter.reboot().await {
             Ok(()) => Event::RebootAccepted,
             Err(e @ RebootError::Blocked { .. }) => {
