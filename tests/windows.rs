@@ -107,7 +107,9 @@ async fn the_window_closing_while_waiting_for_a_slot_leaves_the_queue() {
 /// and calls nobody.
 #[tokio::test]
 async fn a_window_that_closes_during_the_steps_before_the_logind_call_stops_the_call() {
-    let hook = rebootd_lab::webhook::WebhookReceiver::start().await.unwrap();
+    let hook = rebootd_lab::webhook::WebhookReceiver::start()
+        .await
+        .unwrap();
     hook.answer(rebootd_lab::webhook::Answer::Hang(Duration::from_secs(30)));
     // A window of 1 s opening at the second after next, every day, in UTC.
     let opens = jiff::Timestamp::from_second(jiff::Timestamp::now().as_second() + 2).unwrap();

@@ -476,6 +476,54 @@ fn a_lost_slot_backs_out_uncordoning_only_what_rebootd_cordoned() {
     assert_eq!(s.phase, Phase::RebootNeeded);
 }
 
+/// The host goes down while rebootd backs out of a reboot logind had accepted (restarted in the
+/// same boot, it asked again, and the proof before the call found the slot gone: an operator's
+/// `rebootctl unlock`, a reclaim). The boot meets the need the back-out kept: the back-out
+/// finishes, then idle. Finding 13 (RELIABILITY.md; chaos `--operators`, seed 3360001): the
+/// node finished the back-out, took a slot again and rebooted a second time.
+#[test]
+fn a_boot_during_a_back_out_meets_the_need_it_kept() {
+    let p = Policy {
+        drain: true,
+        ..policy()
+    };
+    let mut s = State::new("boot1", t(0));
+    for e in [
+        needed(),
+        Event::WindowOpen,
+        Event::SlotAcquired,
+        Event::Cordoned { by_us: true },
+        Event::Drained,
+        Event::ReadyToReboot,
+        Event::RebootAccepted,
+        Event::Started {
+            boot_id: "boot1".into(),
+        },
+        Event::SlotLost {
+            why: "unlocked".into(),
+        },
+    ] {
+        s = step(&s, e, t(1), &p).state;
+    }
+    assert_eq!(s.phase, Phase::Uncordoning);
+    assert!(s.reason.is_some(), "the back-out keeps the need");
+    // logind's shutdown, accepted before, happens now.
+    let s = step(
+        &s,
+        Event::Started {
+            boot_id: "boot2".into(),
+        },
+        t(2),
+        &p,
+    )
+    .state;
+    assert_eq!(s.reason, None, "met by the boot");
+    assert_eq!(s.last_reboot, Some(t(2)));
+    let s = step(&s, Event::Uncordoned, t(3), &p).state;
+    assert_eq!(s.phase, Phase::Idle);
+    assert!(!s.cordoned_by_us && !s.slot_held);
+}
+
 #[test]
 fn new_need_during_post_boot_leads_to_another_cycle() {
     let mut s = State::new("b", t(0));
