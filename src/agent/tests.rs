@@ -524,6 +524,51 @@ fn a_boot_during_a_back_out_meets_the_need_it_kept() {
     assert!(!s.cordoned_by_us && !s.slot_held);
 }
 
+/// Restarted in the same boot after logind accepted a reboot, rebootd puts the request aside
+/// to ask again, but the first one may still be pending in logind: a cancel is refused and a
+/// pause does not back out (neither would stop the host going down; both would undo the
+/// cordon). Finding 14 (RELIABILITY.md; chaos `--operators`, seed 3350012): the cancel undid the
+/// drain and gave the slot back, the node took a slot again and went down in the middle of that
+/// drain.
+#[test]
+fn a_reboot_put_aside_by_a_restart_cannot_be_cancelled_or_paused() {
+    let p = Policy {
+        drain: true,
+        ..policy()
+    };
+    let mut s = State::new("boot1", t(0));
+    for e in [
+        needed(),
+        Event::WindowOpen,
+        Event::SlotAcquired,
+        Event::Cordoned { by_us: true },
+        Event::Drained,
+        Event::ReadyToReboot,
+        Event::RebootAccepted,
+        Event::Started {
+            boot_id: "boot1".into(),
+        },
+    ] {
+        s = step(&s, e, t(1), &p).state;
+    }
+    assert_eq!(s.reboot, None, "put aside to ask again");
+    assert!(s.logind_asked());
+    let cancelled = step(&s, Event::Cancelled, t(2), &p);
+    assert_eq!(cancelled.state.phase, Phase::Rebooting);
+    assert!(cancelled.state.cordoned_by_us && cancelled.state.slot_held);
+    let paused = step(
+        &s,
+        Event::Paused {
+            reason: Some("x".into()),
+        },
+        t(2),
+        &p,
+    )
+    .state;
+    assert_eq!(paused.phase, Phase::Rebooting);
+    assert!(paused.cordoned_by_us && paused.slot_held);
+}
+
 #[test]
 fn new_need_during_post_boot_leads_to_another_cycle() {
     let mut s = State::new("b", t(0));
@@ -857,10 +902,10 @@ fn random_walks_never_take_a_slot_or_reboot_after_a_pause_or_a_cancel() {
         } else {
             paused("p")
         };
-        let mut after: Option<bool> = None; // Some(called before the request)
+        let mut after: Option<bool> = None; // Some(logind asked before the request)
         for i in 0..60 {
             if i == at {
-                after = Some(s.reboot.as_ref().is_some_and(|r| r.called));
+                after = Some(s.logind_asked());
                 s = step(&s, request.clone(), t(i as i64), &p).state;
             }
             let action = next_action(&s, &p);
