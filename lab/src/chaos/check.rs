@@ -102,6 +102,75 @@ pub struct Observed {
     /// Each node's maintenance windows (`--windows`), open on `[from, to)`, in the trial's
     /// time: its configured windows on its own clock, placed by that clock's offset.
     pub windows: BTreeMap<String, Vec<(Duration, Duration)>>,
+    /// Every run of the nodes' flapping gate (`--gates`), with its time-out; `None`: no gate.
+    pub gate_runs: Option<(Vec<GateRun>, Duration)>,
+}
+
+/// One run of a node's gate command: when it started, the answer it read, and when it ended
+/// with which exit status (`None`: it never ended, killed at its time-out).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GateRun {
+    pub node: String,
+    pub start: Duration,
+    pub answer: String,
+    pub end: Option<(Duration, i32)>,
+}
+
+/// How much longer than its time-out a gate run may take and still count (the script's own
+/// clock readings and the process's exit, under load).
+pub const GATE_SLACK: Duration = Duration::from_millis(500);
+
+/// The reboots that passed a gate saying wait: for the first call of each shutdown, the node's
+/// decision is its last gate run that started after its previous boot and before the call. It
+/// must have ended before the call, with exit 0 (`go`), within the gate's time-out (a run past
+/// it is killed and says wait). None at all is a reboot that never asked its gate.
+pub fn gate_violations(o: &Observed) -> Vec<String> {
+    let Some((runs, timeout)) = &o.gate_runs else {
+        return Vec::new();
+    };
+    let mut v = Vec::new();
+    let secs = |d: Duration| format!("{:.2}s", d.as_secs_f64());
+    for (n, call, down) in first_calls(o) {
+        let prev_up = o
+            .ups
+            .iter()
+            .filter(|(m, t)| *m == n && *t <= down)
+            .map(|(_, t)| *t)
+            .max()
+            .unwrap_or_default();
+        let last = runs
+            .iter()
+            .filter(|r| r.node == n && r.start > prev_up && r.start <= call)
+            .max_by_key(|r| r.start);
+        let Some(r) = last else {
+            v.push(format!(
+                "{n} asked logind to reboot at {} without asking its gate",
+                secs(call)
+            ));
+            continue;
+        };
+        let why = match r.end {
+            None => Some("it never ended (killed at its time-out: wait)".to_string()),
+            Some((end, _)) if end > call => {
+                Some(format!("it ended at {}, after the call", secs(end)))
+            }
+            Some((_, code)) if code != 0 => Some(format!("it said wait (exit {code})")),
+            Some((end, _)) if end - r.start > *timeout + GATE_SLACK => Some(format!(
+                "it ran {:.2}s, past its time-out of {timeout:?} (wait)",
+                (end - r.start).as_secs_f64()
+            )),
+            Some(_) => None,
+        };
+        if let Some(why) = why {
+            v.push(format!(
+                "{n} asked logind to reboot at {} past a gate that said wait: its last gate run, at {} (answer {}), {why}",
+                secs(call),
+                secs(r.start),
+                r.answer
+            ));
+        }
+    }
+    v
 }
 
 /// How long after its window closed a node's reboot call may still reach logind: rebootd
@@ -622,6 +691,7 @@ pub fn violations(o: &Observed) -> Vec<String> {
     if let Some(ops) = &o.ops {
         operator_violations(o, ops, &mut v);
     }
+    v.extend(gate_violations(o));
     for (n, call, how) in outside_windows(o) {
         v.push(format!(
             "{n} asked logind to reboot at {:.2}s outside its maintenance windows ({how})",
@@ -811,6 +881,7 @@ mod tests {
             ops: None,
             store: Vec::new(),
             windows: BTreeMap::new(),
+            gate_runs: None,
         }
     }
 
@@ -1337,5 +1408,47 @@ mod tests {
         assert_eq!(violations(&o), Vec::<String>::new());
         o.windows.insert("c".into(), vec![(s(3.96), s(6.0))]);
         reports(&o, "c asked logind to reboot at 3.90s outside its maintenance windows (its last window closed never, the next opens at 3.96s)");
+    }
+
+    #[test]
+    fn a_reboot_past_a_gate_that_said_wait_is_reported() {
+        let run = |node: &str, start: f64, answer: &str, end: Option<(f64, i32)>| GateRun {
+            node: node.into(),
+            start: s(start),
+            answer: answer.into(),
+            end: end.map(|(t, c)| (s(t), c)),
+        };
+        // a called at 1.9 s, b at 2.0 s, c at 3.9 s; each asked its gate just before.
+        let mut o = clean();
+        let good = vec![
+            run("a", 0.5, "wait", Some((0.51, 1))),
+            run("a", 1.8, "go", Some((1.81, 0))),
+            run("b", 1.9, "go", Some((1.91, 0))),
+            run("c", 3.0, "hang", None),
+            run("c", 3.8, "go", Some((3.81, 0))),
+        ];
+        o.gate_runs = Some((good.clone(), s(1.0)));
+        assert_eq!(violations(&o), Vec::<String>::new());
+        // c's last run said wait.
+        let mut runs = good.clone();
+        runs[4] = run("c", 3.8, "wait", Some((3.81, 1)));
+        o.gate_runs = Some((runs, s(1.0)));
+        reports(&o, "c asked logind to reboot at 3.90s past a gate that said wait: its last gate run, at 3.80s (answer wait), it said wait (exit 1)");
+        // c's last run hung, and was killed (or went past its time-out and was taken as go).
+        let mut runs = good.clone();
+        runs.remove(4);
+        o.gate_runs = Some((runs.clone(), s(1.0)));
+        reports(&o, "(answer hang), it never ended");
+        runs[3] = run("c", 2.0, "hang", Some((3.6, 0)));
+        o.gate_runs = Some((runs, s(1.0)));
+        reports(&o, "it ran 1.60s, past its time-out of 1s (wait)");
+        // b never asked.
+        let mut runs = good;
+        runs.remove(2);
+        o.gate_runs = Some((runs, s(1.0)));
+        reports(
+            &o,
+            "b asked logind to reboot at 2.00s without asking its gate",
+        );
     }
 }

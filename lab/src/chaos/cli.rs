@@ -90,6 +90,10 @@ struct Cli {
     /// throughout the rollout (on its own clock with --skew-clock).
     #[arg(long)]
     windows: bool,
+    /// Every node has a command gate before the reboot (1 s time-out) whose answer the lab
+    /// flips every 0.2-1.5 s: go, wait, or hang past the time-out.
+    #[arg(long)]
+    gates: bool,
     /// Checker self-test: the lab itself adds a holder (`holder`) or cordons a node
     /// (`cordon`) beyond max mid-trial; every trial must then fail.
     #[arg(long, hide = true)]
@@ -274,6 +278,7 @@ fn options(cli: Cli) -> Result<ChaosOptions, String> {
         member_faults: MemberFault::parse_list(&cli.faults)?,
         operators: cli.operators,
         windows: cli.windows,
+        gates: cli.gates,
         ..ChaosOptions::new(rebootd)
     })
     .and_then(|o: ChaosOptions| o.check().map(|()| o))
@@ -299,6 +304,9 @@ fn extras(opts: &ChaosOptions) -> String {
     }
     if opts.windows {
         out.push_str(", maintenance windows of a few seconds");
+    }
+    if opts.gates {
+        out.push_str(", a flapping gate before the reboot");
     }
     if opts.etcd_members > 1 {
         let faults: Vec<String> = opts.member_faults.iter().map(|f| f.to_string()).collect();

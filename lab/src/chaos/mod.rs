@@ -25,6 +25,7 @@ pub mod check;
 mod cli;
 pub mod cutoff;
 mod disrupt;
+pub mod gates;
 mod inject;
 mod members;
 mod operator;
@@ -149,6 +150,9 @@ pub struct ChaosOptions {
     /// Every node gets maintenance windows a few seconds long that open and close throughout
     /// the rollout (on its own clock, with `skew_clock`).
     pub windows: bool,
+    /// Every node has a command gate before the reboot whose answer the lab flips (go, wait,
+    /// hang past its time-out).
+    pub gates: bool,
 }
 
 /// The default `kubernetes.drain_timeout` and `ready_timeout` of a trial.
@@ -181,6 +185,7 @@ impl ChaosOptions {
             member_faults: MemberFault::ALL.to_vec(),
             operators: false,
             windows: false,
+            gates: false,
         }
     }
 
@@ -192,6 +197,11 @@ impl ChaosOptions {
         }
         if self.etcd_members > 1 && self.cut_off {
             return Err("--cut-off is not supported with --etcd-members > 1 yet".into());
+        }
+        if self.gates && self.skew_clock {
+            return Err(
+                "--gates with --skew-clock: the gate's log is read on the lab's clock".into(),
+            );
         }
         if self.operators && !self.backend.etcd() {
             return Err(
@@ -262,6 +272,9 @@ pub struct Stats {
     /// With windows: what the nodes' logs say the windows did (`left the queue`: closed while
     /// waiting for a slot; `backed out`: closed before the reboot), and `reboots`.
     pub windows: BTreeMap<String, u32>,
+    /// With the flapping gate: the answers set (`set go`, ...) and what the nodes' logs say
+    /// (`said wait`: a check that said wait).
+    pub gates: BTreeMap<String, u32>,
 }
 
 impl Stats {
@@ -295,6 +308,9 @@ impl Stats {
         }
         for (k, v) in &o.windows {
             *self.windows.entry(k.clone()).or_default() += v;
+        }
+        for (k, v) in &o.gates {
+            *self.gates.entry(k.clone()).or_default() += v;
         }
     }
 }
@@ -351,6 +367,10 @@ impl std::fmt::Display for Stats {
                 .map(|(k, v)| format!("{k} {v}"))
                 .collect();
             write!(f, ", windows: {}", w.join(", "))?;
+        }
+        if !self.gates.is_empty() {
+            let g: Vec<String> = self.gates.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            write!(f, ", gate: {}", g.join(", "))?;
         }
         if !self.injected.is_empty() {
             write!(f, "; injected: {}", self.injected.join(", "))?;
@@ -508,6 +528,9 @@ pub fn replay_command(opts: &ChaosOptions, seed: u64) -> String {
     }
     if opts.windows {
         cmd.push_str(" --windows");
+    }
+    if opts.gates {
+        cmd.push_str(" --gates");
     }
     if opts.trial_timeout != DEFAULT_TRIAL_TIMEOUT {
         cmd.push_str(&format!(

@@ -9,7 +9,7 @@ use super::check::{
 };
 use super::members::{self, EtcdAt};
 use super::{
-    cutoff, disrupt, inject, operator, report, store, watch, windows, workload, Backend,
+    cutoff, disrupt, gates, inject, operator, report, store, watch, windows, workload, Backend,
     ChaosOptions, Rng, Stats, Stop, TrialReport,
 };
 use crate::cut_proxy::CutProxy;
@@ -407,6 +407,17 @@ async fn run_trial(
             })
         })
         .collect();
+    // The flapping gate (`--gates`).
+    let gate_dir = rig
+        .dir
+        .as_ref()
+        .map(|d| d.path().join("gate"))
+        .unwrap_or_default();
+    let gate_script = if opts.gates {
+        Some(gates::setup(&gate_dir)?)
+    } else {
+        None
+    };
     let proxy_url = rig.proxy.as_ref().map(|p| p.url());
     let config_for = |i: usize| -> String {
         let via = proxy_url.as_deref().filter(|_| cut_node == Some(i));
@@ -420,6 +431,9 @@ async fn run_trial(
         );
         if let Some(p) = &plans[i] {
             config.push_str(&windows::toml(p));
+        }
+        if let Some(g) = &gate_script {
+            config.push_str(&gates::toml(g, &names[i]));
         }
         config
     };
@@ -581,6 +595,13 @@ async fn run_trial(
             shared.clone(),
         ))
     });
+    let flapping = opts.gates.then(|| {
+        tokio::spawn(gates::flap(
+            Rng::fork(seed, 12),
+            gate_dir.clone(),
+            shared.clone(),
+        ))
+    });
     let injection = opts.inject.map(|v| {
         tokio::spawn(inject::run(
             v,
@@ -602,6 +623,7 @@ async fn run_trial(
             rig.tasks.extend(injection);
             rig.tasks.extend(cutting);
             rig.tasks.extend(operating);
+            rig.tasks.extend(flapping);
             return Err(Cut::Stopped);
         }
         let all_done = rig.nodes.iter().all(|n| {
@@ -631,6 +653,7 @@ async fn run_trial(
     heal.extend(injection);
     heal.extend(cutting);
     heal.extend(operating);
+    heal.extend(flapping);
     let healed = or_stop(stop, async {
         for h in heal.iter_mut() {
             let _ = h.await;
@@ -754,7 +777,22 @@ async fn run_trial(
                 .map(|p| (n.clone(), windows::spans(p, shared.started_wall)))
         })
         .collect();
+    let gate_runs = opts.gates.then(|| {
+        let runs = gates::runs(&gate_dir, shared.started_wall);
+        for n in &rig.nodes {
+            let log = std::fs::read_to_string(&n.log_path).unwrap_or_default();
+            let said_wait = log.matches("waiting for gate").count() as u32;
+            shared.stats(|s| *s.gates.entry("said wait".into()).or_default() += said_wait);
+        }
+        let hung = runs.iter().filter(|r| r.end.is_none()).count() as u32;
+        shared.stats(|s| {
+            *s.gates.entry("runs".into()).or_default() += runs.len() as u32;
+            *s.gates.entry("runs killed".into()).or_default() += hung;
+        });
+        (runs, gates::TIMEOUT)
+    });
     let observed = Observed {
+        gate_runs,
         max: opts.max,
         store: lock(&shared.store).clone(),
         windows: window_spans,
