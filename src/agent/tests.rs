@@ -569,6 +569,56 @@ fn a_reboot_put_aside_by_a_restart_cannot_be_cancelled_or_paused() {
     assert!(paused.cordoned_by_us && paused.slot_held);
 }
 
+/// Restarted in the same boot after logind accepted a reboot, the window has closed: backing
+/// out would give the slot back while the reboot asked before may still land. The slot and
+/// the cordon are kept until the next window opens, then logind is asked again. Finding 15
+/// (RELIABILITY.md; chaos `--windows`, seed 3370024): the node backed out, gave its slot back
+/// and went down 0.7 s later without it.
+#[test]
+fn a_window_closing_after_a_restart_with_a_reboot_pending_keeps_the_slot() {
+    let p = Policy {
+        drain: true,
+        ..policy()
+    };
+    let mut s = State::new("boot1", t(0));
+    for e in [
+        needed(),
+        Event::WindowOpen,
+        Event::SlotAcquired,
+        Event::Cordoned { by_us: true },
+        Event::Drained,
+        Event::ReadyToReboot,
+        Event::RebootAccepted,
+        Event::Started {
+            boot_id: "boot1".into(),
+        },
+        Event::WindowClosed {
+            next_open: Some(t(100)),
+        },
+    ] {
+        s = step(&s, e, t(1), &p).state;
+    }
+    assert_eq!(s.phase, Phase::Rebooting);
+    assert!(s.slot_held && s.cordoned_by_us, "{s:?}");
+    assert_eq!(
+        next_action(&s, &p),
+        Action::Sleep { until: t(100) },
+        "asks again when the window opens"
+    );
+    // The pending reboot lands: rebootd's own.
+    let s = step(
+        &s,
+        Event::Started {
+            boot_id: "boot2".into(),
+        },
+        t(2),
+        &p,
+    )
+    .state;
+    assert_eq!(s.phase, Phase::WaitingForHealthy);
+    assert_eq!(s.reboots, 1);
+}
+
 #[test]
 fn new_need_during_post_boot_leads_to_another_cycle() {
     let mut s = State::new("b", t(0));
