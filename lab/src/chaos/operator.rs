@@ -209,7 +209,7 @@ impl Operator {
         }
         // The request applied (a daemon down applies it when it starts).
         let control = rebootd::control::dir(&n.store);
-        if !wait_dir(&control, APPLY, |d| dir_empty(d)).await {
+        if !wait_dir(&control, APPLY, dir_empty).await {
             self.shared
                 .problem(format!("{}: cancel not applied within {APPLY:?}", n.name));
             return;
