@@ -81,8 +81,22 @@ impl Operator {
             .stats(|s| *s.operator.entry(what.to_string()).or_default() += 1);
     }
 
-    /// `rebootctl ARGS` as node `n` (its configuration and state directory).
+    /// `rebootctl ARGS` as node `n` (its configuration and state directory). Other jobs on the
+    /// machine may use up the per-user inotify instances for a moment (rebootctl watches the
+    /// request it hands over): such a run is made again, for up to 10 s.
     async fn run(&self, n: &ChaosNode, args: &[&str]) -> Ran {
+        let mut ran = self.run_once(n, args).await;
+        for _ in 0..40 {
+            if ran.ok || !ran.out.contains("Too many open files") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            ran = self.run_once(n, args).await;
+        }
+        ran
+    }
+
+    async fn run_once(&self, n: &ChaosNode, args: &[&str]) -> Ran {
         let mut cmd = n.node.lock().await.command(&self.rebootctl);
         cmd.args(args).kill_on_drop(true);
         match tokio::time::timeout(APPLY, cmd.output()).await {
@@ -330,7 +344,16 @@ async fn wait_state(
 async fn wait_dir(dir: &Path, timeout: Duration, mut pred: impl FnMut(&Path) -> bool) -> bool {
     use inotify::{Inotify, WatchMask};
     let _ = std::fs::create_dir_all(dir);
-    let Ok(inotify) = Inotify::init() else {
+    // Other jobs on the machine may use up the per-user inotify instances for a moment.
+    let mut inotify = Inotify::init();
+    for _ in 0..40 {
+        if inotify.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        inotify = Inotify::init();
+    }
+    let Ok(inotify) = inotify else {
         return pred(dir);
     };
     let mask = WatchMask::MOVED_TO | WatchMask::CLOSE_WRITE | WatchMask::DELETE;
