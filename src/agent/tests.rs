@@ -619,6 +619,50 @@ fn a_window_closing_after_a_restart_with_a_reboot_pending_keeps_the_slot() {
     assert_eq!(s.reboots, 1);
 }
 
+/// As for the window, a gate that says wait or blocking pods after such a restart keep the
+/// slot and the cordon (chaos `--gates`, seeds 3410000, 3410017, 3410018: the node gave its
+/// slot back and went down without it).
+#[test]
+fn a_gate_or_blocking_pods_after_a_restart_with_a_reboot_pending_keep_the_slot() {
+    let p = Policy {
+        drain: true,
+        ..policy()
+    };
+    let mut s = State::new("boot1", t(0));
+    for e in [
+        needed(),
+        Event::WindowOpen,
+        Event::SlotAcquired,
+        Event::Cordoned { by_us: true },
+        Event::Drained,
+        Event::ReadyToReboot,
+        Event::RebootAccepted,
+        Event::Started {
+            boot_id: "boot1".into(),
+        },
+    ] {
+        s = step(&s, e, t(1), &p).state;
+    }
+    for e in [
+        Event::Gated {
+            gate: "g".into(),
+            why: "wait".into(),
+            hold: false,
+        },
+        Event::Blocked {
+            pods: vec!["ns/p".into()],
+        },
+    ] {
+        let after = step(&s, e.clone(), t(2), &p).state;
+        assert_eq!(after.phase, Phase::Rebooting, "{e:?}");
+        assert!(after.slot_held && after.cordoned_by_us, "{e:?}: {after:?}");
+        assert!(
+            matches!(next_action(&after, &p), Action::Sleep { .. }),
+            "{e:?}"
+        );
+    }
+}
+
 #[test]
 fn new_need_during_post_boot_leads_to_another_cycle() {
     let mut s = State::new("b", t(0));
