@@ -728,7 +728,15 @@ pub fn violations(o: &Observed) -> Vec<String> {
         }
         match o.ends.get(n) {
             Some(Ok(Some(s))) if o.timed_out.is_none() => {
-                let unlocked = on_its_way.iter().any(|(m, _)| m == n);
+                // Or whose slot the operator unlocked between its call and its reboot (the
+                // reboot then lands in a cycle of its own: "outside rebootd's control").
+                let unlocked = on_its_way.iter().any(|(m, _)| m == n)
+                    || o.ops.iter().flat_map(|ops| &ops.unlocks).any(|u| {
+                        u.node == *n
+                            && first_calls(o)
+                                .iter()
+                                .any(|(m, c, d)| m == n && *c < u.to && u.from < *d)
+                    });
                 if s.reboots != 1 && !(unlocked && s.reboots == 0) {
                     v.push(format!(
                         "{n}: state counts {} coordinated reboots (expected 1)",
