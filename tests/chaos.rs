@@ -410,6 +410,56 @@ async fn chaos_smoke_with_a_flapping_gate() {
     eprintln!("gate smoke: {:.0}s", started.elapsed().as_secs_f64());
 }
 
+/// The FleetLock smoke trial.
+const FLEETLOCK_SEEDS_FROM: u64 = 98_000;
+
+/// CI-sized chaos through the real airlock (`--backend fleetlock`, built by
+/// `../shared/peers/build.sh`): every node asks airlock for its slot (FleetLock), airlock keeps
+/// its semaphore in etcd v3; airlock is killed and started again, its etcd stopped and frozen,
+/// beside the usual kills and API faults. The outside watcher follows airlock's semaphore in
+/// etcd: never more than max holders, never more than max nodes down at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_smoke_through_the_real_airlock() {
+    let seed = env_u64("REBOOTD_CHAOS_SEED", 1) + FLEETLOCK_SEEDS_FROM;
+    let opts = ChaosOptions {
+        trials: 1,
+        seed,
+        actions: 6,
+        backend: Backend::FleetLock,
+        ..ChaosOptions::new(env!("CARGO_BIN_EXE_rebootd"))
+    };
+    let started = Instant::now();
+    let report = chaos::run(&opts, &Stop::new(), |_| {}).await;
+    assert_eq!(report.trials.len(), 1);
+    let t = &report.trials[0];
+    eprintln!(
+        "chaos through airlock, seed {}: {} in {:.1}s ({})",
+        t.seed,
+        if t.ok() { "ok" } else { "FAILED" },
+        t.duration.as_secs_f64(),
+        t.stats
+    );
+    assert!(
+        t.ok(),
+        "seed {}: {}\n  logs: {:?}\n  replay: {}",
+        t.seed,
+        t.violations.join("\n  "),
+        t.logs,
+        chaos::replay_command(&opts, t.seed)
+    );
+    assert!(
+        t.stats.airlock_kills > 0,
+        "airlock was not killed: {}",
+        t.stats
+    );
+    assert!(
+        t.max_holders_seen > 0,
+        "the watcher saw no holder: {}",
+        t.stats
+    );
+    eprintln!("airlock smoke: {:.0}s", started.elapsed().as_secs_f64());
+}
+
 /// A trial's `max_hold` must be one rebootd accepts.
 #[test]
 fn a_max_hold_shorter_than_drain_reboot_and_ready_is_refused_before_any_trial() {

@@ -284,3 +284,36 @@ pub(super) async fn chaos_loop(
         }
     }
 }
+
+/// airlock (`--backend fleetlock`) killed (SIGKILL) up to `actions` times, 0.5–3 s apart, and
+/// started again (same port and configuration) 0.2–2 s later. Nodes asking meanwhile get no
+/// answer (their requests fail and are retried); a restart while the chaos stops still
+/// happens, so the rollout can complete.
+pub(super) async fn airlock_kills(
+    mut rng: Rng,
+    actions: usize,
+    airlock: Arc<tokio::sync::Mutex<crate::airlock::Airlock>>,
+    shared: Arc<Shared>,
+) {
+    for _ in 0..actions {
+        tokio::time::sleep(rng.ms(500, 3000)).await;
+        if shared.stopped() {
+            break;
+        }
+        let mut a = airlock.lock().await;
+        a.kill().await;
+        shared.stats(|s| s.airlock_kills += 1);
+        tokio::time::sleep(rng.ms(200, 2000)).await;
+        // airlock exits at start when its etcd does not answer (the chaos may have stopped
+        // it): start it again until it listens.
+        let mut tries = 0;
+        while let Err(e) = a.restart().await {
+            tries += 1;
+            if tries >= 6 {
+                shared.problem(format!("airlock restart: {e}"));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}

@@ -58,12 +58,20 @@ pub enum Backend {
     /// itself keeps it.
     EtcdV2,
     Kubernetes,
+    /// A FleetLock server, the real airlock, keeping its own semaphore in etcd v3.
+    FleetLock,
 }
 
 impl Backend {
-    /// Whether the semaphore lives in etcd (so etcd is started, stopped and frozen).
+    /// Whether the semaphore is locksmith's document in etcd (v3 or v2).
     pub fn etcd(self) -> bool {
         matches!(self, Backend::Etcd | Backend::EtcdV2)
+    }
+
+    /// Whether the trial runs an etcd (stopped and frozen by the chaos): the locksmith
+    /// document's, or airlock's.
+    pub fn uses_etcd(self) -> bool {
+        self.etcd() || self == Backend::FleetLock
     }
 }
 
@@ -74,8 +82,9 @@ impl std::str::FromStr for Backend {
             "etcd" | "etcd-v3" => Ok(Backend::Etcd),
             "etcd-v2" => Ok(Backend::EtcdV2),
             "kubernetes" | "kube" => Ok(Backend::Kubernetes),
+            "fleetlock" | "airlock" => Ok(Backend::FleetLock),
             other => Err(format!(
-                "backend {other:?}: expected etcd, etcd-v2 or kubernetes"
+                "backend {other:?}: expected etcd, etcd-v2, kubernetes or fleetlock"
             )),
         }
     }
@@ -87,6 +96,7 @@ impl std::fmt::Display for Backend {
             Backend::Etcd => "etcd",
             Backend::EtcdV2 => "etcd-v2",
             Backend::Kubernetes => "kubernetes",
+            Backend::FleetLock => "fleetlock",
         })
     }
 }
@@ -198,6 +208,12 @@ impl ChaosOptions {
         if self.etcd_members > 1 && self.cut_off {
             return Err("--cut-off is not supported with --etcd-members > 1 yet".into());
         }
+        if self.backend == Backend::FleetLock && (self.cut_off || self.max_hold.is_some()) {
+            return Err(
+                "--backend fleetlock: no --cut-off or --max-hold (the server owns the semaphore)"
+                    .into(),
+            );
+        }
         if self.gates && self.skew_clock {
             return Err(
                 "--gates with --skew-clock: the gate's log is read on the lab's clock".into(),
@@ -264,6 +280,8 @@ pub struct Stats {
     /// Times the node cut off found, at a fence (before a cordon or the reboot call), that its
     /// slot was gone, and backed out (its log says so).
     pub fenced: u32,
+    /// airlock killed (SIGKILL) and started again (`--backend fleetlock`).
+    pub airlock_kills: u32,
     /// Faults of a multi-member etcd, by kind (`leader`, `follower`, `partition`, `partition
     /// (leader)`, `isolate (connected)`, `isolate (first endpoint)`).
     pub member_faults: BTreeMap<String, u32>,
@@ -300,6 +318,7 @@ impl Stats {
         self.reclaims += o.reclaims;
         self.skewed.extend(o.skewed.iter().cloned());
         self.fenced += o.fenced;
+        self.airlock_kills += o.airlock_kills;
         for (k, v) in &o.member_faults {
             *self.member_faults.entry(k.clone()).or_default() += v;
         }
@@ -343,6 +362,9 @@ impl std::fmt::Display for Stats {
         }
         if !self.skewed.is_empty() {
             write!(f, ", clocks off: {}", self.skewed.len())?;
+        }
+        if self.airlock_kills > 0 {
+            write!(f, ", airlock kills {}", self.airlock_kills)?;
         }
         if !self.member_faults.is_empty() {
             let faults: Vec<String> = self
@@ -512,7 +534,7 @@ pub fn replay_command(opts: &ChaosOptions, seed: u64) -> String {
     if opts.skew_clock {
         cmd.push_str(" --skew-clock");
     }
-    if opts.etcd != EtcdVersion::V34 && opts.backend.etcd() {
+    if opts.etcd != EtcdVersion::V34 && opts.backend.uses_etcd() {
         cmd.push_str(&format!(" --etcd {}", opts.etcd.as_str()));
     }
     if opts.etcd_members > 1 {

@@ -166,6 +166,8 @@ struct Rig {
     cluster: Option<Arc<tokio::sync::Mutex<EtcdCluster>>>,
     /// The proxy a node's store traffic goes through (`--cut-off`).
     proxy: Option<Arc<CutProxy>>,
+    /// The FleetLock server (`--backend fleetlock`).
+    airlock: Option<Arc<tokio::sync::Mutex<crate::airlock::Airlock>>>,
     nodes: Vec<Arc<ChaosNode>>,
     /// Every task that holds a node or etcd.
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -199,6 +201,9 @@ impl Rig {
             }
         }
         self.proxy.take();
+        if let Some(a) = self.airlock.take() {
+            a.lock().await.kill().await;
+        }
         if let Some(k) = self.kube.take() {
             k.shutdown().await;
         }
@@ -339,7 +344,22 @@ async fn run_trial(
         None => (None, Vec::new()),
     };
     let etcd_endpoint = etcd_at.as_ref().map(|a| a.healthy().1);
-    if let Some(ep) = &etcd_endpoint {
+    // The FleetLock server, on the trial's etcd.
+    if opts.backend == Backend::FleetLock {
+        let etcd = rig.etcd.lock().await;
+        let Some(e) = etcd.as_ref() else {
+            return Err("fleetlock: no etcd for airlock".to_string().into());
+        };
+        let a = crate::airlock::Airlock::start(e, &[("default", opts.max)])
+            .await
+            .map_err(|e| format!("airlock: {e}"))?;
+        rig.airlock = Some(Arc::new(tokio::sync::Mutex::new(a)));
+    }
+    let airlock_url = match &rig.airlock {
+        Some(a) => Some(a.lock().await.url()),
+        None => None,
+    };
+    if let Some(ep) = etcd_endpoint.as_ref().filter(|_| opts.backend.etcd()) {
         let doc = SemaphoreDoc {
             semaphore: opts.max as i64,
             max: opts.max,
@@ -428,6 +448,7 @@ async fn run_trial(
             via,
             &kubeconfig,
             &lease_kubeconfig,
+            airlock_url.as_deref().map(|u| (u, names[i].as_str())),
         );
         if let Some(p) = &plans[i] {
             config.push_str(&windows::toml(p));
@@ -525,6 +546,7 @@ async fn run_trial(
         }
     }
     rig.tasks.push(match (&etcd_at, opts.backend) {
+        (Some(at), Backend::FleetLock) => tokio::spawn(watch::airlock(at.clone(), shared.clone())),
         (Some(at), Backend::EtcdV2) => {
             tokio::spawn(watch::etcd_v2(at.clone(), ids, shared.clone()))
         }
@@ -595,6 +617,15 @@ async fn run_trial(
             shared.clone(),
         ))
     });
+    // airlock killed and started again (its etcd is stopped and frozen by the chaos loop).
+    let airlock_chaos = rig.airlock.clone().map(|a| {
+        tokio::spawn(disrupt::airlock_kills(
+            Rng::fork(seed, 13),
+            opts.actions,
+            a,
+            shared.clone(),
+        ))
+    });
     let flapping = opts.gates.then(|| {
         tokio::spawn(gates::flap(
             Rng::fork(seed, 12),
@@ -624,6 +655,7 @@ async fn run_trial(
             rig.tasks.extend(cutting);
             rig.tasks.extend(operating);
             rig.tasks.extend(flapping);
+            rig.tasks.extend(airlock_chaos);
             return Err(Cut::Stopped);
         }
         let all_done = rig.nodes.iter().all(|n| {
@@ -654,6 +686,7 @@ async fn run_trial(
     heal.extend(cutting);
     heal.extend(operating);
     heal.extend(flapping);
+    heal.extend(airlock_chaos);
     let healed = or_stop(stop, async {
         for h in heal.iter_mut() {
             let _ = h.await;
@@ -705,6 +738,12 @@ async fn run_trial(
         .cloned()
         .collect();
     let semaphore_end = match &etcd_at {
+        Some(at) if opts.backend == Backend::FleetLock => {
+            match or_stop(stop, store::read_airlock(&at.healthy().1, opts.max)).await? {
+                Ok(doc) => SemaphoreEnd::Etcd(doc),
+                Err(e) => SemaphoreEnd::Unreadable(e),
+            }
+        }
         Some(at) => match or_stop(stop, store::read_doc(&at.healthy().1, opts.backend)).await? {
             Ok(doc) => SemaphoreEnd::Etcd(doc),
             Err(e) => SemaphoreEnd::Unreadable(e),

@@ -18,20 +18,35 @@ use std::time::Duration;
 /// restarts (resuming from the last revision seen). With a cluster it watches through a member
 /// the lab is not disrupting, and moves to another (resuming) when the lab disrupts it.
 pub(super) async fn etcd(at: EtcdAt, ids: Vec<(String, String)>, shared: Arc<Shared>) {
-    etcd_key(at, ids, shared, false).await
+    etcd_key(at, ids, shared, Watched::Doc).await
+}
+
+/// The outside watcher of airlock's semaphore in etcd v3 (`--backend fleetlock`): every
+/// revision, as for the locksmith document.
+pub(super) async fn airlock(at: EtcdAt, shared: Arc<Shared>) {
+    etcd_key(at, Vec::new(), shared, Watched::Airlock).await
+}
+
+/// What an etcd v3 watcher follows.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Watched {
+    Doc,
+    Records,
+    Airlock,
 }
 
 /// The outside watcher of rebootd's holder records beside the document (etcd v3): every put
 /// and delete, with its revision (see [`super::check::record_after_unlock`]).
 pub(super) async fn etcd_records(at: EtcdAt, ids: Vec<(String, String)>, shared: Arc<Shared>) {
-    etcd_key(at, ids, shared, true).await
+    etcd_key(at, ids, shared, Watched::Records).await
 }
 
-async fn etcd_key(at: EtcdAt, ids: Vec<(String, String)>, shared: Arc<Shared>, records: bool) {
-    let key = if records {
-        holder_records_prefix("default")
-    } else {
-        semaphore_key("default")
+async fn etcd_key(at: EtcdAt, ids: Vec<(String, String)>, shared: Arc<Shared>, what: Watched) {
+    let records = what == Watched::Records;
+    let key = match what {
+        Watched::Records => holder_records_prefix("default"),
+        Watched::Doc => semaphore_key("default"),
+        Watched::Airlock => super::store::AIRLOCK_KEY.to_string(),
     };
     let mut next_rev: i64 = 0;
     while !shared.stopped() {
@@ -89,7 +104,23 @@ async fn etcd_key(at: EtcdAt, ids: Vec<(String, String)>, shared: Arc<Shared>, r
                     );
                     continue;
                 }
-                let holders = holder_names(kv.value(), &ids, &shared);
+                let holders = if what == Watched::Airlock {
+                    match super::store::airlock_doc(kv.value()) {
+                        Some(doc) => {
+                            shared.record_max(doc.max);
+                            doc.holders.into_iter().collect()
+                        }
+                        None => {
+                            shared.problem(format!(
+                                "airlock's semaphore does not parse: {:?}",
+                                kv.value_str()
+                            ));
+                            BTreeSet::new()
+                        }
+                    }
+                } else {
+                    holder_names(kv.value(), &ids, &shared)
+                };
                 shared.record_store(kv.mod_revision(), StoreChange::Holders(holders.clone()));
                 shared.record_holders(holders);
             }
