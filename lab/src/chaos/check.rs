@@ -453,6 +453,7 @@ pub fn unlocked_on_its_way(o: &Observed) -> Vec<(String, Duration)> {
     let Some(ops) = &o.ops else {
         return Vec::new();
     };
+    let calls = first_calls(o);
     let mut out = Vec::new();
     for u in &ops.unlocks {
         let Some((_, back)) = unlocked_until(o, u) else {
@@ -466,7 +467,13 @@ pub fn unlocked_on_its_way(o: &Observed) -> Vec<(String, Duration)> {
                 .ups
                 .iter()
                 .any(|(m, t)| *m == d.node && *t > u.from && *t < d.at);
-            if !booted_between && back > d.at {
+            // Its call came before the unlock returned: the reboot was on its way, whatever
+            // the node did meanwhile (a restart that found the slot gone backs out, and may
+            // take a slot again and give it back before logind's shutdown comes).
+            let called_before = calls
+                .iter()
+                .any(|(n, c, down)| *n == d.node && *down == d.at && *c < u.to);
+            if !booted_between && (back > d.at || called_before) {
                 out.push((d.node.clone(), d.at));
             }
         }
