@@ -132,6 +132,19 @@ pub fn pending(dir: &Path) -> std::io::Result<Vec<Pending>> {
         .collect())
 }
 
+/// Without a watch on the request directory, how often a wait looks for a request.
+pub const POLL: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A watch on the request directory `dir` (made if missing).
+fn watch(dir: &Path) -> std::io::Result<inotify::EventStream<Vec<u8>>> {
+    std::fs::create_dir_all(dir)?;
+    let inotify = Inotify::init()?;
+    inotify
+        .watches()
+        .add(dir, WatchMask::MOVED_TO | WatchMask::CLOSE_WRITE)?;
+    inotify.into_event_stream(vec![0u8; 4096])
+}
+
 /// The daemon's side: the requests in order, and a wait that ends when one arrives.
 pub struct Inbox {
     dir: PathBuf,
@@ -141,23 +154,16 @@ pub struct Inbox {
 }
 
 impl Inbox {
-    /// Watch the request directory (made if missing). Without a watch (an error, logged) a
-    /// request is still applied between two actions, only not during a wait.
+    /// Watch the request directory (made if missing). Without a watch (an error, logged: the
+    /// inotify instances used up, say) a request is still applied between two actions, and a
+    /// wait looks for one every [`POLL`], trying to watch again.
     pub fn open(store: &StateStore) -> Inbox {
         let dir = dir(store);
-        let events = (|| -> std::io::Result<_> {
-            std::fs::create_dir_all(&dir)?;
-            let inotify = Inotify::init()?;
-            inotify
-                .watches()
-                .add(&dir, WatchMask::MOVED_TO | WatchMask::CLOSE_WRITE)?;
-            inotify.into_event_stream(vec![0u8; 4096])
-        })();
-        let events = match events {
+        let events = match watch(&dir) {
             Ok(e) => Some(e),
             Err(e) => {
                 let path = dir.display().to_string();
-                warn!(%path, error = %e, "cannot watch the request directory {path} ({e}): rebootctl pause, resume and cancel take effect only between two steps");
+                warn!(%path, error = %e, "cannot watch the request directory {path} ({e}): rebootctl pause, resume and cancel are looked for every {}s while waiting", POLL.as_secs());
                 None
             }
         };
@@ -210,7 +216,7 @@ impl Inbox {
         }
     }
 
-    /// Resolve once a request is waiting (never, without a watch).
+    /// Resolve once a request is waiting.
     pub async fn arrived(&mut self) {
         loop {
             if self.next().is_some() {
@@ -222,7 +228,12 @@ impl Inbox {
                         self.events = None;
                     }
                 }
-                None => std::future::pending::<()>().await,
+                // No watch: look again a little later (a paused node waits for its resume
+                // here), and try to watch again.
+                None => {
+                    tokio::time::sleep(POLL).await;
+                    self.events = watch(&self.dir).ok();
+                }
             }
         }
     }
@@ -300,6 +311,29 @@ mod tests {
         let got = tokio::time::timeout(std::time::Duration::from_secs(10), waiting)
             .await
             .expect("arrived in time")
+            .unwrap();
+        assert_eq!(got, Some(Request::Resume));
+    }
+
+    /// Finding 17 (RELIABILITY.md): a daemon that could not watch its request directory at
+    /// start (the inotify instances used up by other programs) waited for `rebootctl resume`
+    /// for good (chaos smoke `--operators`, seed 95001). Its wait now looks for requests every
+    /// [`POLL`].
+    #[tokio::test]
+    async fn without_a_watch_a_wait_still_ends_when_a_request_comes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path());
+        let mut inbox = Inbox::open(&store);
+        inbox.events = None;
+        let waiting = tokio::spawn(async move {
+            inbox.arrived().await;
+            inbox.next().map(|(_, e)| e.request)
+        });
+        tokio::task::yield_now().await;
+        submit(&store, Request::Resume).unwrap();
+        let got = tokio::time::timeout(POLL * 3, waiting)
+            .await
+            .expect("arrived in time without a watch")
             .unwrap();
         assert_eq!(got, Some(Request::Resume));
     }

@@ -171,6 +171,15 @@ pub struct Pause {
 }
 
 impl State {
+    /// Whether logind was asked to reboot in this rebooting episode and may still act on it: a
+    /// call on record, or one that a restart in the same boot (or a time-out) put aside to be
+    /// asked again, which may still be pending in logind. Such a reboot cannot be taken back:
+    /// `cancel` is refused and `pause` does not back out.
+    pub fn logind_asked(&self) -> bool {
+        self.reboot.as_ref().is_some_and(|r| r.called)
+            || (self.phase == Phase::Rebooting && self.failed_attempts > 0)
+    }
+
     /// A copy whose texts from outside (`waiting_for`, `last_error`, the gate's answer, the
     /// inhibitors) are bounded and escaped ([`crate::text::clean`]).
     pub fn cleaned(&self) -> State {

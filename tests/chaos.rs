@@ -261,6 +261,205 @@ async fn chaos_smoke_on_a_three_member_etcd_v3_and_v2() {
     eprintln!("3-member smoke: {:.0}s", started.elapsed().as_secs_f64());
 }
 
+/// The operator's smoke trials: one per store (v3 and v2) at once.
+const OPERATOR_SEEDS_FROM: u64 = 95_000;
+
+/// CI-sized chaos with an operator (`--operators`), v3 and v2 side by side: 5 nodes (max 2),
+/// the usual kills, etcd faults and API faults, while an operator runs the real `rebootctl`:
+/// pause and resume a node and the group, cancel a node's cycle, unlock a holder's slot and
+/// set-max. Each trial must pass and the operator must have acted; the long runs are in
+/// RELIABILITY.md ("Operators").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_smoke_with_an_operator_on_etcd_v3_and_v2() {
+    let seed = env_u64("REBOOTD_CHAOS_SEED", 1) + OPERATOR_SEEDS_FROM;
+    let opts = |backend, seed| ChaosOptions {
+        trials: 1,
+        seed,
+        backend,
+        actions: 8,
+        operators: true,
+        ..ChaosOptions::new(env!("CARGO_BIN_EXE_rebootd"))
+    };
+    let started = Instant::now();
+    let (v3, v2) = (opts(Backend::Etcd, seed), opts(Backend::EtcdV2, seed + 1));
+    let stop = Stop::new();
+    let (a, b) = tokio::join!(
+        chaos::run(&v3, &stop, |_| {}),
+        chaos::run(&v2, &stop, |_| {})
+    );
+    for (opts, report) in [(&v3, a), (&v2, b)] {
+        assert_eq!(report.trials.len(), 1);
+        let t = &report.trials[0];
+        eprintln!(
+            "chaos {} with an operator, seed {}: {} in {:.1}s ({})",
+            opts.backend,
+            t.seed,
+            if t.ok() { "ok" } else { "FAILED" },
+            t.duration.as_secs_f64(),
+            t.stats
+        );
+        assert!(
+            t.ok(),
+            "seed {}: {}\n  logs: {:?}\n  replay: {}",
+            t.seed,
+            t.violations.join("\n  "),
+            t.logs,
+            chaos::replay_command(opts, t.seed)
+        );
+        assert!(
+            t.stats.operator.len() >= 2,
+            "the operator did too little: {}",
+            t.stats
+        );
+    }
+    eprintln!("operator smoke: {:.0}s", started.elapsed().as_secs_f64());
+}
+
+/// The windows' smoke trial.
+const WINDOW_SEEDS_FROM: u64 = 96_000;
+
+/// CI-sized chaos with maintenance windows (`--windows`): every node has windows of 2-6 s with
+/// gaps of 1-6 s, one node's clock is hours off (its windows are on its own clock), beside the
+/// usual kills, etcd and API faults. No node may ask logind to reboot outside its own window;
+/// the windows must have made nodes wait. The long runs are in RELIABILITY.md ("Windows").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_smoke_with_short_windows_and_a_clock_hours_off() {
+    let seed = env_u64("REBOOTD_CHAOS_SEED", 1) + WINDOW_SEEDS_FROM;
+    let opts = ChaosOptions {
+        trials: 1,
+        seed,
+        actions: 6,
+        windows: true,
+        skew_clock: true,
+        ..ChaosOptions::new(env!("CARGO_BIN_EXE_rebootd"))
+    };
+    let started = Instant::now();
+    let report = chaos::run(&opts, &Stop::new(), |_| {}).await;
+    assert_eq!(report.trials.len(), 1);
+    let t = &report.trials[0];
+    eprintln!(
+        "chaos with windows, seed {}: {} in {:.1}s ({})",
+        t.seed,
+        if t.ok() { "ok" } else { "FAILED" },
+        t.duration.as_secs_f64(),
+        t.stats
+    );
+    assert!(
+        t.ok(),
+        "seed {}: {}\n  logs: {:?}\n  replay: {}",
+        t.seed,
+        t.violations.join("\n  "),
+        t.logs,
+        chaos::replay_command(&opts, t.seed)
+    );
+    assert!(
+        t.stats
+            .windows
+            .get("waited for one")
+            .is_some_and(|n| *n > 0),
+        "no node waited for a window: {}",
+        t.stats
+    );
+    assert_eq!(t.stats.skewed.len(), 1, "{}", t.stats);
+    eprintln!("windows smoke: {:.0}s", started.elapsed().as_secs_f64());
+}
+
+/// The gate's smoke trial.
+const GATE_SEEDS_FROM: u64 = 97_000;
+
+/// CI-sized chaos with a flapping gate (`--gates`): every node asks a command gate (1 s
+/// time-out) before the slot, the cordon and the reboot, whose answer the lab flips between
+/// go, wait and hang (past the time-out), beside the usual kills, etcd and API faults. No node
+/// may reboot unless its last gate run before the call said go in time. The long runs are in
+/// RELIABILITY.md ("Gates").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_smoke_with_a_flapping_gate() {
+    let seed = env_u64("REBOOTD_CHAOS_SEED", 1) + GATE_SEEDS_FROM;
+    let opts = ChaosOptions {
+        trials: 1,
+        seed,
+        actions: 6,
+        gates: true,
+        ..ChaosOptions::new(env!("CARGO_BIN_EXE_rebootd"))
+    };
+    let started = Instant::now();
+    let report = chaos::run(&opts, &Stop::new(), |_| {}).await;
+    assert_eq!(report.trials.len(), 1);
+    let t = &report.trials[0];
+    eprintln!(
+        "chaos with a flapping gate, seed {}: {} in {:.1}s ({})",
+        t.seed,
+        if t.ok() { "ok" } else { "FAILED" },
+        t.duration.as_secs_f64(),
+        t.stats
+    );
+    assert!(
+        t.ok(),
+        "seed {}: {}\n  logs: {:?}\n  replay: {}",
+        t.seed,
+        t.violations.join("\n  "),
+        t.logs,
+        chaos::replay_command(&opts, t.seed)
+    );
+    let runs = t.stats.gates.get("runs").copied().unwrap_or(0);
+    assert!(
+        runs as usize >= 3 * opts.nodes,
+        "too few gate runs: {}",
+        t.stats
+    );
+    eprintln!("gate smoke: {:.0}s", started.elapsed().as_secs_f64());
+}
+
+/// The FleetLock smoke trial.
+const FLEETLOCK_SEEDS_FROM: u64 = 98_000;
+
+/// CI-sized chaos through the real airlock (`--backend fleetlock`, built by
+/// `../shared/peers/build.sh`): every node asks airlock for its slot (FleetLock), airlock keeps
+/// its semaphore in etcd v3; airlock is killed and started again, its etcd stopped and frozen,
+/// beside the usual kills and API faults. The outside watcher follows airlock's semaphore in
+/// etcd: never more than max holders, never more than max nodes down at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_smoke_through_the_real_airlock() {
+    let seed = env_u64("REBOOTD_CHAOS_SEED", 1) + FLEETLOCK_SEEDS_FROM;
+    let opts = ChaosOptions {
+        trials: 1,
+        seed,
+        actions: 6,
+        backend: Backend::FleetLock,
+        ..ChaosOptions::new(env!("CARGO_BIN_EXE_rebootd"))
+    };
+    let started = Instant::now();
+    let report = chaos::run(&opts, &Stop::new(), |_| {}).await;
+    assert_eq!(report.trials.len(), 1);
+    let t = &report.trials[0];
+    eprintln!(
+        "chaos through airlock, seed {}: {} in {:.1}s ({})",
+        t.seed,
+        if t.ok() { "ok" } else { "FAILED" },
+        t.duration.as_secs_f64(),
+        t.stats
+    );
+    assert!(
+        t.ok(),
+        "seed {}: {}\n  logs: {:?}\n  replay: {}",
+        t.seed,
+        t.violations.join("\n  "),
+        t.logs,
+        chaos::replay_command(&opts, t.seed)
+    );
+    assert!(
+        t.stats.airlock_kills > 0,
+        "airlock was not killed: {}",
+        t.stats
+    );
+    assert!(
+        t.max_holders_seen > 0,
+        "the watcher saw no holder: {}",
+        t.stats
+    );
+    eprintln!("airlock smoke: {:.0}s", started.elapsed().as_secs_f64());
+}
+
 /// A trial's `max_hold` must be one rebootd accepts.
 #[test]
 fn a_max_hold_shorter_than_drain_reboot_and_ready_is_refused_before_any_trial() {

@@ -30,6 +30,25 @@ pub struct Airlock {
     dir: tempfile::TempDir,
 }
 
+/// Run airlock with the configuration in `dir`, its log appended there.
+fn spawn(bin: &std::path::Path, dir: &std::path::Path) -> Result<Child, AirlockError> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("airlock.log"))
+        .map_err(|e| AirlockError::Io("airlock log".into(), e))?;
+    Command::new(bin)
+        .arg("serve")
+        .arg("-c")
+        .arg(dir.join("config.toml"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| AirlockError::Io(format!("spawn {}", bin.display()), e))
+}
+
 fn free_port() -> Result<u16, AirlockError> {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -62,34 +81,42 @@ impl Airlock {
         let config_path = dir.path().join("config.toml");
         std::fs::write(&config_path, config)
             .map_err(|e| AirlockError::Io("airlock config".into(), e))?;
-        let log = std::fs::File::create(dir.path().join("airlock.log"))
-            .map_err(|e| AirlockError::Io("airlock log".into(), e))?;
-        let child = Command::new(&bin)
-            .arg("serve")
-            .arg("-c")
-            .arg(&config_path)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| AirlockError::Io(format!("spawn {}", bin.display()), e))?;
+        let child = spawn(&bin, dir.path())?;
         let airlock = Airlock { child, port, dir };
-        // airlock logs before it listens and offers no readiness signal: connect until it
-        // accepts, bounded.
+        airlock.listening().await?;
+        Ok(airlock)
+    }
+
+    /// airlock logs before it listens and offers no readiness signal: connect until it
+    /// accepts, bounded.
+    async fn listening(&self) -> Result<(), AirlockError> {
         let deadline = tokio::time::Instant::now() + START_TIMEOUT;
         loop {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            if tokio::net::TcpStream::connect(("127.0.0.1", self.port))
                 .await
                 .is_ok()
             {
-                return Ok(airlock);
+                return Ok(());
             }
             if tokio::time::Instant::now() > deadline {
-                return Err(AirlockError::Start(airlock.log()));
+                return Err(AirlockError::Start(self.log()));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Kill airlock (SIGKILL) and wait for it.
+    pub async fn kill(&mut self) {
+        let _ = self.child.kill().await;
+    }
+
+    /// Start airlock again, with the same configuration and port, once it is listening.
+    pub async fn restart(&mut self) -> Result<(), AirlockError> {
+        let _ = self.child.kill().await;
+        let bin = crate::locksmith::peer_binary("airlock")
+            .map_err(|e| AirlockError::Missing(e.to_string()))?;
+        self.child = spawn(&bin, self.dir.path())?;
+        self.listening().await
     }
 
     /// The base URL to give FleetLock clients.

@@ -40,6 +40,10 @@ pub(super) fn uncordoned(s: &mut State, now: Timestamp) -> String {
         enter(s, Phase::Releasing, now);
         settling(s);
         "node uncordoned".into()
+    } else if s.reason.is_none() {
+        // A back-out whose need went meanwhile (met by a boot).
+        enter(s, Phase::Idle, now);
+        "node uncordoned; cycle complete".into()
     } else {
         enter(s, Phase::RebootNeeded, now);
         "node uncordoned; waiting for a slot again".into()

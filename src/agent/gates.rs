@@ -27,6 +27,14 @@ pub(super) fn blocked(s: &mut State, pods: &[String], now: Timestamp, policy: &P
     let list = pods.join(", ");
     s.not_before = Some(add(now, policy.retry_interval));
     let why = match s.phase {
+        // As for a gate: a reboot asked before a restart may still be pending (finding 15).
+        Phase::Rebooting if s.slot_held && s.logind_asked() => {
+            s.not_before = None;
+            s.retry_at = Some(add(now, policy.retry_interval));
+            format!(
+                "blocking pods run ({list}); a reboot asked before rebootd restarted may still be pending, so the slot and the cordon are kept"
+            )
+        }
         Phase::AcquiringSlot | Phase::Draining | Phase::Rebooting => {
             back_out(s, now);
             format!("blocking pods run ({list}); backing out")
@@ -63,6 +71,14 @@ pub(super) fn gated(
             s.retry_at = Some(next_check);
             format!(
                 "after the boot, gate {gate:?} says wait ({reason}); holding the slot, asking again at {next_check}"
+            )
+        }
+        // A reboot asked before a restart in this boot may still be pending in logind: backing
+        // out would give the slot back while the host can still go down (finding 15).
+        Phase::Rebooting if s.slot_held && s.logind_asked() => {
+            s.retry_at = Some(next_check);
+            format!(
+                "gate {gate:?} says wait ({reason}); a reboot asked before rebootd restarted may still be pending, so the slot and the cordon are kept; asking again at {next_check}"
             )
         }
         Phase::Draining | Phase::Rebooting if hold && s.slot_held => {

@@ -84,9 +84,9 @@ pub(super) fn show_pause(s: &mut State) {
 }
 
 /// Whether logind has not been asked yet in this cycle (an accepted or possibly accepted call
-/// cannot be taken back).
+/// cannot be taken back, also when a restart put it aside to ask again: [`State::logind_asked`]).
 fn before_logind(s: &State) -> bool {
-    !s.reboot.as_ref().is_some_and(|r| r.called)
+    !s.logind_asked()
 }
 
 /// Whether this node holds a slot or is taking one (an interrupted acquire may have taken it):

@@ -41,6 +41,21 @@ fn same_boot(s: &mut State, boot_id: &str) -> String {
 fn new_boot(s: &mut State, previous: &str, boot_id: &str, now: Timestamp) -> String {
     match s.phase {
         Phase::Idle => return format!("new boot {boot_id}"),
+        // Backing out of an attempt (a lost slot, a closed window) when the host went down:
+        // logind had accepted a reboot before. The need kept for the next attempt is met by
+        // this boot (a trigger that still says so starts a new cycle): the back-out finishes,
+        // then idle.
+        Phase::Uncordoning | Phase::Releasing if s.reason.is_some() => {
+            s.reason = None;
+            s.reboot = None;
+            s.retry_at = None;
+            s.failed_attempts = 0;
+            s.last_error = None;
+            s.last_reboot = Some(now);
+            return format!(
+                "new boot {boot_id} while backing out of a reboot (boot id {previous} -> {boot_id}): the need is met; finishing the back-out, then idle"
+            );
+        }
         Phase::WaitingForHealthy | Phase::Uncordoning | Phase::Releasing => {
             return format!("new boot {boot_id} during post-boot checks; resuming");
         }

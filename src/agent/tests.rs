@@ -476,6 +476,193 @@ fn a_lost_slot_backs_out_uncordoning_only_what_rebootd_cordoned() {
     assert_eq!(s.phase, Phase::RebootNeeded);
 }
 
+/// The host goes down while rebootd backs out of a reboot logind had accepted (restarted in the
+/// same boot, it asked again, and the proof before the call found the slot gone: an operator's
+/// `rebootctl unlock`, a reclaim). The boot meets the need the back-out kept: the back-out
+/// finishes, then idle. Finding 13 (RELIABILITY.md; chaos `--operators`, seed 3360001): the
+/// node finished the back-out, took a slot again and rebooted a second time.
+#[test]
+fn a_boot_during_a_back_out_meets_the_need_it_kept() {
+    let p = Policy {
+        drain: true,
+        ..policy()
+    };
+    let mut s = State::new("boot1", t(0));
+    for e in [
+        needed(),
+        Event::WindowOpen,
+        Event::SlotAcquired,
+        Event::Cordoned { by_us: true },
+        Event::Drained,
+        Event::ReadyToReboot,
+        Event::RebootAccepted,
+        Event::Started {
+            boot_id: "boot1".into(),
+        },
+        Event::SlotLost {
+            why: "unlocked".into(),
+        },
+    ] {
+        s = step(&s, e, t(1), &p).state;
+    }
+    assert_eq!(s.phase, Phase::Uncordoning);
+    assert!(s.reason.is_some(), "the back-out keeps the need");
+    // logind's shutdown, accepted before, happens now.
+    let s = step(
+        &s,
+        Event::Started {
+            boot_id: "boot2".into(),
+        },
+        t(2),
+        &p,
+    )
+    .state;
+    assert_eq!(s.reason, None, "met by the boot");
+    assert_eq!(s.last_reboot, Some(t(2)));
+    let s = step(&s, Event::Uncordoned, t(3), &p).state;
+    assert_eq!(s.phase, Phase::Idle);
+    assert!(!s.cordoned_by_us && !s.slot_held);
+}
+
+/// Restarted in the same boot after logind accepted a reboot, rebootd puts the request aside
+/// to ask again, but the first one may still be pending in logind: a cancel is refused and a
+/// pause does not back out (neither would stop the host going down; both would undo the
+/// cordon). Finding 14 (RELIABILITY.md; chaos `--operators`, seed 3350012): the cancel undid the
+/// drain and gave the slot back, the node took a slot again and went down in the middle of that
+/// drain.
+#[test]
+fn a_reboot_put_aside_by_a_restart_cannot_be_cancelled_or_paused() {
+    let p = Policy {
+        drain: true,
+        ..policy()
+    };
+    let mut s = State::new("boot1", t(0));
+    for e in [
+        needed(),
+        Event::WindowOpen,
+        Event::SlotAcquired,
+        Event::Cordoned { by_us: true },
+        Event::Drained,
+        Event::ReadyToReboot,
+        Event::RebootAccepted,
+        Event::Started {
+            boot_id: "boot1".into(),
+        },
+    ] {
+        s = step(&s, e, t(1), &p).state;
+    }
+    assert_eq!(s.reboot, None, "put aside to ask again");
+    assert!(s.logind_asked());
+    let cancelled = step(&s, Event::Cancelled, t(2), &p);
+    assert_eq!(cancelled.state.phase, Phase::Rebooting);
+    assert!(cancelled.state.cordoned_by_us && cancelled.state.slot_held);
+    let paused = step(
+        &s,
+        Event::Paused {
+            reason: Some("x".into()),
+        },
+        t(2),
+        &p,
+    )
+    .state;
+    assert_eq!(paused.phase, Phase::Rebooting);
+    assert!(paused.cordoned_by_us && paused.slot_held);
+}
+
+/// Restarted in the same boot after logind accepted a reboot, the window has closed: backing
+/// out would give the slot back while the reboot asked before may still land. The slot and
+/// the cordon are kept until the next window opens, then logind is asked again. Finding 15
+/// (RELIABILITY.md; chaos `--windows`, seed 3370024): the node backed out, gave its slot back
+/// and went down 0.7 s later without it.
+#[test]
+fn a_window_closing_after_a_restart_with_a_reboot_pending_keeps_the_slot() {
+    let p = Policy {
+        drain: true,
+        ..policy()
+    };
+    let mut s = State::new("boot1", t(0));
+    for e in [
+        needed(),
+        Event::WindowOpen,
+        Event::SlotAcquired,
+        Event::Cordoned { by_us: true },
+        Event::Drained,
+        Event::ReadyToReboot,
+        Event::RebootAccepted,
+        Event::Started {
+            boot_id: "boot1".into(),
+        },
+        Event::WindowClosed {
+            next_open: Some(t(100)),
+        },
+    ] {
+        s = step(&s, e, t(1), &p).state;
+    }
+    assert_eq!(s.phase, Phase::Rebooting);
+    assert!(s.slot_held && s.cordoned_by_us, "{s:?}");
+    assert_eq!(
+        next_action(&s, &p),
+        Action::Sleep { until: t(100) },
+        "asks again when the window opens"
+    );
+    // The pending reboot lands: rebootd's own.
+    let s = step(
+        &s,
+        Event::Started {
+            boot_id: "boot2".into(),
+        },
+        t(2),
+        &p,
+    )
+    .state;
+    assert_eq!(s.phase, Phase::WaitingForHealthy);
+    assert_eq!(s.reboots, 1);
+}
+
+/// As for the window, a gate that says wait or blocking pods after such a restart keep the
+/// slot and the cordon (chaos `--gates`, seeds 3410000, 3410017, 3410018: the node gave its
+/// slot back and went down without it).
+#[test]
+fn a_gate_or_blocking_pods_after_a_restart_with_a_reboot_pending_keep_the_slot() {
+    let p = Policy {
+        drain: true,
+        ..policy()
+    };
+    let mut s = State::new("boot1", t(0));
+    for e in [
+        needed(),
+        Event::WindowOpen,
+        Event::SlotAcquired,
+        Event::Cordoned { by_us: true },
+        Event::Drained,
+        Event::ReadyToReboot,
+        Event::RebootAccepted,
+        Event::Started {
+            boot_id: "boot1".into(),
+        },
+    ] {
+        s = step(&s, e, t(1), &p).state;
+    }
+    for e in [
+        Event::Gated {
+            gate: "g".into(),
+            why: "wait".into(),
+            hold: false,
+        },
+        Event::Blocked {
+            pods: vec!["ns/p".into()],
+        },
+    ] {
+        let after = step(&s, e.clone(), t(2), &p).state;
+        assert_eq!(after.phase, Phase::Rebooting, "{e:?}");
+        assert!(after.slot_held && after.cordoned_by_us, "{e:?}: {after:?}");
+        assert!(
+            matches!(next_action(&after, &p), Action::Sleep { .. }),
+            "{e:?}"
+        );
+    }
+}
+
 #[test]
 fn new_need_during_post_boot_leads_to_another_cycle() {
     let mut s = State::new("b", t(0));
@@ -809,10 +996,10 @@ fn random_walks_never_take_a_slot_or_reboot_after_a_pause_or_a_cancel() {
         } else {
             paused("p")
         };
-        let mut after: Option<bool> = None; // Some(called before the request)
+        let mut after: Option<bool> = None; // Some(logind asked before the request)
         for i in 0..60 {
             if i == at {
-                after = Some(s.reboot.as_ref().is_some_and(|r| r.called));
+                after = Some(s.logind_asked());
                 s = step(&s, request.clone(), t(i as i64), &p).state;
             }
             let action = next_action(&s, &p);

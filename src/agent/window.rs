@@ -26,6 +26,18 @@ pub(super) fn closed(s: &mut State, next_open: Option<Timestamp>, now: Timestamp
             s.waiting_for = Some(format!("maintenance window opening at {when}"));
             format!("outside the maintenance window; next opens {when}")
         }
+        // A reboot asked before a restart in this boot may still be pending in logind: backing
+        // out would give the slot back (and undo the cordon) while the host can still go down.
+        // Keep both and ask again when the next window opens.
+        Phase::Rebooting if s.logind_asked() => {
+            s.retry_at = Some(next_open.unwrap_or(now));
+            s.waiting_for = Some(format!(
+                "maintenance window opening at {when} (a reboot asked before rebootd restarted may still be pending: the slot and the cordon are kept)"
+            ));
+            format!(
+                "the maintenance window closed before the reboot was asked again; a reboot asked before the restart may still be pending, so the slot and the cordon are kept (next opens {when})"
+            )
+        }
         Phase::AcquiringSlot | Phase::Draining | Phase::Rebooting => {
             back_out(s, now);
             format!(

@@ -256,16 +256,17 @@ async fn request(store: &StateStore, request: control::Request) -> Result<(), Fa
         return Ok(());
     }
     let state = store.load().map_err(op)?;
-    if let (control::Request::Cancel, Some(r)) = (
-        &request_kind,
-        state
+    if let (control::Request::Cancel, Some(s)) =
+        (&request_kind, state.as_ref().filter(|s| s.logind_asked()))
+    {
+        let at = s
+            .reboot
             .as_ref()
-            .and_then(|s| s.reboot.as_ref())
-            .filter(|r| r.called),
-    ) {
+            .map_or("before rebootd restarted".to_string(), |r| {
+                format!("at {}", r.requested_at)
+            });
         return Err(op(format!(
-            "cancel refused: logind was already asked to reboot (at {}); the host goes down",
-            r.requested_at
+            "cancel refused: logind was already asked to reboot ({at}); the host goes down"
         )));
     }
     let now = state.as_ref().map_or(String::new(), |s| {

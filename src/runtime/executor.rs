@@ -528,7 +528,10 @@ impl Runtime {
             self.semaphore.fence(&self.me).await
         };
         match proof {
-            Ok(Fence::Held) => None,
+            Ok(Fence::Held) => {
+                debug!(before = what, "the store proves the slot held");
+                None
+            }
             Ok(Fence::Lost { why }) => {
                 error!(before = what, %why, "this node no longer holds its slot; backing out");
                 self.metrics.slot_lost();
@@ -564,6 +567,15 @@ impl Runtime {
             "rebootd is asking logind to reboot the node",
         )
         .await;
+        // The window once more, last: the steps above may have taken a while (a store, a
+        // webhook receiver or the API slow to answer), and the window checked in the step
+        // before may have closed meanwhile. Closed: back out as that check would have.
+        let now = Timestamp::now();
+        if !self.config.windows.is_open(now) {
+            return Event::WindowClosed {
+                next_open: self.config.windows.next_open(now),
+            };
+        }
         match self.host.reboot().await {
             Ok(()) => Event::RebootAccepted,
             Err(e @ RebootError::Blocked { .. }) => {

@@ -87,6 +87,164 @@ pub struct Observed {
     /// At a time-out: what each node's rebootd process was doing (see
     /// `trial::process_report`), to tell a hung rebootd from one that was not running.
     pub processes: BTreeMap<String, String>,
+    /// Every reboot call logind accepted, by node (several may lead to one reboot).
+    pub calls: Vec<(String, Duration)>,
+    /// When each simulated reboot ended (the node's next boot started), by node.
+    pub ups: Vec<(String, Duration)>,
+    /// The document's `max` at each revision the outside watcher saw (etcd), recorded just
+    /// before that revision's holder set.
+    pub maxes: Vec<(Duration, u64)>,
+    /// What the operator did (`--operators`); `None`: no operator in the trial.
+    pub ops: Option<Operations>,
+    /// The semaphore's document and rebootd's holder records as the outside watchers saw them
+    /// change, with the store's revision (etcd v3) or index (v2), which orders them (etcd).
+    pub store: Vec<StoreEvent>,
+    /// Each node's maintenance windows (`--windows`), open on `[from, to)`, in the trial's
+    /// time: its configured windows on its own clock, placed by that clock's offset.
+    pub windows: BTreeMap<String, Vec<(Duration, Duration)>>,
+    /// Every run of the nodes' flapping gate (`--gates`), with its time-out; `None`: no gate.
+    pub gate_runs: Option<(Vec<GateRun>, Duration)>,
+}
+
+/// One run of a node's gate command: when it started, the answer it read, and when it ended
+/// with which exit status (`None`: it never ended, killed at its time-out).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GateRun {
+    pub node: String,
+    pub start: Duration,
+    pub answer: String,
+    pub end: Option<(Duration, i32)>,
+}
+
+/// How much longer than its time-out a gate run may take and still count (the script's own
+/// clock readings and the process's exit, under load).
+pub const GATE_SLACK: Duration = Duration::from_millis(500);
+
+/// The reboots that passed a gate saying wait: for the first call of each shutdown, the node's
+/// decision is its last gate run that started after its previous boot and before the call. It
+/// must have ended before the call, with exit 0 (`go`), within the gate's time-out (a run past
+/// it is killed and says wait). None at all is a reboot that never asked its gate.
+pub fn gate_violations(o: &Observed) -> Vec<String> {
+    let Some((runs, timeout)) = &o.gate_runs else {
+        return Vec::new();
+    };
+    let mut v = Vec::new();
+    let secs = |d: Duration| format!("{:.2}s", d.as_secs_f64());
+    for (n, call, down) in first_calls(o) {
+        let prev_up = o
+            .ups
+            .iter()
+            .filter(|(m, t)| *m == n && *t <= down)
+            .map(|(_, t)| *t)
+            .max()
+            .unwrap_or_default();
+        let last = runs
+            .iter()
+            .filter(|r| r.node == n && r.start > prev_up && r.start <= call)
+            .max_by_key(|r| r.start);
+        let Some(r) = last else {
+            v.push(format!(
+                "{n} asked logind to reboot at {} without asking its gate",
+                secs(call)
+            ));
+            continue;
+        };
+        let why = match r.end {
+            None => Some("it never ended (killed at its time-out: wait)".to_string()),
+            Some((end, _)) if end > call => {
+                Some(format!("it ended at {}, after the call", secs(end)))
+            }
+            Some((_, code)) if code != 0 => Some(format!("it said wait (exit {code})")),
+            Some((end, _)) if end - r.start > *timeout + GATE_SLACK => Some(format!(
+                "it ran {:.2}s, past its time-out of {timeout:?} (wait)",
+                (end - r.start).as_secs_f64()
+            )),
+            Some(_) => None,
+        };
+        if let Some(why) = why {
+            v.push(format!(
+                "{n} asked logind to reboot at {} past a gate that said wait: its last gate run, at {} (answer {}), {why}",
+                secs(call),
+                secs(r.start),
+                r.answer
+            ));
+        }
+    }
+    v
+}
+
+/// How long after its window closed a node's reboot call may still reach logind: rebootd
+/// checks the window in the step before the call (then proves its slot, lists the inhibitors
+/// and records a Kubernetes event), and the lab sees the call when logind has it.
+pub const WINDOW_LATE: Duration = Duration::from_secs(1);
+
+/// The reboots whose call came outside the node's windows, as `(node, call, how)`: the first
+/// call of each shutdown (calls re-made while it is pending join it), judged by the node's own
+/// windows: before one opened (allowing 50 ms for the clocks' readings), or more than
+/// [`WINDOW_LATE`] after one closed.
+pub fn outside_windows(o: &Observed) -> Vec<(String, Duration, String)> {
+    let early = Duration::from_millis(50);
+    let mut out = Vec::new();
+    for (n, call, _) in first_calls(o) {
+        let Some(w) = o.windows.get(&n) else {
+            continue;
+        };
+        if w.iter()
+            .any(|(f, t)| *f <= call + early && call < *t + WINDOW_LATE)
+        {
+            continue;
+        }
+        let last = w.iter().filter(|(_, t)| *t <= call).map(|(_, t)| *t).max();
+        let next = w.iter().filter(|(f, _)| *f > call).map(|(f, _)| *f).min();
+        let how = format!(
+            "its last window closed {}, the next opens {}",
+            last.map_or("never".into(), |t| format!("at {:.2}s", t.as_secs_f64())),
+            next.map_or("never".into(), |t| format!("at {:.2}s", t.as_secs_f64()))
+        );
+        out.push((n, call, how));
+    }
+    out
+}
+
+/// A change of the store, as an outside watcher saw it (see [`Observed::store`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreEvent {
+    pub at: Duration,
+    /// etcd's revision (v3) or index (v2) of the change.
+    pub rev: i64,
+    pub change: StoreChange,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreChange {
+    /// The document, with its holders.
+    Holders(BTreeSet<String>),
+    /// A node's holder record written (`put`) or deleted.
+    Record { node: String, put: bool },
+}
+
+/// A span of time an operator's command was in force, on a node (or run from it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Span {
+    pub node: String,
+    pub from: Duration,
+    pub to: Duration,
+}
+
+/// What the operator actor did, as the invariants need it (see `operator.rs`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Operations {
+    /// `rebootctl pause` of `node`: from the moment its state file said paused (rebootctl
+    /// waits for that) until `rebootctl resume` was run.
+    pub pauses: Vec<Span>,
+    /// `rebootctl pause --group`: from the moment the command returned (its write landed)
+    /// until `rebootctl resume --group` was run.
+    pub group_pauses: Vec<Span>,
+    /// `rebootctl unlock <node's id>`: from when it was run until it returned.
+    pub unlocks: Vec<Span>,
+    /// Cancelled cycles found with something left behind once the node was idle again
+    /// (described): its Node cordoned, or its slot held.
+    pub cancel_leftovers: Vec<String>,
 }
 
 /// Idle again after a reboot, slot released, not cordoned.
@@ -172,7 +330,7 @@ fn cut_spans(cuts: &[CutOff], node: &str, gap: Duration) -> Vec<(Duration, Durat
 /// from the store (it is cut off), and it must not go on to reboot (its fence fails): it is no
 /// longer in flight. Every other cordoned Node counts.
 pub fn cordoned_in_flight(o: &Observed) -> Timeline {
-    let parked: Vec<(String, Duration, Duration)> = reclaims(&o.holders)
+    let mut parked: Vec<(String, Duration, Duration)> = reclaims(&o.holders)
         .into_iter()
         .filter(|r| reclaim_allowed(o, r))
         .map(|r| {
@@ -184,6 +342,13 @@ pub fn cordoned_in_flight(o: &Observed) -> Timeline {
             (r.from, r.at, until)
         })
         .collect();
+    // A node whose slot the operator unlocked is out of flight the same way, from the unlock
+    // until it holds a slot again: its cordon stays until it finds out, and its fence fails.
+    for u in o.ops.iter().flat_map(|ops| &ops.unlocks) {
+        if let Some((_, back)) = unlocked_until(o, u) {
+            parked.push((u.node.clone(), u.from, back));
+        }
+    }
     o.cordoned
         .iter()
         .map(|(at, set)| {
@@ -201,11 +366,260 @@ pub fn cordoned_in_flight(o: &Observed) -> Timeline {
         .collect()
 }
 
-/// The instants of a timeline with more than `max` members, listed.
-fn over(t: &Timeline, max: u64) -> String {
+/// The `max` in force at `at`: with an operator (who may run `rebootctl set-max`), the
+/// document's as the watcher last saw it at or before `at`; else the trial's.
+pub fn max_at(o: &Observed, at: Duration) -> u64 {
+    if o.ops.is_none() {
+        return o.max;
+    }
+    o.maxes
+        .iter()
+        .rev()
+        .find(|(t, _)| *t <= at)
+        .map_or(o.max, |(_, m)| *m)
+}
+
+/// The largest `max` in force at any moment within the watchers' lag before `at`: what a set of
+/// cordons or of nodes down seen at `at` is judged by (it may be seen up to that late).
+pub fn max_around(o: &Observed, at: Duration) -> u64 {
+    let from = at.saturating_sub(WATCH_LAG);
+    let mut m = max_at(o, from);
+    if o.ops.is_some() {
+        for (t, v) in &o.maxes {
+            if *t > from && *t <= at {
+                m = m.max(*v);
+            }
+        }
+    }
+    m
+}
+
+/// For each `rebootctl unlock` of a node that held a slot: the store revision of the document
+/// without it, the first seen from the unlock's start on, and the revision at which it was
+/// among the holders again (`i64::MAX`: never). `None` when no such document was seen.
+pub fn unlocked_revisions(o: &Observed, u: &Span) -> Option<(i64, i64)> {
+    let holders = |e: &StoreEvent| match &e.change {
+        StoreChange::Holders(h) => Some(h.contains(&u.node)),
+        StoreChange::Record { .. } => None,
+    };
+    let gone = o
+        .store
+        .iter()
+        .find(|e| e.at >= u.from && holders(e) == Some(false))?;
+    let back = o
+        .store
+        .iter()
+        .filter(|e| e.rev > gone.rev && holders(e) == Some(true))
+        .map(|e| e.rev)
+        .min()
+        .unwrap_or(i64::MAX);
+    Some((gone.rev, back))
+}
+
+/// The holder records a node wrote after `rebootctl unlock` took its slot, before it held a
+/// slot again, as `(node, revision of the unlock, revision of the write)`: in the store's own
+/// order, a phase report (which proves the slot held: rebootd then sends no other proof before
+/// its logind call) or a heartbeat that landed on a slot that was gone.
+pub fn record_after_unlock(o: &Observed) -> Vec<(String, i64, i64)> {
+    let Some(ops) = &o.ops else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for u in &ops.unlocks {
+        let Some((gone, back)) = unlocked_revisions(o, u) else {
+            continue;
+        };
+        for e in &o.store {
+            if let StoreChange::Record { node, put: true } = &e.change {
+                if *node == u.node && e.rev > gone && e.rev < back {
+                    out.push((node.clone(), gone, e.rev));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The reboots of nodes whose slot the operator unlocked while the reboot was on its way, as
+/// `(node, down)`: the node went down after the unlock began, without a slot taken again and
+/// without a boot in between. rebootd proves its slot before the logind call, but a proof and
+/// the call cannot be one step: an unlock that lands between them (or after logind accepted)
+/// gives away a slot in use, and the node goes down without it beside the node that took the
+/// slot. These reboots are not counted as down without a slot nor among the nodes down at once
+/// (the trials count them, `unlock of a reboot on its way`). A node that proved its slot after
+/// the unlock is caught by [`record_after_unlock`] (a report, which writes its record) or would
+/// need a read that says it holds a slot it does not (etcd's reads are linearizable).
+pub fn unlocked_on_its_way(o: &Observed) -> Vec<(String, Duration)> {
+    let Some(ops) = &o.ops else {
+        return Vec::new();
+    };
+    let calls = first_calls(o);
+    let mut out = Vec::new();
+    for u in &ops.unlocks {
+        let Some((_, back)) = unlocked_until(o, u) else {
+            continue;
+        };
+        for d in &o.downs {
+            if d.node != u.node || d.at < u.from {
+                continue;
+            }
+            let booted_between = o
+                .ups
+                .iter()
+                .any(|(m, t)| *m == d.node && *t > u.from && *t < d.at);
+            // Its call came before the unlock returned: the reboot was on its way, whatever
+            // the node did meanwhile (a restart that found the slot gone backs out, and may
+            // take a slot again and give it back before logind's shutdown comes).
+            let called_before = calls
+                .iter()
+                .any(|(n, c, down)| *n == d.node && *down == d.at && *c < u.to);
+            if !booted_between && (back > d.at || called_before) {
+                out.push((d.node.clone(), d.at));
+            }
+        }
+    }
+    out
+}
+
+/// The nodes down (from a simulated reboot until the next boot started) at each reboot, but
+/// the reboots [`unlocked_on_its_way`].
+pub fn down_at_once(o: &Observed) -> Timeline {
+    let exempt = unlocked_on_its_way(o);
+    let up_after = |node: &str, at: Duration| {
+        o.ups
+            .iter()
+            .filter(|(n, t)| n == node && *t >= at)
+            .map(|(_, t)| *t)
+            .min()
+            .unwrap_or(Duration::MAX)
+    };
+    let mut downs: Vec<&Down> = o
+        .downs
+        .iter()
+        .filter(|d| !exempt.iter().any(|(n, at)| *n == d.node && *at == d.at))
+        .collect();
+    downs.sort_by_key(|d| d.at);
+    downs
+        .iter()
+        .map(|d| {
+            let set = downs
+                .iter()
+                .filter(|e| e.at <= d.at && up_after(&e.node, e.at) > d.at)
+                .map(|e| e.node.clone())
+                .collect();
+            (d.at, set)
+        })
+        .collect()
+}
+
+/// For each simulated reboot, the reboot call that led to it: the node's first call after its
+/// previous reboot ended (calls re-made while a shutdown is pending join it), as
+/// `(node, call, down)`; the moment it went down when no call was recorded.
+pub fn first_calls(o: &Observed) -> Vec<(String, Duration, Duration)> {
+    o.downs
+        .iter()
+        .map(|d| {
+            let prev_up = o
+                .ups
+                .iter()
+                .filter(|(n, t)| *n == d.node && *t <= d.at)
+                .map(|(_, t)| *t)
+                .max()
+                .unwrap_or_default();
+            let call = o
+                .calls
+                .iter()
+                .filter(|(n, t)| *n == d.node && *t > prev_up && *t <= d.at)
+                .map(|(_, t)| *t)
+                .min()
+                .unwrap_or(d.at);
+            (d.node.clone(), call, d.at)
+        })
+        .collect()
+}
+
+/// Each time a node came into the holders (it was not in the set seen before), as `(at, node)`.
+pub fn takes(history: &Timeline) -> Vec<(Duration, String)> {
+    let empty = BTreeSet::new();
+    let mut prev = &empty;
+    let mut out = Vec::new();
+    for (at, now) in history {
+        for n in now.difference(prev) {
+            out.push((*at, n.clone()));
+        }
+        prev = now;
+    }
+    out
+}
+
+/// After `rebootctl unlock` of `u.node`: the first holder set seen from `u.from` on without it
+/// (the unlock, or an earlier release), and the first set after that with it again (a new slot;
+/// `Duration::MAX`: none). `None` when no set without it was seen.
+pub fn unlocked_until(o: &Observed, u: &Span) -> Option<(Duration, Duration)> {
+    let (gone, _) = o
+        .holders
+        .iter()
+        .find(|(t, h)| *t >= u.from && !h.contains(&u.node))?;
+    let back = o
+        .holders
+        .iter()
+        .find(|(t, h)| *t > *gone && h.contains(&u.node))
+        .map_or(Duration::MAX, |(t, _)| *t);
+    Some((*gone, back))
+}
+
+/// What the operator's commands must not have led to (see RELIABILITY.md, "Operators").
+fn operator_violations(o: &Observed, ops: &Operations, v: &mut Vec<String>) {
+    let calls = first_calls(o);
+    let takes = takes(&o.holders);
+    let secs = |d: Duration| format!("{:.2}s", d.as_secs_f64());
+    for p in &ops.pauses {
+        for (n, call, _) in &calls {
+            if *n == p.node && p.from < *call && *call < p.to {
+                v.push(format!(
+                    "{n} asked logind to reboot at {} while paused ({} to {})",
+                    secs(*call),
+                    secs(p.from),
+                    secs(p.to)
+                ));
+            }
+        }
+        for (at, n) in &takes {
+            if *n == p.node && p.from + WATCH_LAG < *at && *at < p.to {
+                v.push(format!(
+                    "{n} took a slot at {} while paused ({} to {})",
+                    secs(*at),
+                    secs(p.from),
+                    secs(p.to)
+                ));
+            }
+        }
+    }
+    for g in &ops.group_pauses {
+        for (at, n) in &takes {
+            if g.from + WATCH_LAG < *at && *at < g.to {
+                v.push(format!(
+                    "{n} took a slot at {} while the group was paused ({} to {})",
+                    secs(*at),
+                    secs(g.from),
+                    secs(g.to)
+                ));
+            }
+        }
+    }
+    for (n, gone, rev) in record_after_unlock(o) {
+        v.push(format!(
+            "{n} wrote its holder record at revision {rev} after rebootctl unlock took its slot (revision {gone}), without a new slot: a proof of a slot it did not hold"
+        ));
+    }
+    v.extend(ops.cancel_leftovers.iter().cloned());
+}
+
+/// The instants of a timeline with more members than `max_at` allows then, listed.
+fn over_by(t: &Timeline, max_at: impl Fn(Duration) -> u64) -> String {
     let over: Vec<String> = t
         .iter()
-        .filter(|(_, s)| s.len() as u64 > max)
+        .filter(|(at, s)| s.len() as u64 > max_at(*at))
         .map(|(at, s)| format!("{:.2}s {:?}", at.as_secs_f64(), s))
         .collect();
     let more = over.len().saturating_sub(LIST_MAX);
@@ -251,21 +665,44 @@ pub fn violations(o: &Observed) -> Vec<String> {
         ));
     }
     // Safety, from the outside watchers.
-    let holders = peak(&o.holders);
-    if holders as u64 > o.max {
+    // The max in force (with an operator's set-max, it changes): the document's at each
+    // revision for its holders; within the watchers' lag for cordons and nodes down.
+    let worst = |t: &Timeline, max: &dyn Fn(Duration) -> u64| {
+        t.iter()
+            .filter(|(at, s)| s.len() as u64 > max(*at))
+            .map(|(at, s)| (s.len(), max(*at)))
+            .max()
+    };
+    let held_max = |at: Duration| max_at(o, at);
+    let around = |at: Duration| max_around(o, at);
+    if let Some((n, max)) = worst(&o.holders, &held_max) {
         v.push(format!(
-            "{holders} holders at once (max {}): {}",
-            o.max,
-            over(&o.holders, o.max)
+            "{n} holders at once (max {max}): {}",
+            over_by(&o.holders, held_max)
         ));
     }
     let in_flight = cordoned_in_flight(o);
-    let cordoned = peak(&in_flight);
-    if cordoned as u64 > o.max {
+    if let Some((n, max)) = worst(&in_flight, &around) {
         v.push(format!(
-            "{cordoned} nodes cordoned at once (max {}): {}",
-            o.max,
-            over(&in_flight, o.max)
+            "{n} nodes cordoned at once (max {max}): {}",
+            over_by(&in_flight, around)
+        ));
+    }
+    let down = down_at_once(o);
+    if let Some((n, max)) = worst(&down, &around) {
+        v.push(format!(
+            "{n} nodes down at once (max {max}): {}",
+            over_by(&down, around)
+        ));
+    }
+    if let Some(ops) = &o.ops {
+        operator_violations(o, ops, &mut v);
+    }
+    v.extend(gate_violations(o));
+    for (n, call, how) in outside_windows(o) {
+        v.push(format!(
+            "{n} asked logind to reboot at {:.2}s outside its maintenance windows ({how})",
+            call.as_secs_f64()
         ));
     }
     // A slot is taken over only from a holder that stopped, and only with max_hold.
@@ -288,7 +725,9 @@ pub fn violations(o: &Observed) -> Vec<String> {
             r.at.as_secs_f64()
         ));
     }
-    // Every node rebooted exactly once, and says so.
+    // Every node rebooted exactly once, and says so (a node whose reboot was on its way when
+    // the operator unlocked its slot may count it as one outside its control).
+    let on_its_way = unlocked_on_its_way(o);
     for n in &o.nodes {
         let r = o.downs.iter().filter(|d| &d.node == n).count();
         if r != 1 {
@@ -296,7 +735,16 @@ pub fn violations(o: &Observed) -> Vec<String> {
         }
         match o.ends.get(n) {
             Some(Ok(Some(s))) if o.timed_out.is_none() => {
-                if s.reboots != 1 {
+                // Or whose slot the operator unlocked between its call and its reboot (the
+                // reboot then lands in a cycle of its own: "outside rebootd's control").
+                let unlocked = on_its_way.iter().any(|(m, _)| m == n)
+                    || o.ops.iter().flat_map(|ops| &ops.unlocks).any(|u| {
+                        u.node == *n
+                            && first_calls(o)
+                                .iter()
+                                .any(|(m, c, d)| m == n && *c < u.to && u.from < *d)
+                    });
+                if s.reboots != 1 && !(unlocked && s.reboots == 0) {
                     v.push(format!(
                         "{n}: state counts {} coordinated reboots (expected 1)",
                         s.reboots
@@ -313,9 +761,12 @@ pub fn violations(o: &Observed) -> Vec<String> {
             _ => {}
         }
     }
-    // A node goes down only while it holds a slot, and drained.
+    // A node goes down only while it holds a slot, and drained (but a reboot on its way when
+    // the operator unlocked its slot: rebootd backs out of its drain after a restart that finds
+    // the slot gone, while logind's shutdown is still pending).
     for d in &o.downs {
-        let held = d.held.unwrap_or_else(|| held_at(&o.holders, &d.node, d.at));
+        let unlocked = on_its_way.iter().any(|(n, at)| *n == d.node && *at == d.at);
+        let held = d.held.unwrap_or_else(|| held_at(&o.holders, &d.node, d.at)) || unlocked;
         if !held {
             v.push(format!(
                 "{} went down at {:.2}s without holding a slot",
@@ -323,7 +774,7 @@ pub fn violations(o: &Observed) -> Vec<String> {
                 d.at.as_secs_f64()
             ));
         }
-        if !d.pods_left.is_empty() {
+        if !d.pods_left.is_empty() && !unlocked {
             v.push(format!(
                 "{} went down at {:.2}s with {} pods still on it (drain incomplete): {}",
                 d.node,
@@ -339,7 +790,12 @@ pub fn violations(o: &Observed) -> Vec<String> {
     }
     match &o.semaphore_end {
         SemaphoreEnd::Etcd(doc) => {
-            if !doc.holders.is_empty() || doc.semaphore != o.max as i64 {
+            let max = o
+                .maxes
+                .last()
+                .filter(|_| o.ops.is_some())
+                .map_or(o.max, |m| m.1);
+            if !doc.holders.is_empty() || doc.semaphore != max as i64 {
                 v.push(format!("semaphore at the end: {}", doc.to_json()));
             }
         }
@@ -426,6 +882,21 @@ mod tests {
             max_hold: None,
             cut_offs: Vec::new(),
             processes: BTreeMap::new(),
+            calls: vec![
+                ("a".into(), s(1.9)),
+                ("b".into(), s(2.0)),
+                ("c".into(), s(3.9)),
+            ],
+            ups: vec![
+                ("a".into(), s(2.3)),
+                ("b".into(), s(2.4)),
+                ("c".into(), s(4.3)),
+            ],
+            maxes: Vec::new(),
+            ops: None,
+            store: Vec::new(),
+            windows: BTreeMap::new(),
+            gate_runs: None,
         }
     }
 
@@ -619,6 +1090,16 @@ mod tests {
                 pods_left: Vec::new(),
             },
         ];
+        o.calls = vec![
+            ("a".into(), s(21.9)),
+            ("b".into(), s(22.9)),
+            ("c".into(), s(32.9)),
+        ];
+        o.ups = vec![
+            ("a".into(), s(22.3)),
+            ("b".into(), s(23.3)),
+            ("c".into(), s(33.3)),
+        ];
         o
     }
 
@@ -736,5 +1217,253 @@ mod tests {
         assert!(held_at(&h, "b", s(1.5)));
         assert!(!held_at(&h, "a", s(11.0)));
         assert!(!held_at(&h, "c", s(5.0)));
+    }
+
+    fn span(node: &str, from: f64, to: f64) -> Span {
+        Span {
+            node: node.into(),
+            from: s(from),
+            to: s(to),
+        }
+    }
+
+    /// `clean()` with an operator who did nothing.
+    fn operated() -> Observed {
+        let mut o = clean();
+        o.ops = Some(Operations::default());
+        o.maxes = o.holders.iter().map(|(t, _)| (*t, 2)).collect();
+        o
+    }
+
+    #[test]
+    fn an_operator_who_did_nothing_passes() {
+        assert_eq!(violations(&operated()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn three_nodes_down_at_once_with_max_two_are_reported() {
+        let mut o = clean();
+        // c goes down while a and b are still down (their boots end later).
+        o.ups = vec![
+            ("a".into(), s(4.5)),
+            ("b".into(), s(4.6)),
+            ("c".into(), s(4.3)),
+        ];
+        reports(&o, "3 nodes down at once (max 2): 4.00s");
+    }
+
+    #[test]
+    fn a_paused_node_taking_a_slot_or_calling_logind_is_reported() {
+        // c paused from 0.5 s to 3.0 s: it takes its slot at 3.1 s, after the resume: fine.
+        let mut o = operated();
+        o.ops.as_mut().unwrap().pauses.push(span("c", 0.5, 3.05));
+        assert_eq!(violations(&o), Vec::<String>::new());
+        // Paused until 3.5 s: the take at 3.1 s is more than the watcher's lag after 0.5 s.
+        o.ops.as_mut().unwrap().pauses[0].to = s(3.5);
+        reports(&o, "c took a slot at 3.10s while paused (0.50s to 3.50s)");
+        // Paused from 2.0 s: within the lag of the take, but its reboot call at 3.9 s is not.
+        let mut o = operated();
+        o.ops.as_mut().unwrap().pauses.push(span("c", 2.0, 3.95));
+        reports(
+            &o,
+            "c asked logind to reboot at 3.90s while paused (2.00s to 3.95s)",
+        );
+    }
+
+    #[test]
+    fn a_slot_taken_while_the_group_is_paused_is_reported() {
+        // Paused from 0.5 s: b's take at 1.1 s is within the watcher's lag (it may have
+        // landed before), c's at 3.1 s is not.
+        let mut o = operated();
+        o.ops
+            .as_mut()
+            .unwrap()
+            .group_pauses
+            .push(span("a", 0.5, 3.5));
+        reports(
+            &o,
+            "c took a slot at 3.10s while the group was paused (0.50s to 3.50s)",
+        );
+        // Resumed at 3.05 s: fine.
+        o.ops.as_mut().unwrap().group_pauses[0].to = s(3.05);
+        assert_eq!(violations(&o), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_record_written_after_an_unlock_without_a_new_slot_is_reported() {
+        // The store: c takes (rev 10), writes its record (11), the operator's unlock (12), c
+        // writes its record again (13: a report that "proves" the slot), a takes (14).
+        let ev = |at: f64, rev: i64, change: StoreChange| StoreEvent {
+            at: s(at),
+            rev,
+            change,
+        };
+        let rec = |n: &str| StoreChange::Record {
+            node: n.into(),
+            put: true,
+        };
+        let mut o = operated();
+        o.store = vec![
+            ev(3.1, 10, StoreChange::Holders(set(&["b", "c"]))),
+            ev(3.15, 11, rec("c")),
+            ev(3.35, 12, StoreChange::Holders(set(&["b"]))),
+            ev(3.36, 13, rec("c")),
+            ev(3.37, 14, StoreChange::Holders(set(&["a", "b"]))),
+        ];
+        o.ops.as_mut().unwrap().unlocks.push(span("c", 3.3, 3.4));
+        reports(&o, "c wrote its holder record at revision 13 after rebootctl unlock took its slot (revision 12), without a new slot");
+        // Its record written before the unlock only: fine.
+        o.store.remove(3);
+        assert_eq!(violations(&o), Vec::<String>::new());
+        // Written again after a new take: fine.
+        o.store
+            .push(ev(3.5, 15, StoreChange::Holders(set(&["a", "c"]))));
+        o.store.push(ev(3.6, 16, rec("c")));
+        assert_eq!(violations(&o), Vec::<String>::new());
+    }
+
+    #[test]
+    fn the_max_in_force_is_the_documents_and_a_cordon_of_an_unlocked_node_does_not_count() {
+        // set-max 3 at 1.0 s: three holders are fine, not four.
+        let mut o = operated();
+        o.max = 2;
+        o.maxes = vec![(s(1.0), 3), (s(4.0), 2)];
+        o.holders.insert(2, (s(1.5), set(&["a", "b", "c"])));
+        assert_eq!(violations(&o), Vec::<String>::new());
+        // Down to 1 at 1.4 s (as the document said then): three are too many.
+        o.maxes = vec![(s(1.0), 3), (s(1.4), 1), (s(1.6), 2)];
+        reports(&o, "3 holders at once (max 1): 1.50s");
+        // Nodes cordoned are judged by the largest max within the lag.
+        let mut o = operated();
+        o.maxes = vec![(s(0.0), 2), (s(3.6), 1), (s(10.0), 2)];
+        o.cordoned.insert(5, (s(3.7), set(&["b", "c"])));
+        assert_eq!(violations(&o), Vec::<String>::new());
+        o.cordoned.push((s(5.8), set(&["b", "c"])));
+        reports(&o, "2 nodes cordoned at once (max 1): 5.80s");
+        // An unlocked node's cordon does not count until it holds a slot again.
+        let mut o = operated();
+        o.cordoned.insert(3, (s(3.15), set(&["a", "b", "c"])));
+        reports(&o, "3 nodes cordoned at once (max 2)");
+        o.ops.as_mut().unwrap().unlocks.push(span("a", 2.5, 2.6));
+        assert_eq!(violations(&o), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_cancel_leaving_a_cordon_is_reported() {
+        let mut o = operated();
+        o.ops.as_mut().unwrap().cancel_leftovers.push(
+            "b: cancelled at 1.00s (was draining), idle again, but its Node is still cordoned"
+                .into(),
+        );
+        reports(&o, "its Node is still cordoned");
+    }
+
+    #[test]
+    fn an_unlock_of_a_reboot_on_its_way_is_not_a_reboot_without_a_slot() {
+        // c called logind at 3.9 s; the operator unlocked its slot from 3.8 s to 3.95 s and a
+        // took it at 3.96 s: c goes down at 4.0 s without its slot, beside a and b.
+        let mut o = operated();
+        o.holders.insert(5, (s(3.93), set(&[])));
+        o.holders.insert(6, (s(3.96), set(&["a"])));
+        o.holders.insert(7, (s(3.97), set(&["a", "b"])));
+        o.ups = vec![
+            ("a".into(), s(4.5)),
+            ("b".into(), s(4.6)),
+            ("c".into(), s(4.3)),
+        ];
+        o.calls.push(("a".into(), s(3.98)));
+        o.calls.push(("b".into(), s(3.99)));
+        o.downs.push(Down {
+            at: s(4.01),
+            node: "a".into(),
+            held: None,
+            pods_left: Vec::new(),
+        });
+        o.downs.push(Down {
+            at: s(4.02),
+            node: "b".into(),
+            held: None,
+            pods_left: Vec::new(),
+        });
+        o.downs.retain(|d| d.at > s(3.0));
+        o.nodes = vec!["c".into(), "a".into(), "b".into()];
+        let unlock = span("c", 3.8, 3.95);
+        o.ops.as_mut().unwrap().unlocks.push(unlock);
+        assert_eq!(unlocked_on_its_way(&o), vec![("c".to_string(), s(4.0))]);
+        assert_eq!(violations(&o), Vec::<String>::new());
+        // Without the unlock, c's reboot is one without a slot, and one too many down.
+        o.ops.as_mut().unwrap().unlocks.clear();
+        let v = violations(&o);
+        assert!(
+            v.iter()
+                .any(|v| v.contains("c went down at 4.00s without holding a slot")),
+            "{v:?}"
+        );
+        assert!(
+            v.iter()
+                .any(|v| v.contains("3 nodes down at once (max 2): 4.02s")),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_reboot_outside_the_nodes_windows_is_reported() {
+        let mut o = clean();
+        // a called at 1.9 s, b at 2.0 s, c at 3.9 s.
+        o.windows.insert("a".into(), vec![(s(1.0), s(3.0))]);
+        o.windows
+            .insert("b".into(), vec![(s(0.5), s(0.9)), (s(5.0), s(8.0))]);
+        o.windows
+            .insert("c".into(), vec![(s(1.0), s(2.0)), (s(3.95), s(6.0))]);
+        // b: closed at 0.9 s, more than a second before its call.
+        reports(&o, "b asked logind to reboot at 2.00s outside its maintenance windows (its last window closed at 0.90s, the next opens at 5.00s)");
+        // Within the allowance after a close: fine; c's call 50 ms before its window opened
+        // too (the clocks' readings).
+        o.windows.insert("b".into(), vec![(s(0.5), s(1.2))]);
+        assert_eq!(violations(&o), Vec::<String>::new());
+        o.windows.insert("c".into(), vec![(s(3.96), s(6.0))]);
+        reports(&o, "c asked logind to reboot at 3.90s outside its maintenance windows (its last window closed never, the next opens at 3.96s)");
+    }
+
+    #[test]
+    fn a_reboot_past_a_gate_that_said_wait_is_reported() {
+        let run = |node: &str, start: f64, answer: &str, end: Option<(f64, i32)>| GateRun {
+            node: node.into(),
+            start: s(start),
+            answer: answer.into(),
+            end: end.map(|(t, c)| (s(t), c)),
+        };
+        // a called at 1.9 s, b at 2.0 s, c at 3.9 s; each asked its gate just before.
+        let mut o = clean();
+        let good = vec![
+            run("a", 0.5, "wait", Some((0.51, 1))),
+            run("a", 1.8, "go", Some((1.81, 0))),
+            run("b", 1.9, "go", Some((1.91, 0))),
+            run("c", 3.0, "hang", None),
+            run("c", 3.8, "go", Some((3.81, 0))),
+        ];
+        o.gate_runs = Some((good.clone(), s(1.0)));
+        assert_eq!(violations(&o), Vec::<String>::new());
+        // c's last run said wait.
+        let mut runs = good.clone();
+        runs[4] = run("c", 3.8, "wait", Some((3.81, 1)));
+        o.gate_runs = Some((runs, s(1.0)));
+        reports(&o, "c asked logind to reboot at 3.90s past a gate that said wait: its last gate run, at 3.80s (answer wait), it said wait (exit 1)");
+        // c's last run hung, and was killed (or went past its time-out and was taken as go).
+        let mut runs = good.clone();
+        runs.remove(4);
+        o.gate_runs = Some((runs.clone(), s(1.0)));
+        reports(&o, "(answer hang), it never ended");
+        runs[3] = run("c", 2.0, "hang", Some((3.6, 0)));
+        o.gate_runs = Some((runs, s(1.0)));
+        reports(&o, "it ran 1.60s, past its time-out of 1s (wait)");
+        // b never asked.
+        let mut runs = good;
+        runs.remove(2);
+        o.gate_runs = Some((runs, s(1.0)));
+        reports(
+            &o,
+            "b asked logind to reboot at 2.00s without asking its gate",
+        );
     }
 }

@@ -82,6 +82,18 @@ struct Cli {
     /// off from the others).
     #[arg(long, default_value = "leader,follower,partition,isolate")]
     faults: String,
+    /// An operator runs rebootctl beside the chaos: pause/resume a node, pause/resume the
+    /// group, cancel a node's cycle, unlock a holder's slot, set-max 1-3 (etcd stores only).
+    #[arg(long)]
+    operators: bool,
+    /// Every node gets maintenance windows of 2-6 s with gaps of 1-6 s, opening and closing
+    /// throughout the rollout (on its own clock with --skew-clock).
+    #[arg(long)]
+    windows: bool,
+    /// Every node has a command gate before the reboot (1 s time-out) whose answer the lab
+    /// flips every 0.2-1.5 s: go, wait, or hang past the time-out.
+    #[arg(long)]
+    gates: bool,
     /// Checker self-test: the lab itself adds a holder (`holder`) or cordons a node
     /// (`cordon`) beyond max mid-trial; every trial must then fail.
     #[arg(long, hide = true)]
@@ -264,6 +276,9 @@ fn options(cli: Cli) -> Result<ChaosOptions, String> {
         skew_clock: cli.skew_clock,
         etcd_members: cli.etcd_members,
         member_faults: MemberFault::parse_list(&cli.faults)?,
+        operators: cli.operators,
+        windows: cli.windows,
+        gates: cli.gates,
         ..ChaosOptions::new(rebootd)
     })
     .and_then(|o: ChaosOptions| o.check().map(|()| o))
@@ -283,6 +298,15 @@ fn extras(opts: &ChaosOptions) -> String {
     }
     if opts.skew_clock {
         out.push_str(", a node's clock hours off");
+    }
+    if opts.operators {
+        out.push_str(", an operator running rebootctl");
+    }
+    if opts.windows {
+        out.push_str(", maintenance windows of a few seconds");
+    }
+    if opts.gates {
+        out.push_str(", a flapping gate before the reboot");
     }
     if opts.etcd_members > 1 {
         let faults: Vec<String> = opts.member_faults.iter().map(|f| f.to_string()).collect();

@@ -47,6 +47,7 @@ pub(super) async fn simulated_reboots(
             Err(RecvError::Lagged(_)) => {}
             Err(RecvError::Closed) => return,
         }
+        shared.record_call(&n.name);
         shared.stats(|s| s.reboot_calls += 1);
         if rng.chance(40) {
             let delay = rng.ms(50, 1500);
@@ -87,7 +88,10 @@ pub(super) async fn simulated_reboots(
         // Calls made before the machine went down belong to this shutdown.
         loop {
             match calls.try_recv() {
-                Ok(_) => shared.stats(|s| s.reboot_calls += 1),
+                Ok(_) => {
+                    shared.record_call(&n.name);
+                    shared.stats(|s| s.reboot_calls += 1)
+                }
                 Err(TryRecvError::Lagged(_)) => {}
                 Err(_) => break,
             }
@@ -99,7 +103,10 @@ pub(super) async fn simulated_reboots(
         // as a second reboot). A real logind would be gone with the machine.
         loop {
             match calls.try_recv() {
-                Ok(_) => shared.stats(|s| s.reboot_calls += 1),
+                Ok(_) => {
+                    shared.record_call(&n.name);
+                    shared.stats(|s| s.reboot_calls += 1)
+                }
                 Err(TryRecvError::Lagged(_)) => {}
                 Err(_) => break,
             }
@@ -110,6 +117,7 @@ pub(super) async fn simulated_reboots(
                 shared.problem(format!("{}: boot: {e}", n.name));
             }
             n.down.store(false, Ordering::SeqCst);
+            shared.record_up(&n.name);
             node.boot_id()
         };
         let (c, name) = (cluster.clone(), n.name.clone());
@@ -273,6 +281,39 @@ pub(super) async fn chaos_loop(
                     s.eviction_faults += (*path == "/eviction") as u32;
                 });
             }
+        }
+    }
+}
+
+/// airlock (`--backend fleetlock`) killed (SIGKILL) up to `actions` times, 0.5–3 s apart, and
+/// started again (same port and configuration) 0.2–2 s later. Nodes asking meanwhile get no
+/// answer (their requests fail and are retried); a restart while the chaos stops still
+/// happens, so the rollout can complete.
+pub(super) async fn airlock_kills(
+    mut rng: Rng,
+    actions: usize,
+    airlock: Arc<tokio::sync::Mutex<crate::airlock::Airlock>>,
+    shared: Arc<Shared>,
+) {
+    for _ in 0..actions {
+        tokio::time::sleep(rng.ms(500, 3000)).await;
+        if shared.stopped() {
+            break;
+        }
+        let mut a = airlock.lock().await;
+        a.kill().await;
+        shared.stats(|s| s.airlock_kills += 1);
+        tokio::time::sleep(rng.ms(200, 2000)).await;
+        // airlock exits at start when its etcd does not answer (the chaos may have stopped
+        // it): start it again until it listens.
+        let mut tries = 0;
+        while let Err(e) = a.restart().await {
+            tries += 1;
+            if tries >= 6 {
+                shared.problem(format!("airlock restart: {e}"));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
 }

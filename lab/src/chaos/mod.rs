@@ -25,13 +25,16 @@ pub mod check;
 mod cli;
 pub mod cutoff;
 mod disrupt;
+pub mod gates;
 mod inject;
 mod members;
+mod operator;
 mod report;
 mod rng;
 mod store;
 mod trial;
 mod watch;
+pub mod windows;
 mod workload;
 
 pub use cli::command;
@@ -55,12 +58,20 @@ pub enum Backend {
     /// itself keeps it.
     EtcdV2,
     Kubernetes,
+    /// A FleetLock server, the real airlock, keeping its own semaphore in etcd v3.
+    FleetLock,
 }
 
 impl Backend {
-    /// Whether the semaphore lives in etcd (so etcd is started, stopped and frozen).
+    /// Whether the semaphore is locksmith's document in etcd (v3 or v2).
     pub fn etcd(self) -> bool {
         matches!(self, Backend::Etcd | Backend::EtcdV2)
+    }
+
+    /// Whether the trial runs an etcd (stopped and frozen by the chaos): the locksmith
+    /// document's, or airlock's.
+    pub fn uses_etcd(self) -> bool {
+        self.etcd() || self == Backend::FleetLock
     }
 }
 
@@ -71,8 +82,9 @@ impl std::str::FromStr for Backend {
             "etcd" | "etcd-v3" => Ok(Backend::Etcd),
             "etcd-v2" => Ok(Backend::EtcdV2),
             "kubernetes" | "kube" => Ok(Backend::Kubernetes),
+            "fleetlock" | "airlock" => Ok(Backend::FleetLock),
             other => Err(format!(
-                "backend {other:?}: expected etcd, etcd-v2 or kubernetes"
+                "backend {other:?}: expected etcd, etcd-v2, kubernetes or fleetlock"
             )),
         }
     }
@@ -84,6 +96,7 @@ impl std::fmt::Display for Backend {
             Backend::Etcd => "etcd",
             Backend::EtcdV2 => "etcd-v2",
             Backend::Kubernetes => "kubernetes",
+            Backend::FleetLock => "fleetlock",
         })
     }
 }
@@ -141,6 +154,15 @@ pub struct ChaosOptions {
     pub etcd_members: usize,
     /// The faults of a multi-member etcd the chaos takes.
     pub member_faults: Vec<MemberFault>,
+    /// An operator runs `rebootctl` beside the chaos (pause, resume, cancel, unlock,
+    /// set-max; up to `actions` of them).
+    pub operators: bool,
+    /// Every node gets maintenance windows a few seconds long that open and close throughout
+    /// the rollout (on its own clock, with `skew_clock`).
+    pub windows: bool,
+    /// Every node has a command gate before the reboot whose answer the lab flips (go, wait,
+    /// hang past its time-out).
+    pub gates: bool,
 }
 
 /// The default `kubernetes.drain_timeout` and `ready_timeout` of a trial.
@@ -171,6 +193,9 @@ impl ChaosOptions {
             skew_clock: false,
             etcd_members: 1,
             member_faults: MemberFault::ALL.to_vec(),
+            operators: false,
+            windows: false,
+            gates: false,
         }
     }
 
@@ -182,6 +207,22 @@ impl ChaosOptions {
         }
         if self.etcd_members > 1 && self.cut_off {
             return Err("--cut-off is not supported with --etcd-members > 1 yet".into());
+        }
+        if self.backend == Backend::FleetLock && (self.cut_off || self.max_hold.is_some()) {
+            return Err(
+                "--backend fleetlock: no --cut-off or --max-hold (the server owns the semaphore)"
+                    .into(),
+            );
+        }
+        if self.gates && self.skew_clock {
+            return Err(
+                "--gates with --skew-clock: the gate's log is read on the lab's clock".into(),
+            );
+        }
+        if self.operators && !self.backend.etcd() {
+            return Err(
+                "--operators: only with the semaphore in etcd (--backend etcd or etcd-v2)".into(),
+            );
         }
         if self.etcd_members == 0 || self.etcd_members.is_multiple_of(2) {
             return Err(format!(
@@ -239,9 +280,19 @@ pub struct Stats {
     /// Times the node cut off found, at a fence (before a cordon or the reboot call), that its
     /// slot was gone, and backed out (its log says so).
     pub fenced: u32,
+    /// airlock killed (SIGKILL) and started again (`--backend fleetlock`).
+    pub airlock_kills: u32,
     /// Faults of a multi-member etcd, by kind (`leader`, `follower`, `partition`, `partition
     /// (leader)`, `isolate (connected)`, `isolate (first endpoint)`).
     pub member_faults: BTreeMap<String, u32>,
+    /// The operator's commands, by what came of them (`pause`, `cancel refused`, ...).
+    pub operator: BTreeMap<String, u32>,
+    /// With windows: what the nodes' logs say the windows did (`left the queue`: closed while
+    /// waiting for a slot; `backed out`: closed before the reboot), and `reboots`.
+    pub windows: BTreeMap<String, u32>,
+    /// With the flapping gate: the answers set (`set go`, ...) and what the nodes' logs say
+    /// (`said wait`: a check that said wait).
+    pub gates: BTreeMap<String, u32>,
 }
 
 impl Stats {
@@ -267,8 +318,18 @@ impl Stats {
         self.reclaims += o.reclaims;
         self.skewed.extend(o.skewed.iter().cloned());
         self.fenced += o.fenced;
+        self.airlock_kills += o.airlock_kills;
         for (k, v) in &o.member_faults {
             *self.member_faults.entry(k.clone()).or_default() += v;
+        }
+        for (k, v) in &o.operator {
+            *self.operator.entry(k.clone()).or_default() += v;
+        }
+        for (k, v) in &o.windows {
+            *self.windows.entry(k.clone()).or_default() += v;
+        }
+        for (k, v) in &o.gates {
+            *self.gates.entry(k.clone()).or_default() += v;
         }
     }
 }
@@ -302,6 +363,9 @@ impl std::fmt::Display for Stats {
         if !self.skewed.is_empty() {
             write!(f, ", clocks off: {}", self.skewed.len())?;
         }
+        if self.airlock_kills > 0 {
+            write!(f, ", airlock kills {}", self.airlock_kills)?;
+        }
         if !self.member_faults.is_empty() {
             let faults: Vec<String> = self
                 .member_faults
@@ -309,6 +373,26 @@ impl std::fmt::Display for Stats {
                 .map(|(k, v)| format!("{k} {v}"))
                 .collect();
             write!(f, ", member faults: {}", faults.join(", "))?;
+        }
+        if !self.operator.is_empty() {
+            let ops: Vec<String> = self
+                .operator
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect();
+            write!(f, ", operator: {}", ops.join(", "))?;
+        }
+        if !self.windows.is_empty() {
+            let w: Vec<String> = self
+                .windows
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect();
+            write!(f, ", windows: {}", w.join(", "))?;
+        }
+        if !self.gates.is_empty() {
+            let g: Vec<String> = self.gates.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            write!(f, ", gate: {}", g.join(", "))?;
         }
         if !self.injected.is_empty() {
             write!(f, "; injected: {}", self.injected.join(", "))?;
@@ -450,7 +534,7 @@ pub fn replay_command(opts: &ChaosOptions, seed: u64) -> String {
     if opts.skew_clock {
         cmd.push_str(" --skew-clock");
     }
-    if opts.etcd != EtcdVersion::V34 && opts.backend.etcd() {
+    if opts.etcd != EtcdVersion::V34 && opts.backend.uses_etcd() {
         cmd.push_str(&format!(" --etcd {}", opts.etcd.as_str()));
     }
     if opts.etcd_members > 1 {
@@ -460,6 +544,15 @@ pub fn replay_command(opts: &ChaosOptions, seed: u64) -> String {
             opts.etcd_members,
             faults.join(",")
         ));
+    }
+    if opts.operators {
+        cmd.push_str(" --operators");
+    }
+    if opts.windows {
+        cmd.push_str(" --windows");
+    }
+    if opts.gates {
+        cmd.push_str(" --gates");
     }
     if opts.trial_timeout != DEFAULT_TRIAL_TIMEOUT {
         cmd.push_str(&format!(

@@ -20,7 +20,7 @@ pub(super) enum Etcd {
 /// `opts.etcd_members` (the v2 API on for the v2 store).
 pub(super) async fn start_etcd(opts: &ChaosOptions) -> Result<Option<Etcd>, String> {
     let v2 = opts.backend == Backend::EtcdV2;
-    if !opts.backend.etcd() {
+    if !opts.backend.uses_etcd() {
         return Ok(None);
     }
     if opts.etcd_members > 1 {
@@ -66,13 +66,20 @@ pub(super) fn node_config(
     via: Option<&str>,
     kubeconfig: &Path,
     lease_kubeconfig: &Path,
+    fleetlock: Option<(&str, &str)>,
 ) -> String {
     let max_hold = opts
         .max_hold
         .map(|m| format!("max_hold = \"{}ms\"\n", m.as_millis()))
         .unwrap_or_default();
-    let lock_config = match etcd {
-        Some(eps) => {
+    let lock_config = match (etcd, fleetlock) {
+        // The node's name as its id at the server, so the watcher reads names.
+        (_, Some((url, id))) => {
+            format!(
+                "[lock]\nbackend = \"fleetlock\"\n\n[lock.fleetlock]\nurl = {url:?}\nid = {id:?}\n"
+            )
+        }
+        (Some(eps), None) => {
             let eps: Vec<&str> = match via {
                 Some(v) => vec![v],
                 None => eps.iter().map(String::as_str).collect(),
@@ -86,7 +93,7 @@ pub(super) fn node_config(
                 "[lock]\nbackend = \"etcd\"\n{max_hold}\n[lock.etcd]\n{api}endpoints = {eps:?}\n"
             )
         }
-        None => {
+        (None, None) => {
             let kc = if via.is_some() {
                 lease_kubeconfig
             } else {
@@ -202,4 +209,44 @@ pub(super) async fn read_doc(endpoint: &str, backend: Backend) -> Result<Semapho
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     Err(last)
+}
+
+/// airlock's semaphore key for the group `default`.
+pub(super) const AIRLOCK_KEY: &str = "com.coreos.airlock/groups/default/v1/semaphore";
+
+/// airlock's semaphore (`{"total_slots": N, "holders": [...]}`) as a locksmith document would
+/// say it; `None` when it is not one.
+pub(super) fn airlock_doc(value: &[u8]) -> Option<SemaphoreDoc> {
+    #[derive(serde::Deserialize)]
+    struct Sem {
+        total_slots: u64,
+        holders: Vec<String>,
+    }
+    let s: Sem = serde_json::from_slice(value).ok()?;
+    Some(SemaphoreDoc {
+        semaphore: s.total_slots as i64 - s.holders.len() as i64,
+        max: s.total_slots,
+        holders: s.holders,
+    })
+}
+
+/// airlock's semaphore as etcd holds it at `endpoint` (before its first lock airlock may not
+/// have written it: an empty one of `max` slots).
+pub(super) async fn read_airlock(endpoint: &str, max: u64) -> Result<SemaphoreDoc, String> {
+    let mut c = etcd_client::Client::connect([endpoint], None)
+        .await
+        .map_err(|e| format!("etcd: {e}"))?;
+    let r = c
+        .get(AIRLOCK_KEY, None)
+        .await
+        .map_err(|e| format!("etcd get: {e}"))?;
+    match r.kvs().first() {
+        None => Ok(SemaphoreDoc {
+            semaphore: max as i64,
+            max,
+            holders: Vec::new(),
+        }),
+        Some(kv) => airlock_doc(kv.value())
+            .ok_or_else(|| format!("airlock's semaphore does not parse: {:?}", kv.value_str())),
+    }
 }

@@ -4,11 +4,13 @@
 //! error, a [`Stop`]), the processes the trial started are in its [`Rig`] and the tear-down
 //! ends them all before the trial returns.
 
-use super::check::{self, CutOff, Down, Observed, SemaphoreEnd, Timeline};
+use super::check::{
+    self, CutOff, Down, Observed, Operations, SemaphoreEnd, StoreChange, StoreEvent, Timeline,
+};
 use super::members::{self, EtcdAt};
 use super::{
-    cutoff, disrupt, inject, report, store, watch, workload, Backend, ChaosOptions, Rng, Stats,
-    Stop, TrialReport,
+    cutoff, disrupt, gates, inject, operator, report, store, watch, windows, workload, Backend,
+    ChaosOptions, Rng, Stats, Stop, TrialReport,
 };
 use crate::cut_proxy::CutProxy;
 use crate::etcd::EtcdServer;
@@ -44,6 +46,8 @@ pub(super) struct ChaosNode {
 /// What the trial's tasks record.
 pub(super) struct Shared {
     pub started: Instant,
+    /// The wall clock at `started` (to place the nodes' log lines in the trial's time).
+    pub started_wall: jiff::Timestamp,
     pub stats: Mutex<Stats>,
     /// Every holder set the outside watcher saw, in order.
     pub holders: Mutex<Timeline>,
@@ -54,6 +58,15 @@ pub(super) struct Shared {
     /// Each time a node was cut off from the store.
     pub cut_offs: Mutex<Vec<CutOff>>,
     pub problems: Mutex<Vec<String>>,
+    /// Reboot calls logind accepted, and the ends of simulated reboots, by node.
+    pub calls: Mutex<Vec<(String, Duration)>>,
+    pub ups: Mutex<Vec<(String, Duration)>>,
+    /// The document's max at each revision the watcher saw (etcd).
+    pub maxes: Mutex<Vec<(Duration, u64)>>,
+    /// What the operator did (`--operators`).
+    pub ops: Mutex<Operations>,
+    /// The document's and the holder records' changes, with the store's revisions.
+    pub store: Mutex<Vec<StoreEvent>>,
     /// The rollout is over (or the trial is being torn down): the chaos stops.
     pub stop: AtomicBool,
 }
@@ -66,12 +79,18 @@ impl Shared {
     fn new() -> Shared {
         Shared {
             started: Instant::now(),
+            started_wall: jiff::Timestamp::now(),
             stats: Mutex::new(Stats::default()),
             holders: Mutex::new(Vec::new()),
             cordoned: Mutex::new(Vec::new()),
             downs: Mutex::new(Vec::new()),
             cut_offs: Mutex::new(Vec::new()),
             problems: Mutex::new(Vec::new()),
+            calls: Mutex::new(Vec::new()),
+            ups: Mutex::new(Vec::new()),
+            maxes: Mutex::new(Vec::new()),
+            ops: Mutex::new(Operations::default()),
+            store: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
         }
     }
@@ -100,6 +119,30 @@ impl Shared {
         lock(&self.downs).push(d);
     }
 
+    pub fn record_call(&self, node: &str) {
+        lock(&self.calls).push((node.to_owned(), self.started.elapsed()));
+    }
+
+    pub fn record_up(&self, node: &str) {
+        lock(&self.ups).push((node.to_owned(), self.started.elapsed()));
+    }
+
+    pub fn record_max(&self, max: u64) {
+        lock(&self.maxes).push((self.started.elapsed(), max));
+    }
+
+    pub fn record_store(&self, rev: i64, change: StoreChange) {
+        lock(&self.store).push(StoreEvent {
+            at: self.started.elapsed(),
+            rev,
+            change,
+        });
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
     pub fn record_cut_off(&self, c: CutOff) {
         lock(&self.cut_offs).push(c);
     }
@@ -123,6 +166,8 @@ struct Rig {
     cluster: Option<Arc<tokio::sync::Mutex<EtcdCluster>>>,
     /// The proxy a node's store traffic goes through (`--cut-off`).
     proxy: Option<Arc<CutProxy>>,
+    /// The FleetLock server (`--backend fleetlock`).
+    airlock: Option<Arc<tokio::sync::Mutex<crate::airlock::Airlock>>>,
     nodes: Vec<Arc<ChaosNode>>,
     /// Every task that holds a node or etcd.
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -156,6 +201,9 @@ impl Rig {
             }
         }
         self.proxy.take();
+        if let Some(a) = self.airlock.take() {
+            a.lock().await.kill().await;
+        }
         if let Some(k) = self.kube.take() {
             k.shutdown().await;
         }
@@ -296,7 +344,22 @@ async fn run_trial(
         None => (None, Vec::new()),
     };
     let etcd_endpoint = etcd_at.as_ref().map(|a| a.healthy().1);
-    if let Some(ep) = &etcd_endpoint {
+    // The FleetLock server, on the trial's etcd.
+    if opts.backend == Backend::FleetLock {
+        let etcd = rig.etcd.lock().await;
+        let Some(e) = etcd.as_ref() else {
+            return Err("fleetlock: no etcd for airlock".to_string().into());
+        };
+        let a = crate::airlock::Airlock::start(e, &[("default", opts.max)])
+            .await
+            .map_err(|e| format!("airlock: {e}"))?;
+        rig.airlock = Some(Arc::new(tokio::sync::Mutex::new(a)));
+    }
+    let airlock_url = match &rig.airlock {
+        Some(a) => Some(a.lock().await.url()),
+        None => None,
+    };
+    if let Some(ep) = etcd_endpoint.as_ref().filter(|_| opts.backend.etcd()) {
         let doc = SemaphoreDoc {
             semaphore: opts.max as i64,
             max: opts.max,
@@ -347,17 +410,53 @@ async fn run_trial(
         }
         std::fs::write(&lease_kubeconfig, via).map_err(|e| format!("kubeconfig: {e}"))?;
     }
+    // Each node's maintenance windows, on its own clock (`--windows`).
+    let plans: Vec<Option<windows::Plan>> = (0..opts.nodes)
+        .map(|i| {
+            opts.windows.then(|| {
+                let offset = match &skew {
+                    Some((at, by, _)) if *at == i => cutoff::skew_of(by),
+                    _ => jiff::SignedDuration::ZERO,
+                };
+                windows::plan(
+                    &mut Rng::fork(seed, 300 + i as u64),
+                    jiff::Timestamp::now(),
+                    offset,
+                    opts.trial_timeout,
+                )
+            })
+        })
+        .collect();
+    // The flapping gate (`--gates`).
+    let gate_dir = rig
+        .dir
+        .as_ref()
+        .map(|d| d.path().join("gate"))
+        .unwrap_or_default();
+    let gate_script = if opts.gates {
+        Some(gates::setup(&gate_dir)?)
+    } else {
+        None
+    };
     let proxy_url = rig.proxy.as_ref().map(|p| p.url());
     let config_for = |i: usize| -> String {
         let via = proxy_url.as_deref().filter(|_| cut_node == Some(i));
         let endpoints = store::node_endpoints(etcd_endpoint.as_deref(), &members, i);
-        store::node_config(
+        let mut config = store::node_config(
             opts,
             endpoints.as_deref(),
             via,
             &kubeconfig,
             &lease_kubeconfig,
-        )
+            airlock_url.as_deref().map(|u| (u, names[i].as_str())),
+        );
+        if let Some(p) = &plans[i] {
+            config.push_str(&windows::toml(p));
+        }
+        if let Some(g) = &gate_script {
+            config.push_str(&gates::toml(g, &names[i]));
+        }
+        config
     };
 
     // The outside watchers, started (and their requests made) before anything else happens.
@@ -433,7 +532,21 @@ async fn run_trial(
         .iter()
         .map(|n| (n.machine_id.clone(), n.name.clone()))
         .collect();
+    // With an operator, rebootd's holder records too (an unlock is judged by them).
+    if opts.operators {
+        if let Some(at) = &etcd_at {
+            rig.tasks.push(match opts.backend {
+                Backend::EtcdV2 => tokio::spawn(watch::etcd_v2_records(
+                    at.clone(),
+                    ids.clone(),
+                    shared.clone(),
+                )),
+                _ => tokio::spawn(watch::etcd_records(at.clone(), ids.clone(), shared.clone())),
+            });
+        }
+    }
     rig.tasks.push(match (&etcd_at, opts.backend) {
+        (Some(at), Backend::FleetLock) => tokio::spawn(watch::airlock(at.clone(), shared.clone())),
         (Some(at), Backend::EtcdV2) => {
             tokio::spawn(watch::etcd_v2(at.clone(), ids, shared.clone()))
         }
@@ -488,6 +601,38 @@ async fn run_trial(
         ))),
         _ => None,
     };
+    let operating = opts.operators.then(|| {
+        let ids: Vec<(String, String)> = rig
+            .nodes
+            .iter()
+            .map(|n| (n.machine_id.clone(), n.name.clone()))
+            .collect();
+        tokio::spawn(operator::operator(
+            Rng::fork(seed, 11),
+            opts.actions,
+            opts.rebootd.with_file_name("rebootctl"),
+            rig.nodes.clone(),
+            ids,
+            cluster.clone(),
+            shared.clone(),
+        ))
+    });
+    // airlock killed and started again (its etcd is stopped and frozen by the chaos loop).
+    let airlock_chaos = rig.airlock.clone().map(|a| {
+        tokio::spawn(disrupt::airlock_kills(
+            Rng::fork(seed, 13),
+            opts.actions,
+            a,
+            shared.clone(),
+        ))
+    });
+    let flapping = opts.gates.then(|| {
+        tokio::spawn(gates::flap(
+            Rng::fork(seed, 12),
+            gate_dir.clone(),
+            shared.clone(),
+        ))
+    });
     let injection = opts.inject.map(|v| {
         tokio::spawn(inject::run(
             v,
@@ -508,6 +653,9 @@ async fn run_trial(
             rig.tasks.extend(member_chaos);
             rig.tasks.extend(injection);
             rig.tasks.extend(cutting);
+            rig.tasks.extend(operating);
+            rig.tasks.extend(flapping);
+            rig.tasks.extend(airlock_chaos);
             return Err(Cut::Stopped);
         }
         let all_done = rig.nodes.iter().all(|n| {
@@ -536,6 +684,9 @@ async fn run_trial(
     heal.extend(member_chaos);
     heal.extend(injection);
     heal.extend(cutting);
+    heal.extend(operating);
+    heal.extend(flapping);
+    heal.extend(airlock_chaos);
     let healed = or_stop(stop, async {
         for h in heal.iter_mut() {
             let _ = h.await;
@@ -587,6 +738,12 @@ async fn run_trial(
         .cloned()
         .collect();
     let semaphore_end = match &etcd_at {
+        Some(at) if opts.backend == Backend::FleetLock => {
+            match or_stop(stop, store::read_airlock(&at.healthy().1, opts.max)).await? {
+                Ok(doc) => SemaphoreEnd::Etcd(doc),
+                Err(e) => SemaphoreEnd::Unreadable(e),
+            }
+        }
         Some(at) => match or_stop(stop, store::read_doc(&at.healthy().1, opts.backend)).await? {
             Ok(doc) => SemaphoreEnd::Etcd(doc),
             Err(e) => SemaphoreEnd::Unreadable(e),
@@ -631,8 +788,53 @@ async fn run_trial(
             _ => {}
         }
     }
-    Ok(Observed {
+    // What the windows did, as the nodes' logs say.
+    if opts.windows {
+        for n in &rig.nodes {
+            let log = std::fs::read_to_string(&n.log_path).unwrap_or_default();
+            let left = log
+                .matches("while waiting for a slot; leaving the queue")
+                .count() as u32;
+            let backed = log
+                .matches("the maintenance window closed before the reboot; backing out")
+                .count() as u32;
+            let waited = log
+                .matches("outside the maintenance window; next opens")
+                .count() as u32;
+            shared.stats(|s| {
+                *s.windows.entry("left the queue".into()).or_default() += left;
+                *s.windows.entry("backed out".into()).or_default() += backed;
+                *s.windows.entry("waited for one".into()).or_default() += waited;
+            });
+        }
+    }
+    let window_spans = names
+        .iter()
+        .zip(&plans)
+        .filter_map(|(n, p)| {
+            p.as_ref()
+                .map(|p| (n.clone(), windows::spans(p, shared.started_wall)))
+        })
+        .collect();
+    let gate_runs = opts.gates.then(|| {
+        let runs = gates::runs(&gate_dir, shared.started_wall);
+        for n in &rig.nodes {
+            let log = std::fs::read_to_string(&n.log_path).unwrap_or_default();
+            let said_wait = log.matches("waiting for gate").count() as u32;
+            shared.stats(|s| *s.gates.entry("said wait".into()).or_default() += said_wait);
+        }
+        let hung = runs.iter().filter(|r| r.end.is_none()).count() as u32;
+        shared.stats(|s| {
+            *s.gates.entry("runs".into()).or_default() += runs.len() as u32;
+            *s.gates.entry("runs killed".into()).or_default() += hung;
+        });
+        (runs, gates::TIMEOUT)
+    });
+    let observed = Observed {
+        gate_runs,
         max: opts.max,
+        store: lock(&shared.store).clone(),
+        windows: window_spans,
         nodes: names,
         holders: shared.holders(),
         cordoned: shared.cordoned(),
@@ -647,7 +849,20 @@ async fn run_trial(
         max_hold: opts.max_hold,
         cut_offs: lock(&shared.cut_offs).clone(),
         processes,
-    })
+        calls: lock(&shared.calls).clone(),
+        ups: lock(&shared.ups).clone(),
+        maxes: lock(&shared.maxes).clone(),
+        ops: opts.operators.then(|| lock(&shared.ops).clone()),
+    };
+    let on_its_way = check::unlocked_on_its_way(&observed).len() as u32;
+    if on_its_way > 0 {
+        shared.stats(|s| {
+            *s.operator
+                .entry("unlock of a reboot on its way".into())
+                .or_default() += on_its_way
+        });
+    }
+    Ok(observed)
 }
 
 /// What the kubelet posts after boot: the boot id in `status.nodeInfo.bootID`.

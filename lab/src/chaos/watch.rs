@@ -2,13 +2,14 @@
 //! locksmith key in v3, a long-poll watch on it in v2, or a kube-rs watch on the Leases) and of the Nodes' cordons, over the same
 //! APIs a user would, and record them in the trial's timelines. The chaos never touches them.
 
+use super::check::StoreChange;
 use super::members::EtcdAt;
 use super::trial::Shared;
 use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node as KubeNode;
 use kube::api::{Api, WatchEvent, WatchParams};
-use rebootd::lock::document::{semaphore_key, SemaphoreDoc};
+use rebootd::lock::document::{holder_records_prefix, semaphore_key, SemaphoreDoc};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +18,36 @@ use std::time::Duration;
 /// restarts (resuming from the last revision seen). With a cluster it watches through a member
 /// the lab is not disrupting, and moves to another (resuming) when the lab disrupts it.
 pub(super) async fn etcd(at: EtcdAt, ids: Vec<(String, String)>, shared: Arc<Shared>) {
-    let key = semaphore_key("default");
+    etcd_key(at, ids, shared, Watched::Doc).await
+}
+
+/// The outside watcher of airlock's semaphore in etcd v3 (`--backend fleetlock`): every
+/// revision, as for the locksmith document.
+pub(super) async fn airlock(at: EtcdAt, shared: Arc<Shared>) {
+    etcd_key(at, Vec::new(), shared, Watched::Airlock).await
+}
+
+/// What an etcd v3 watcher follows.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Watched {
+    Doc,
+    Records,
+    Airlock,
+}
+
+/// The outside watcher of rebootd's holder records beside the document (etcd v3): every put
+/// and delete, with its revision (see [`super::check::record_after_unlock`]).
+pub(super) async fn etcd_records(at: EtcdAt, ids: Vec<(String, String)>, shared: Arc<Shared>) {
+    etcd_key(at, ids, shared, Watched::Records).await
+}
+
+async fn etcd_key(at: EtcdAt, ids: Vec<(String, String)>, shared: Arc<Shared>, what: Watched) {
+    let records = what == Watched::Records;
+    let key = match what {
+        Watched::Records => holder_records_prefix("default"),
+        Watched::Doc => semaphore_key("default"),
+        Watched::Airlock => super::store::AIRLOCK_KEY.to_string(),
+    };
     let mut next_rev: i64 = 0;
     while !shared.stopped() {
         let (member, endpoint) = at.healthy();
@@ -33,8 +63,14 @@ pub(super) async fn etcd(at: EtcdAt, ids: Vec<(String, String)>, shared: Arc<Sha
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
-        let wopts =
-            (next_rev > 0).then(|| etcd_client::WatchOptions::new().with_start_revision(next_rev));
+        let mut wopts = etcd_client::WatchOptions::new();
+        if next_rev > 0 {
+            wopts = wopts.with_start_revision(next_rev);
+        }
+        if records {
+            wopts = wopts.with_prefix();
+        }
+        let wopts = Some(wopts);
         let Ok(Ok(mut stream)) =
             tokio::time::timeout(Duration::from_secs(3), client.watch(key.clone(), wopts)).await
         else {
@@ -56,25 +92,63 @@ pub(super) async fn etcd(at: EtcdAt, ids: Vec<(String, String)>, shared: Arc<Sha
             for e in resp.events() {
                 let Some(kv) = e.kv() else { continue };
                 next_rev = next_rev.max(kv.mod_revision() + 1);
-                let holders = holder_names(kv.value(), &ids, &shared);
+                if records {
+                    let id = kv.key_str().unwrap_or("").trim_start_matches(key.as_str());
+                    let put = e.event_type() == etcd_client::EventType::Put;
+                    shared.record_store(
+                        kv.mod_revision(),
+                        StoreChange::Record {
+                            node: name_of(id, &ids),
+                            put,
+                        },
+                    );
+                    continue;
+                }
+                let holders = if what == Watched::Airlock {
+                    match super::store::airlock_doc(kv.value()) {
+                        Some(doc) => {
+                            shared.record_max(doc.max);
+                            doc.holders.into_iter().collect()
+                        }
+                        None => {
+                            shared.problem(format!(
+                                "airlock's semaphore does not parse: {:?}",
+                                kv.value_str()
+                            ));
+                            BTreeSet::new()
+                        }
+                    }
+                } else {
+                    holder_names(kv.value(), &ids, &shared)
+                };
+                shared.record_store(kv.mod_revision(), StoreChange::Holders(holders.clone()));
                 shared.record_holders(holders);
             }
         }
     }
 }
 
+/// A lab node's name for a holder id (its machine id), else the id.
+fn name_of(id: &str, ids: &[(String, String)]) -> String {
+    ids.iter()
+        .find(|(m, _)| m == id)
+        .map_or(id.to_owned(), |(_, n)| n.clone())
+}
+
 /// The holders of a document, by node name where the holder id is a lab node's machine id.
 fn holder_names(value: &[u8], ids: &[(String, String)], shared: &Shared) -> BTreeSet<String> {
     match SemaphoreDoc::parse(value) {
-        Ok(doc) => doc
-            .holders
-            .iter()
-            .map(|h| {
-                ids.iter()
-                    .find(|(id, _)| id == h)
-                    .map_or(h.clone(), |(_, n)| n.clone())
-            })
-            .collect(),
+        Ok(doc) => {
+            shared.record_max(doc.max);
+            doc.holders
+                .iter()
+                .map(|h| {
+                    ids.iter()
+                        .find(|(id, _)| id == h)
+                        .map_or(h.clone(), |(_, n)| n.clone())
+                })
+                .collect()
+        }
         Err(err) => {
             shared.problem(format!("semaphore document does not parse: {err}"));
             BTreeSet::new()
@@ -137,7 +211,12 @@ async fn v2_watch_on(
             match client.get(key, quorum).await {
                 Ok(r) => {
                     if let Some(v) = &r.node.value {
-                        shared.record_holders(holder_names(v.as_bytes(), ids, shared));
+                        let holders = holder_names(v.as_bytes(), ids, shared);
+                        shared.record_store(
+                            r.node.modified_index as i64,
+                            StoreChange::Holders(holders.clone()),
+                        );
+                        shared.record_holders(holders);
                     }
                     *next_index = r.etcd_index + 1;
                 }
@@ -159,6 +238,10 @@ async fn v2_watch_on(
                         BTreeSet::new()
                     }
                 };
+                shared.record_store(
+                    event.node.modified_index as i64,
+                    StoreChange::Holders(holders.clone()),
+                );
                 shared.record_holders(holders);
             }
             Err(e) if e.is_index_cleared() => {
@@ -245,4 +328,80 @@ pub(super) async fn cordons(client: kube::Client, shared: Arc<Shared>) {
         }
     })
     .await;
+}
+
+/// The outside watcher of rebootd's holder records in etcd v2: a recursive long-poll watch on
+/// their directory, from the index etcd was at when it started, resumed at the index after
+/// the last event (v2 indexes are one sequence for every key, so they order these writes
+/// against the document's).
+pub(super) async fn etcd_v2_records(at: EtcdAt, ids: Vec<(String, String)>, shared: Arc<Shared>) {
+    use rebootd::clients::etcd_v2::{Get, KeysClient, Settings, Timeouts};
+    let dir = format!("/{}", holder_records_prefix("default"));
+    let dir = dir.trim_end_matches('/').to_owned();
+    let doc = format!("/{}", semaphore_key("default"));
+    let mut next_index: u64 = 0;
+    while !shared.stopped() {
+        let (member, endpoint) = at.healthy();
+        let settings = Settings {
+            endpoints: vec![endpoint.clone()],
+            tls: rebootd::http::TlsFiles {
+                table: "chaos watcher",
+                ..rebootd::http::TlsFiles::default()
+            },
+            basic_auth: None,
+            timeouts: Timeouts {
+                watch: Duration::from_secs(5),
+                ..Timeouts::default()
+            },
+        };
+        let Ok(client) = KeysClient::new(&settings) else {
+            return;
+        };
+        let follow = async {
+            while !shared.stopped() {
+                if next_index == 0 {
+                    let quorum = Get {
+                        quorum: true,
+                        ..Get::default()
+                    };
+                    match client.get(&doc, quorum).await {
+                        Ok(r) => next_index = r.etcd_index + 1,
+                        Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                    }
+                    continue;
+                }
+                match client.watch(&dir, true, next_index).await {
+                    Ok(None) => {}
+                    Ok(Some(event)) => {
+                        next_index = event.node.modified_index + 1;
+                        let id = event
+                            .node
+                            .key
+                            .rsplit('/')
+                            .next()
+                            .unwrap_or_default()
+                            .to_owned();
+                        shared.record_store(
+                            event.node.modified_index as i64,
+                            StoreChange::Record {
+                                node: name_of(&id, &ids),
+                                put: !event.action.removes(),
+                            },
+                        );
+                    }
+                    Err(e) if e.is_index_cleared() => {
+                        shared.problem(format!(
+                            "v2 records watch from index {next_index}: {e}; history incomplete"
+                        ));
+                        next_index = 0;
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+        };
+        tokio::select! {
+            _ = follow => {}
+            _ = at.disrupted(member) => {}
+        }
+    }
 }

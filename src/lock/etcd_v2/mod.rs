@@ -385,16 +385,19 @@ impl EtcdV2Semaphore {
 
     /// A quorum read (as the fence's), or a read kept from the take or the connection that says
     /// this host holds its slot ([`Self::kept_holding`]); then a write guarded by my record's
-    /// index. A report that wrote proves the slot held as the fence and the heartbeat do
-    /// ([`Reported::Held`]), and the runtime sends no fence right after.
+    /// index. The write proves only that my record did not change (no reclaim claimed it): the
+    /// document may have lost me without touching it (`locksmithctl unlock`, or `rebootctl
+    /// unlock` between its document write and its record delete). So a report proves the slot
+    /// held ([`Reported::Held`], and the runtime sends no fence right after) only on a quorum
+    /// read made for it, as a fence would; on a kept read it proves nothing.
     async fn try_report_phase(
         &self,
         me: &Identity,
         phase: &str,
     ) -> Result<Cas<Reported>, LockError> {
-        let mut snap = match self.kept_holding(&self.before_report, me) {
-            Some(kept) => kept,
-            None => self.read(true).await?,
+        let (mut snap, fresh) = match self.kept_holding(&self.before_report, me) {
+            Some(kept) => (kept, false),
+            None => (self.read(true).await?, true),
         };
         let doc = self.document(&snap)?;
         if self.fence_of(&snap, &doc, me) != Fence::Held {
@@ -405,7 +408,10 @@ impl EtcdV2Semaphore {
             // For the release right after (see `release`), with my record as written.
             snap.records.insert(self.keys.record(&me.id), written);
             self.recent.set(snap);
-            Ok(Cas::Done(Reported::Held))
+            Ok(Cas::Done(match fresh {
+                true => Reported::Held,
+                false => Reported::Unproven,
+            }))
         } else {
             Ok(Cas::Conflict)
         }
