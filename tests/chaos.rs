@@ -288,24 +288,8 @@ async fn chaos_smoke_with_an_operator_on_etcd_v3_and_v2() {
         chaos::run(&v2, &stop, |_| {})
     );
     for (opts, report) in [(&v3, a), (&v2, b)] {
-        assert_eq!(report.trials.len(), 1);
-        let t = &report.trials[0];
-        eprintln!(
-            "chaos {} with an operator, seed {}: {} in {:.1}s ({})",
-            opts.backend,
-            t.seed,
-            if t.ok() { "ok" } else { "FAILED" },
-            t.duration.as_secs_f64(),
-            t.stats
-        );
-        assert!(
-            t.ok(),
-            "seed {}: {}\n  logs: {:?}\n  replay: {}",
-            t.seed,
-            t.violations.join("\n  "),
-            t.logs,
-            chaos::replay_command(opts, t.seed)
-        );
+        let what = format!("{} with an operator", opts.backend);
+        let t = &one_ok(&what, opts, report);
         assert!(
             t.stats.operator.len() >= 2,
             "the operator did too little: {}",
@@ -313,6 +297,29 @@ async fn chaos_smoke_with_an_operator_on_etcd_v3_and_v2() {
         );
     }
     eprintln!("operator smoke: {:.0}s", started.elapsed().as_secs_f64());
+}
+
+/// The one trial of a smoke run, checked: printed with its seed, and failed with its
+/// violations, logs and the command that replays it.
+fn one_ok(what: &str, opts: &ChaosOptions, report: chaos::RunReport) -> chaos::TrialReport {
+    assert_eq!(report.trials.len(), 1);
+    let t = report.trials.into_iter().next().expect("one trial");
+    eprintln!(
+        "chaos {what}, seed {}: {} in {:.1}s ({})",
+        t.seed,
+        if t.ok() { "ok" } else { "FAILED" },
+        t.duration.as_secs_f64(),
+        t.stats
+    );
+    assert!(
+        t.ok(),
+        "seed {}: {}\n  logs: {:?}\n  replay: {}",
+        t.seed,
+        t.violations.join("\n  "),
+        t.logs,
+        chaos::replay_command(opts, t.seed)
+    );
+    t
 }
 
 /// The windows' smoke trial.
@@ -335,23 +342,7 @@ async fn chaos_smoke_with_short_windows_and_a_clock_hours_off() {
     };
     let started = Instant::now();
     let report = chaos::run(&opts, &Stop::new(), |_| {}).await;
-    assert_eq!(report.trials.len(), 1);
-    let t = &report.trials[0];
-    eprintln!(
-        "chaos with windows, seed {}: {} in {:.1}s ({})",
-        t.seed,
-        if t.ok() { "ok" } else { "FAILED" },
-        t.duration.as_secs_f64(),
-        t.stats
-    );
-    assert!(
-        t.ok(),
-        "seed {}: {}\n  logs: {:?}\n  replay: {}",
-        t.seed,
-        t.violations.join("\n  "),
-        t.logs,
-        chaos::replay_command(&opts, t.seed)
-    );
+    let t = &one_ok("with windows", &opts, report);
     assert!(
         t.stats
             .windows
@@ -384,23 +375,7 @@ async fn chaos_smoke_with_a_flapping_gate() {
     };
     let started = Instant::now();
     let report = chaos::run(&opts, &Stop::new(), |_| {}).await;
-    assert_eq!(report.trials.len(), 1);
-    let t = &report.trials[0];
-    eprintln!(
-        "chaos with a flapping gate, seed {}: {} in {:.1}s ({})",
-        t.seed,
-        if t.ok() { "ok" } else { "FAILED" },
-        t.duration.as_secs_f64(),
-        t.stats
-    );
-    assert!(
-        t.ok(),
-        "seed {}: {}\n  logs: {:?}\n  replay: {}",
-        t.seed,
-        t.violations.join("\n  "),
-        t.logs,
-        chaos::replay_command(&opts, t.seed)
-    );
+    let t = &one_ok("with a flapping gate", &opts, report);
     let runs = t.stats.gates.get("runs").copied().unwrap_or(0);
     assert!(
         runs as usize >= 3 * opts.nodes,
@@ -430,23 +405,7 @@ async fn chaos_smoke_through_the_real_airlock() {
     };
     let started = Instant::now();
     let report = chaos::run(&opts, &Stop::new(), |_| {}).await;
-    assert_eq!(report.trials.len(), 1);
-    let t = &report.trials[0];
-    eprintln!(
-        "chaos through airlock, seed {}: {} in {:.1}s ({})",
-        t.seed,
-        if t.ok() { "ok" } else { "FAILED" },
-        t.duration.as_secs_f64(),
-        t.stats
-    );
-    assert!(
-        t.ok(),
-        "seed {}: {}\n  logs: {:?}\n  replay: {}",
-        t.seed,
-        t.violations.join("\n  "),
-        t.logs,
-        chaos::replay_command(&opts, t.seed)
-    );
+    let t = &one_ok("through airlock", &opts, report);
     assert!(
         t.stats.airlock_kills > 0,
         "airlock was not killed: {}",
