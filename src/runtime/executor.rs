@@ -26,49 +26,6 @@ const WINDOW_RECHECK: Duration = Duration::from_secs(300);
 /// cordon) are quick unless a gate is slow, and then the fence is sent.
 const REPORT_PROOF_FRESH: Duration = Duration::from_secs(1);
 
-/// Whether an action waits for something with no bound in time (the watchdog is fed meanwhile)
-/// or calls something that must answer within `WatchdogSec=` (it is not).
-pub(super) fn duty(action: &Action) -> Duty {
-    match action {
-        Action::WaitForTrigger
-        | Action::Sleep { .. }
-        | Action::WaitForWindow
-        | Action::AcquireSlot
-        | Action::WaitForGroupResume { .. }
-        | Action::Drain
-        | Action::AwaitReboot { .. }
-        | Action::AwaitInhibitors { .. }
-        | Action::WarnUsers { .. }
-        | Action::WaitHealthy
-        | Action::WaitForResume => Duty::Wait,
-        Action::CheckWindow
-        | Action::PrepareReboot
-        | Action::RecordCordon
-        | Action::CallReboot
-        | Action::Uncordon
-        | Action::ReleaseSlot => Duty::Call,
-    }
-}
-
-/// Whether an operator request may end this action early: waits whose future may be dropped
-/// (an interrupted slot wait leaves nothing behind, see `lock::acquire::Waiting`; a drain is one
-/// future). Not the calls, and not the post-boot health wait, whose timeout would start again.
-pub(super) fn interruptible(action: &Action) -> bool {
-    matches!(
-        action,
-        Action::WaitForTrigger
-            | Action::Sleep { .. }
-            | Action::WaitForWindow
-            | Action::AcquireSlot
-            | Action::WaitForGroupResume { .. }
-            | Action::Drain
-            | Action::AwaitInhibitors { .. }
-            | Action::WarnUsers { .. }
-            | Action::AwaitReboot { .. }
-            | Action::WaitForResume
-    )
-}
-
 pub(super) fn sleep_until(t: Timestamp) -> tokio::time::Sleep {
     let d = t.duration_since(Timestamp::now());
     let d = Duration::try_from(d).unwrap_or(Duration::ZERO);

@@ -1,11 +1,13 @@
 //! The agent's runtime: performs the action the state asks for, turns its outcome into an event,
 //! steps the pure state machine and writes the new state before the next action.
 //!
-//! The work is split by job: `wiring` builds the runtime from the configuration, `seams` are the
-//! host and node adapters it acts through, `executor` performs one action, `observers` take each change of state to the state file and everything
-//! that shows it (in a fixed order), and `heartbeat` keeps a held slot's record fresh. This file
-//! is the loop.
+//! The work is split by job: `wiring` builds the runtime from the configuration, `duty` says
+//! what an action is to the loop (a wait or a call, interruptible or not), `seams` are the host
+//! and node adapters it acts through, `executor` performs one action, `observers` take each
+//! change of state to the state file and everything that shows it (in a fixed order), and
+//! `heartbeat` keeps a held slot's record fresh. This file is the loop.
 
+mod duty;
 mod executor;
 mod heartbeat;
 mod observers;
@@ -26,7 +28,7 @@ use crate::metrics::Metrics;
 use crate::notify::{self, Watchdog};
 use crate::state::{Phase, State, StateError, StateStore};
 use crate::trigger::{self, Need, TriggerSource};
-use executor::{duty, interruptible};
+use duty::{duty, interruptible};
 use jiff::Timestamp;
 use std::time::Duration;
 use tokio::sync::mpsc;
