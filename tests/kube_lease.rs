@@ -1760,8 +1760,8 @@ mod scenarios {
             ..timeouts()
         };
         let q = FarQueue::start_with(&mut env, t).await;
-        within("w renews three times", async {
-            while renewals(&env, "w").len() < 3 {
+        within("w renews four times", async {
+            while renewals(&env, "w").len() < 4 {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         })
@@ -1769,9 +1769,10 @@ mod scenarios {
         let far = gaps(&renewals(&env, "w"));
         let near = gaps(&renewals(&env, "o16"));
         // Each renewal is due two thirds of the TTL after the last one's renewTime; the
-        // requests' arrival spreads a little around that.
+        // requests' arrival spreads a little around that. The first gap may straddle w's move
+        // to far back (a renewal due at the near pace, then the far one): it is left out.
         assert!(
-            far.iter().all(|g| *g >= Duration::from_millis(1800)),
+            far.len() >= 3 && far[1..].iter().all(|g| *g >= Duration::from_millis(1800)),
             "w, far back, renews every 2 s: {far:?}"
         );
         assert!(
