@@ -8,7 +8,7 @@ use rebootd::need::TriggerSource;
 use rebootd::state::Phase;
 use rebootd_lab::node::{Node, NodeOptions};
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const NEED: &str = "UPDATE_STATUS_UPDATED_NEED_REBOOT";
 
@@ -652,10 +652,26 @@ async fn metrics_listener_caps_connections_times_out_idle_ones_and_backs_off() {
     // No file descriptor left for rebootd: accept fails until the limit is raised again.
     let pid = node.daemon_pid().unwrap().to_string();
     // The lowest free descriptor number: a limit of that leaves no number a new one could get.
-    let used: Vec<usize> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
+    // The server closes a served connection's descriptor in its own task, a moment after the
+    // client saw the end of the answer: read the table once it no longer changes.
+    let fds = || -> Vec<usize> {
+        let mut v: Vec<usize> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect();
+        v.sort_unstable();
+        v
+    };
+    let settled = Instant::now() + WAIT;
+    let mut used = fds();
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = fds();
+        if now == used || Instant::now() > settled {
+            break;
+        }
+        used = now;
+    }
     let open = (0..).find(|n| !used.contains(n)).unwrap();
     let prlimit = |soft: &str| {
         let out = std::process::Command::new("prlimit")
