@@ -476,13 +476,9 @@ fn a_lost_slot_backs_out_uncordoning_only_what_rebootd_cordoned() {
     assert_eq!(s.phase, Phase::RebootNeeded);
 }
 
-/// The host goes down while rebootd backs out of a reboot logind had accepted (restarted in the
-/// same boot, it asked again, and the proof before the call found the slot gone: an operator's
-/// `rebootctl unlock`, a reclaim). The boot meets the need the back-out kept: the back-out
-/// finishes, then idle. Finding 13 (RELIABILITY.md; chaos `--operators`, seed 3360001): the
-/// node finished the back-out, took a slot again and rebooted a second time.
-#[test]
-fn a_boot_during_a_back_out_meets_the_need_it_kept() {
+/// Drained, logind asked, then rebootd restarted in the same boot: the request is put aside to
+/// ask again, and may still be pending in logind.
+fn restarted_with_a_reboot_pending() -> (Policy, State) {
     let p = Policy {
         drain: true,
         ..policy()
@@ -499,12 +495,24 @@ fn a_boot_during_a_back_out_meets_the_need_it_kept() {
         Event::Started {
             boot_id: "boot1".into(),
         },
-        Event::SlotLost {
-            why: "unlocked".into(),
-        },
     ] {
         s = step(&s, e, t(1), &p).state;
     }
+    (p, s)
+}
+
+/// The host goes down while rebootd backs out of a reboot logind had accepted (restarted in the
+/// same boot, it asked again, and the proof before the call found the slot gone: an operator's
+/// `rebootctl unlock`, a reclaim). The boot meets the need the back-out kept: the back-out
+/// finishes, then idle. Finding 13 (RELIABILITY.md; chaos `--operators`, seed 3360001): the
+/// node finished the back-out, took a slot again and rebooted a second time.
+#[test]
+fn a_boot_during_a_back_out_meets_the_need_it_kept() {
+    let (p, s) = restarted_with_a_reboot_pending();
+    let lost = Event::SlotLost {
+        why: "unlocked".into(),
+    };
+    let s = step(&s, lost, t(1), &p).state;
     assert_eq!(s.phase, Phase::Uncordoning);
     assert!(s.reason.is_some(), "the back-out keeps the need");
     // logind's shutdown, accepted before, happens now.
@@ -532,25 +540,7 @@ fn a_boot_during_a_back_out_meets_the_need_it_kept() {
 /// drain.
 #[test]
 fn a_reboot_put_aside_by_a_restart_cannot_be_cancelled_or_paused() {
-    let p = Policy {
-        drain: true,
-        ..policy()
-    };
-    let mut s = State::new("boot1", t(0));
-    for e in [
-        needed(),
-        Event::WindowOpen,
-        Event::SlotAcquired,
-        Event::Cordoned { by_us: true },
-        Event::Drained,
-        Event::ReadyToReboot,
-        Event::RebootAccepted,
-        Event::Started {
-            boot_id: "boot1".into(),
-        },
-    ] {
-        s = step(&s, e, t(1), &p).state;
-    }
+    let (p, s) = restarted_with_a_reboot_pending();
     assert_eq!(s.reboot, None, "put aside to ask again");
     assert!(s.logind_asked());
     let cancelled = step(&s, Event::Cancelled, t(2), &p);
@@ -576,28 +566,11 @@ fn a_reboot_put_aside_by_a_restart_cannot_be_cancelled_or_paused() {
 /// and went down 0.7 s later without it.
 #[test]
 fn a_window_closing_after_a_restart_with_a_reboot_pending_keeps_the_slot() {
-    let p = Policy {
-        drain: true,
-        ..policy()
+    let (p, s) = restarted_with_a_reboot_pending();
+    let closed = Event::WindowClosed {
+        next_open: Some(t(100)),
     };
-    let mut s = State::new("boot1", t(0));
-    for e in [
-        needed(),
-        Event::WindowOpen,
-        Event::SlotAcquired,
-        Event::Cordoned { by_us: true },
-        Event::Drained,
-        Event::ReadyToReboot,
-        Event::RebootAccepted,
-        Event::Started {
-            boot_id: "boot1".into(),
-        },
-        Event::WindowClosed {
-            next_open: Some(t(100)),
-        },
-    ] {
-        s = step(&s, e, t(1), &p).state;
-    }
+    let s = step(&s, closed, t(1), &p).state;
     assert_eq!(s.phase, Phase::Rebooting);
     assert!(s.slot_held && s.cordoned_by_us, "{s:?}");
     assert_eq!(
@@ -624,25 +597,7 @@ fn a_window_closing_after_a_restart_with_a_reboot_pending_keeps_the_slot() {
 /// slot back and went down without it).
 #[test]
 fn a_gate_or_blocking_pods_after_a_restart_with_a_reboot_pending_keep_the_slot() {
-    let p = Policy {
-        drain: true,
-        ..policy()
-    };
-    let mut s = State::new("boot1", t(0));
-    for e in [
-        needed(),
-        Event::WindowOpen,
-        Event::SlotAcquired,
-        Event::Cordoned { by_us: true },
-        Event::Drained,
-        Event::ReadyToReboot,
-        Event::RebootAccepted,
-        Event::Started {
-            boot_id: "boot1".into(),
-        },
-    ] {
-        s = step(&s, e, t(1), &p).state;
-    }
+    let (p, s) = restarted_with_a_reboot_pending();
     for e in [
         Event::Gated {
             gate: "g".into(),
