@@ -201,6 +201,29 @@ async fn chaos_trials_max_hold_a_node_cut_off_and_a_clock_hours_off_on_every_sto
     );
 }
 
+/// The one trial of a smoke run, checked: printed with its seed, and failed with its
+/// violations, logs and the command that replays it.
+fn one_ok(what: &str, opts: &ChaosOptions, report: chaos::RunReport) -> chaos::TrialReport {
+    assert_eq!(report.trials.len(), 1);
+    let t = report.trials.into_iter().next().expect("one trial");
+    eprintln!(
+        "chaos {what}, seed {}: {} in {:.1}s ({})",
+        t.seed,
+        if t.ok() { "ok" } else { "FAILED" },
+        t.duration.as_secs_f64(),
+        t.stats
+    );
+    assert!(
+        t.ok(),
+        "seed {}: {}\n  logs: {:?}\n  replay: {}",
+        t.seed,
+        t.violations.join("\n  "),
+        t.logs,
+        chaos::replay_command(opts, t.seed)
+    );
+    t
+}
+
 /// The multi-member etcd's smoke trials: one per store (v3 and v2) at once.
 const MEMBERS_SEEDS_FROM: u64 = 90_000;
 
@@ -234,24 +257,7 @@ async fn chaos_smoke_on_a_three_member_etcd_v3_and_v2() {
         chaos::run(&v2, &stop, |_| {})
     );
     for (opts, report) in [(&v3, a), (&v2, b)] {
-        assert_eq!(report.trials.len(), 1);
-        let t = &report.trials[0];
-        eprintln!(
-            "chaos {} on 3 members, seed {}: {} in {:.1}s ({})",
-            opts.backend,
-            t.seed,
-            if t.ok() { "ok" } else { "FAILED" },
-            t.duration.as_secs_f64(),
-            t.stats
-        );
-        assert!(
-            t.ok(),
-            "seed {}: {}\n  logs: {:?}\n  replay: {}",
-            t.seed,
-            t.violations.join("\n  "),
-            t.logs,
-            chaos::replay_command(opts, t.seed)
-        );
+        let t = &one_ok(&format!("{} on 3 members", opts.backend), opts, report);
         assert!(
             !t.stats.member_faults.is_empty(),
             "no member fault: {}",
@@ -297,29 +303,6 @@ async fn chaos_smoke_with_an_operator_on_etcd_v3_and_v2() {
         );
     }
     eprintln!("operator smoke: {:.0}s", started.elapsed().as_secs_f64());
-}
-
-/// The one trial of a smoke run, checked: printed with its seed, and failed with its
-/// violations, logs and the command that replays it.
-fn one_ok(what: &str, opts: &ChaosOptions, report: chaos::RunReport) -> chaos::TrialReport {
-    assert_eq!(report.trials.len(), 1);
-    let t = report.trials.into_iter().next().expect("one trial");
-    eprintln!(
-        "chaos {what}, seed {}: {} in {:.1}s ({})",
-        t.seed,
-        if t.ok() { "ok" } else { "FAILED" },
-        t.duration.as_secs_f64(),
-        t.stats
-    );
-    assert!(
-        t.ok(),
-        "seed {}: {}\n  logs: {:?}\n  replay: {}",
-        t.seed,
-        t.violations.join("\n  "),
-        t.logs,
-        chaos::replay_command(opts, t.seed)
-    );
-    t
 }
 
 /// The windows' smoke trial.
