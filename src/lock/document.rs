@@ -25,6 +25,7 @@
 //! of locksmith's in between, so one watch of the range [`holder_records_prefix`] ..= document
 //! sees all three.
 
+use super::view::{Beat, HolderView};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -377,6 +378,24 @@ impl HolderRecord {
 
     pub fn parse(bytes: &[u8]) -> Result<Self, serde_json::Error> {
         serde_json::from_slice(bytes)
+    }
+
+    /// What the lock core sees of holder `id` of locksmith's document, with its record if it
+    /// has one that parses, and the record's store revision (`None`: no record, so it beats
+    /// silently, as locksmith's holders do).
+    pub fn view(id: &str, record: Option<&HolderRecord>, revision: Option<String>) -> HolderView {
+        HolderView {
+            id: id.to_owned(),
+            node: record.map(|r| r.node.clone()),
+            boot_id: record.map(|r| r.boot_id.clone()),
+            phase: record.and_then(|r| r.phase.clone()),
+            token: record.and_then(|r| r.token.clone()),
+            beat: revision.map_or(Beat::Silent, Beat::Revision),
+            gone: None,
+            foreign: None,
+            claimed_by: None,
+            since: record.map(|r| r.since),
+        }
     }
 
     pub fn to_json(&self) -> String {

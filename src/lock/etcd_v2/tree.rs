@@ -323,24 +323,15 @@ impl Snapshot {
             .map(|id| {
                 let entry = self.record(keys, id);
                 let record = entry.and_then(|e| e.value.as_ref());
+                let claimed_by = record.and_then(|r| r.reclaimed_by.clone());
                 HolderView {
-                    id: id.clone(),
-                    node: record.map(|r| r.node.clone()),
-                    boot_id: record.map(|r| r.boot_id.clone()),
-                    phase: record.and_then(|r| r.phase.clone()),
-                    token: record.and_then(|r| r.token.clone()),
-                    beat: match entry {
-                        Some(e) => Beat::Revision(e.modified.to_string()),
-                        None => Beat::Silent,
-                    },
                     // Claimed by a waiter that judged it stopped, which died (or lost a race)
                     // before it wrote the document: any waiter may finish the reclaim.
-                    gone: record
-                        .and_then(|r| r.reclaimed_by.as_ref())
+                    gone: claimed_by
+                        .as_ref()
                         .map(|by| format!("its slot was claimed by {by}")),
-                    foreign: None,
-                    claimed_by: record.and_then(|r| r.reclaimed_by.clone()),
-                    since: record.map(|r| r.since),
+                    claimed_by,
+                    ..HolderRecord::view(id, record, entry.map(|e| e.modified.to_string()))
                 }
             })
             .collect();

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 
 use super::super::document::{self, DocError, HolderRecord, SemaphoreDoc, WaiterRecord};
-use super::super::view::{Beat, HolderView, Me, Ticket, View, WaiterView};
+use super::super::view::{Beat, Me, Ticket, View, WaiterView};
 use super::super::{holding, Fence, GroupPause, LockError};
 
 /// Longest document value quoted in a [`LockError::Corrupt`].
@@ -247,21 +247,7 @@ impl Snapshot {
             .map(|id| {
                 let entry = self.records.get(&keys.record(id));
                 let record = entry.and_then(|e| e.record.as_ref());
-                HolderView {
-                    id: id.clone(),
-                    node: record.map(|r| r.node.clone()),
-                    boot_id: record.map(|r| r.boot_id.clone()),
-                    phase: record.and_then(|r| r.phase.clone()),
-                    token: record.and_then(|r| r.token.clone()),
-                    beat: match entry {
-                        Some(e) => Beat::Revision(e.mod_revision.to_string()),
-                        None => Beat::Silent,
-                    },
-                    gone: None,
-                    foreign: None,
-                    claimed_by: None,
-                    since: record.map(|r| r.since),
-                }
+                HolderRecord::view(id, record, entry.map(|e| e.mod_revision.to_string()))
             })
             .collect();
         // Queue keys are escaped ids: name the holders' and mine by their id.
