@@ -6,6 +6,7 @@
 //! Synchronisation is by events (watches, log events, task completion) with timeouts, never by
 //! sleeping.
 
+use rebootd::lock::Pauses;
 use rebootd::state::Phase;
 use std::time::{Duration, Instant};
 
@@ -1198,7 +1199,7 @@ async fn a_wait_for_the_pause_right_after_reading_it_reads_it_once(env: Env) {
     let admin = sem(etcd, "default", None).await;
     let pause = a_pause("freeze");
     let before = etcd_requests(etcd).await;
-    assert_eq!(Semaphore::group_pause(&s).await.unwrap(), None);
+    assert_eq!(Pauses::group_pause(&s).await.unwrap(), None);
     let watched = async {
         watchers_reach(etcd, 1).await;
         let used = minus(&etcd_requests(etcd).await, &before);
@@ -1284,13 +1285,13 @@ async fn a_pause_put_between_the_read_and_the_wait_is_seen(env: Env) {
     let s = sem(etcd, "default", None).await;
     let admin = sem(etcd, "default", None).await;
     let first = a_pause("first");
-    assert_eq!(Semaphore::group_pause(&s).await.unwrap(), None);
+    assert_eq!(Pauses::group_pause(&s).await.unwrap(), None);
     admin.pause_group(&first).await.unwrap();
     let changed = within("pause seen", s.group_pause_changed(None)).await;
     assert_eq!(changed.unwrap(), Some(first.clone()));
 
     admin.resume_group().await.unwrap();
-    assert_eq!(Semaphore::group_pause(&s).await.unwrap(), None);
+    assert_eq!(Pauses::group_pause(&s).await.unwrap(), None);
     let second = a_pause("second");
     admin.pause_group(&first).await.unwrap();
     admin.resume_group().await.unwrap();

@@ -5,6 +5,7 @@
 //! makes every call say so, a node on v2 follows the semaphore to v3, TLS and v2 auth.
 //! No sleeps: waits are on watches and task completion.
 
+use rebootd::lock::Pauses;
 use rebootd::state::Phase;
 use std::sync::Arc;
 use std::time::Duration;
@@ -465,7 +466,7 @@ async fn a_wait_for_the_pause_right_after_reading_it_reads_it_once(env: Env) {
     let admin = env.store("default").await;
     let pause = a_pause("freeze");
     let before = s.requests();
-    assert_eq!(Semaphore::group_pause(&s).await.unwrap(), None);
+    assert_eq!(Pauses::group_pause(&s).await.unwrap(), None);
     let watched = async {
         tokio::time::timeout(WAIT, async {
             while v2_watchers(&env.etcd) < 1.0 {
@@ -492,7 +493,7 @@ async fn a_pause_set_between_the_read_and_the_wait_is_seen(env: Env) {
     let s = env.store("default").await;
     let admin = env.store("default").await;
     let (first, second) = (a_pause("first"), a_pause("second"));
-    assert_eq!(Semaphore::group_pause(&s).await.unwrap(), None);
+    assert_eq!(Pauses::group_pause(&s).await.unwrap(), None);
     admin.pause_group(&first).await.unwrap();
     let changed = tokio::time::timeout(WAIT, s.group_pause_changed(None)).await;
     assert_eq!(changed.expect("pause seen").unwrap(), Some(first.clone()));

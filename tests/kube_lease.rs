@@ -7,6 +7,7 @@
 //! Synchronisation is by events (log events, watches, task completion) with timeouts, never by
 //! sleeping; the few timeouts expected to expire assert that something does NOT happen.
 
+use rebootd::lock::Pauses;
 use rebootd::state::Phase;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -564,7 +565,7 @@ mod scenarios {
         let admin = sem(&env, "admin").await;
         let pause = a_pause("freeze");
         env.api.cluster().requests().clear();
-        assert_eq!(Semaphore::group_pause(&s).await.unwrap(), None);
+        assert_eq!(Pauses::group_pause(&s).await.unwrap(), None);
         let watched = async {
             within("the pause watched", async {
                 while requests_by(&env, "node-a", is_lease_watch) == 0 {
@@ -589,10 +590,7 @@ mod scenarios {
         );
 
         // Paused, then resumed between the read and the wait: the wait sees the resume.
-        assert_eq!(
-            Semaphore::group_pause(&s).await.unwrap(),
-            Some(pause.clone())
-        );
+        assert_eq!(Pauses::group_pause(&s).await.unwrap(), Some(pause.clone()));
         admin.resume_group().await.unwrap();
         let changed = within("resume seen", s.group_pause_changed(Some(&pause))).await;
         assert_eq!(changed.unwrap(), None);
@@ -689,7 +687,7 @@ mod scenarios {
         let s = sem(&env, "a").await;
         let admin = sem(&env, "admin").await;
         let pause = a_pause("freeze");
-        assert_eq!(Semaphore::group_pause(&s).await.unwrap(), None);
+        assert_eq!(Pauses::group_pause(&s).await.unwrap(), None);
         admin.pause_group(&pause).await.unwrap();
         let leases = format!("/namespaces/{NS}/leases");
         env.api

@@ -11,6 +11,7 @@ use rebootd::control::{self, Request};
 use rebootd::drain::{DrainError, Drainer, EventReason, NodeStatus};
 use rebootd::inhibitor::{Inhibitor, Inhibitors};
 use rebootd::lock::Backend;
+use rebootd::lock::Pauses;
 use rebootd::lock::{Fence, GroupPause, Identity, LockError, Reported, Semaphore};
 use rebootd::reboot::RebootError;
 use rebootd::runtime::{identity, HostSeams, NodeSeams, Runtime};
@@ -166,7 +167,10 @@ impl Semaphore for MemLock {
         });
         Ok(proof)
     }
+}
 
+#[async_trait]
+impl Pauses for MemLock {
     async fn group_pause(&self) -> Result<Option<GroupPause>, LockError> {
         Ok(self.0.borrow().pause.clone())
     }

@@ -17,7 +17,8 @@ use tokio::sync::OnceCell;
 use super::etcd_v2::EtcdV2Semaphore;
 use super::etcd_v3::EtcdSemaphore;
 use super::{
-    Acquired, Admin, Fence, GroupPause, Identity, LockError, Reported, Semaphore, SemaphoreStatus,
+    Acquired, Admin, Fence, GroupPause, Identity, LockError, Pauses, Reported, Semaphore,
+    SemaphoreStatus,
 };
 use crate::config::{self, EtcdApi};
 
@@ -123,23 +124,20 @@ impl Semaphore for EtcdStore {
     async fn report_phase(&self, me: &Identity, phase: Phase) -> Result<Reported, LockError> {
         follow!(self, s => s.report_phase(me, phase).await)
     }
+}
 
-    // The pause lives in the store the semaphore is in now (not moved by `migrate`).
+/// The pause lives in the store the semaphore is in now (not moved by `migrate`).
+#[async_trait]
+impl Pauses for EtcdStore {
     async fn group_pause(&self) -> Result<Option<GroupPause>, LockError> {
-        if self.moved() {
-            return Semaphore::group_pause(self.v3().await?).await;
-        }
-        Semaphore::group_pause(self.v2().await?).await
+        follow!(self, s => s.group_pause().await)
     }
 
     async fn group_pause_changed(
         &self,
         known: Option<&GroupPause>,
     ) -> Result<Option<GroupPause>, LockError> {
-        if self.moved() {
-            return self.v3().await?.group_pause_changed(known).await;
-        }
-        self.v2().await?.group_pause_changed(known).await
+        follow!(self, s => s.group_pause_changed(known).await)
     }
 }
 
@@ -155,10 +153,6 @@ impl Admin for EtcdStore {
 
     async fn set_max(&self, max: u64, force: bool) -> Result<(), LockError> {
         follow!(self, s => s.set_max(max, force).await)
-    }
-
-    async fn group_pause(&self) -> Result<Option<GroupPause>, LockError> {
-        Semaphore::group_pause(self).await
     }
 
     async fn pause_group(&self, pause: &GroupPause) -> Result<(), LockError> {

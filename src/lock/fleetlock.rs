@@ -36,7 +36,7 @@ use http_body_util::Full;
 use hyper::header::{HeaderValue, ACCEPT, CONTENT_TYPE, USER_AGENT};
 use hyper::{Method, Request, StatusCode, Uri};
 
-use super::{Fence, Identity, LockError, Reported, Semaphore};
+use super::{Fence, GroupPause, Identity, LockError, Pauses, Reported, Semaphore};
 use crate::backoff::Backoff;
 use crate::http::{self, error_chain, HttpClient};
 
@@ -368,6 +368,21 @@ impl FleetLock {
                 answer.value
             ),
         }
+    }
+}
+
+/// The server owns its semaphore and the protocol has no pause: never paused.
+#[async_trait]
+impl Pauses for FleetLock {
+    async fn group_pause(&self) -> Result<Option<GroupPause>, LockError> {
+        Ok(None)
+    }
+
+    async fn group_pause_changed(
+        &self,
+        _known: Option<&GroupPause>,
+    ) -> Result<Option<GroupPause>, LockError> {
+        std::future::pending().await
     }
 }
 

@@ -44,7 +44,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-pub use pause::GroupPause;
+pub use pause::{GroupPause, Pauses};
 
 /// Which store keeps the semaphore: what `lock.backend` names, errors and logs say, and
 /// `rebootctl status --json` shows.
@@ -204,7 +204,7 @@ pub enum Acquired {
 
 /// The agent's side of a counting semaphore of reboot slots.
 #[async_trait]
-pub trait Semaphore: Send + Sync {
+pub trait Semaphore: Pauses {
     /// Which store keeps the semaphore.
     fn backend(&self) -> Backend;
 
@@ -258,28 +258,12 @@ pub trait Semaphore: Send + Sync {
             pause = paused => Ok(Acquired::Paused(pause)),
         }
     }
-
-    /// The group's pause (`rebootctl pause --group`, see [`pause`]) as the store says now. A
-    /// store that keeps none (no lock, a FleetLock server) never says paused.
-    async fn group_pause(&self) -> Result<Option<GroupPause>, LockError> {
-        Ok(None)
-    }
-
-    /// Wait (by watch) until the group's pause differs from `known`, and say what it is then.
-    /// A store that keeps none never answers.
-    async fn group_pause_changed(
-        &self,
-        known: Option<&GroupPause>,
-    ) -> Result<Option<GroupPause>, LockError> {
-        let _ = known;
-        std::future::pending().await
-    }
 }
 
 /// What `rebootctl` does to a semaphore beside the agent's calls. Not every store has it: a
 /// FleetLock server owns its semaphore. (`migrate` between stores belongs here too.)
 #[async_trait]
-pub trait Admin: Send + Sync {
+pub trait Admin: Pauses {
     /// The semaphore as it stands.
     async fn status(&self) -> Result<SemaphoreStatus, LockError>;
 
@@ -288,9 +272,6 @@ pub trait Admin: Send + Sync {
 
     /// Change the number of slots. Refuses fewer slots than holders unless `force`.
     async fn set_max(&self, max: u64, force: bool) -> Result<(), LockError>;
-
-    /// The group's pause, if set (see [`pause`]).
-    async fn group_pause(&self) -> Result<Option<GroupPause>, LockError>;
 
     /// Pause the whole group: no node of it takes a slot until [`Admin::resume_group`].
     /// Pausing a paused group replaces its record.

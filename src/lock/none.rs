@@ -4,13 +4,30 @@ use crate::lock::Backend;
 use crate::state::Phase;
 use std::time::Duration;
 
-use super::{Admin, Fence, Identity, LockError, Reported, Semaphore, SemaphoreStatus};
+use super::{
+    Admin, Fence, GroupPause, Identity, LockError, Pauses, Reported, Semaphore, SemaphoreStatus,
+};
 use async_trait::async_trait;
 
 /// A semaphore with no limit and no shared state.
 #[derive(Debug, Default)]
 pub struct NoLock {
     pub group: String,
+}
+
+/// No shared store keeps a pause: never paused (`rebootctl pause --group` is refused).
+#[async_trait]
+impl Pauses for NoLock {
+    async fn group_pause(&self) -> Result<Option<GroupPause>, LockError> {
+        Ok(None)
+    }
+
+    async fn group_pause_changed(
+        &self,
+        _known: Option<&GroupPause>,
+    ) -> Result<Option<GroupPause>, LockError> {
+        std::future::pending().await
+    }
 }
 
 #[async_trait]
@@ -67,11 +84,7 @@ impl Admin for NoLock {
         ))
     }
 
-    async fn group_pause(&self) -> Result<Option<super::GroupPause>, LockError> {
-        Ok(None)
-    }
-
-    async fn pause_group(&self, _pause: &super::GroupPause) -> Result<(), LockError> {
+    async fn pause_group(&self, _pause: &GroupPause) -> Result<(), LockError> {
         Err(LockError::Refused(
             "lock backend none: there is no shared store to keep a group's pause in; \
              pause each node (`rebootctl pause`)"

@@ -84,11 +84,42 @@ pub(crate) fn watch_from<At>(last: &LastRead<At>, known: Option<&GroupPause>) ->
         .map(|(_, at)| at)
 }
 
+/// The group's pause as the agent follows it and `rebootctl status` shows it: a supertrait of
+/// [`super::Semaphore`] and [`super::Admin`]. Every store that keeps a pause gets it from its
+/// [`PauseRecord`]; one that keeps none (no lock, a FleetLock server) says so in its own impl.
+#[async_trait::async_trait]
+pub trait Pauses: Send + Sync {
+    /// The group's pause as the store says now.
+    async fn group_pause(&self) -> Result<Option<GroupPause>, LockError>;
+
+    /// Wait (by watch) until the group's pause differs from `known`, and say what it is then.
+    async fn group_pause_changed(
+        &self,
+        known: Option<&GroupPause>,
+    ) -> Result<Option<GroupPause>, LockError>;
+}
+
+#[async_trait::async_trait]
+impl<R: PauseRecord + Send> Pauses for R {
+    async fn group_pause(&self) -> Result<Option<GroupPause>, LockError> {
+        now(self, self.last_read()).await
+    }
+
+    async fn group_pause_changed(
+        &self,
+        known: Option<&GroupPause>,
+    ) -> Result<Option<GroupPause>, LockError> {
+        changed(self, self.last_read(), known).await
+    }
+}
+
 /// A store's pause record, as the one wait for a change ([`changed`]) needs it.
 #[async_trait::async_trait]
 pub(crate) trait PauseRecord: Sync {
     /// Where a read was in the store's history (etcd's revision or index, a resourceVersion).
     type At: Send;
+    /// The last read of the pause, kept for the wait that may follow it.
+    fn last_read(&self) -> &LastRead<Self::At>;
     /// The pause now, and where that read was.
     async fn read_pause(&self) -> Result<(Option<GroupPause>, Self::At), LockError>;
     /// Watch from after `at` until the pause differs from `known`: `Some` of what it is then;

@@ -20,7 +20,9 @@ use futures_util::StreamExt;
 use rebootd::config::Config;
 use rebootd::inhibitor::{Inhibitor, Inhibitors};
 use rebootd::lock::document::{semaphore_key, SemaphoreDoc};
-use rebootd::lock::{Acquired, Fence, GroupPause, Identity, LockError, Reported, Semaphore};
+use rebootd::lock::{
+    Acquired, Fence, GroupPause, Identity, LockError, Pauses, Reported, Semaphore,
+};
 use rebootd::reboot::{RebootError, Rebooter};
 use rebootd::runtime::{HostSeams, Runtime};
 use rebootd::state::Phase;
@@ -456,8 +458,11 @@ impl Semaphore for Counted {
         self.calls.report_phase.fetch_add(1, Ordering::Relaxed);
         self.inner.report_phase(me, phase).await
     }
-    // The pause is read and followed before every wait for a slot, as the daemon does (the
-    // trait's defaults would say "never paused" without asking the store).
+}
+
+// The pause is read and followed before every wait for a slot, as the daemon does.
+#[async_trait::async_trait]
+impl Pauses for Counted {
     async fn group_pause(&self) -> Result<Option<GroupPause>, LockError> {
         self.inner.group_pause().await
     }

@@ -489,25 +489,10 @@ impl Semaphore for EtcdV2Semaphore {
             self.try_report_phase(me, phase.as_str()).await
         )
     }
-
-    async fn group_pause(&self) -> Result<Option<GroupPause>, LockError> {
-        super::pause::now(self, &self.last_pause).await
-    }
-
-    async fn group_pause_changed(
-        &self,
-        known: Option<&GroupPause>,
-    ) -> Result<Option<GroupPause>, LockError> {
-        super::pause::changed(self, &self.last_pause, known).await
-    }
 }
 
 #[async_trait]
 impl Admin for EtcdV2Semaphore {
-    async fn group_pause(&self) -> Result<Option<GroupPause>, LockError> {
-        super::pause::now(self, &self.last_pause).await
-    }
-
     async fn pause_group(&self, pause: &GroupPause) -> Result<(), LockError> {
         self.put_pause(pause).await
     }

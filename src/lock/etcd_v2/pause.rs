@@ -6,7 +6,7 @@
 
 use async_trait::async_trait;
 
-use super::super::pause::{GroupPause, PauseRecord};
+use super::super::pause::{GroupPause, LastRead, PauseRecord};
 use super::super::LockError;
 use super::{lock_error, EtcdV2Semaphore};
 use crate::clients::etcd_v2::{Action, Get, Put, V2Error};
@@ -42,6 +42,10 @@ impl EtcdV2Semaphore {
 #[async_trait]
 impl PauseRecord for EtcdV2Semaphore {
     type At = u64;
+
+    fn last_read(&self) -> &LastRead<u64> {
+        &self.last_pause
+    }
 
     /// A quorum read of the key, and etcd's index then.
     async fn read_pause(&self) -> Result<(Option<GroupPause>, u64), LockError> {

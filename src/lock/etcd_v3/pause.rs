@@ -7,7 +7,7 @@ use etcd_client::{EventType, WatchOptions};
 
 use async_trait::async_trait;
 
-use super::super::pause::{GroupPause, PauseRecord};
+use super::super::pause::{GroupPause, LastRead, PauseRecord};
 use super::super::LockError;
 use super::EtcdSemaphore;
 
@@ -39,6 +39,10 @@ impl EtcdSemaphore {
 #[async_trait]
 impl PauseRecord for EtcdSemaphore {
     type At = i64;
+
+    fn last_read(&self) -> &LastRead<i64> {
+        &self.last_pause
+    }
 
     async fn read_pause(&self) -> Result<(Option<GroupPause>, i64), LockError> {
         let mut kv = self.client.kv_client();

@@ -18,7 +18,7 @@ use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams, WatchEvent, WatchParams};
 
-use super::super::pause::{GroupPause, PauseRecord};
+use super::super::pause::{GroupPause, LastRead, PauseRecord};
 use super::super::LockError;
 use super::calls::CallError;
 use super::{KubeLeaseSemaphore, LABEL_ROLE, LABEL_SEMAPHORE, ROLE_PAUSE};
@@ -174,6 +174,10 @@ impl KubeLeaseSemaphore {
 #[async_trait]
 impl PauseRecord for KubeLeaseSemaphore {
     type At = String;
+
+    fn last_read(&self) -> &LastRead<String> {
+        &self.last_pause
+    }
 
     /// One list of the one Lease, by name; its resourceVersion is where the read was.
     async fn read_pause(&self) -> Result<(Option<GroupPause>, String), LockError> {
