@@ -114,9 +114,6 @@ pub enum DocError {
         max: u64,
         holders: Vec<String>,
     },
-    /// `set_max` below the number of holders without `force`.
-    #[error("max {requested} is below the {holders} current holders")]
-    MaxBelowHolders { requested: u64, holders: usize },
 }
 
 /// locksmith's semaphore document, always consistent: `semaphore + holders.len() == max`.
@@ -302,15 +299,9 @@ impl SemaphoreDoc {
         }
     }
 
-    /// Set the number of slots, moving `semaphore` by the same delta as locksmith's `SetMax`.
-    /// Refuses fewer slots than holders unless `force`.
-    pub fn set_max(&mut self, max: u64, force: bool) -> Result<(), DocError> {
-        if (max as u128) < self.holders.len() as u128 && !force {
-            return Err(DocError::MaxBelowHolders {
-                requested: max,
-                holders: self.holders.len(),
-            });
-        }
+    /// Set the number of slots, moving `semaphore` by the same delta as locksmith's `SetMax`
+    /// (below the holders too: whether that is allowed is [`super::holding::may_set_max`]).
+    pub fn set_max(&mut self, max: u64) -> Result<(), DocError> {
         let max_i = i64::try_from(max)
             .map_err(|_| DocError::Corrupt(format!("max {max} does not fit locksmith's int")))?;
         let count = i64::try_from(self.holders.len()).unwrap_or(i64::MAX);
@@ -601,7 +592,7 @@ mod tests {
     #[test]
     fn lock_unlock_keep_sorted_and_counted() {
         let mut d = SemaphoreDoc::default();
-        d.set_max(3, false).unwrap();
+        d.set_max(3).unwrap();
         assert_eq!(d.lock("c"), Ok(true));
         assert_eq!(d.lock("a"), Ok(true));
         assert_eq!(d.lock("a"), Ok(false), "holding already is a no-op");
@@ -624,18 +615,10 @@ mod tests {
     fn set_max_moves_free_by_the_delta() {
         let mut d = SemaphoreDoc::default();
         d.lock("a").unwrap();
-        d.set_max(3, false).unwrap();
+        d.set_max(3).unwrap();
         assert_eq!((d.max, d.free()), (3, 2));
         d.lock("b").unwrap();
-        assert_eq!(
-            d.set_max(1, false),
-            Err(DocError::MaxBelowHolders {
-                requested: 1,
-                holders: 2
-            })
-        );
-        assert_eq!((d.max, d.free()), (3, 1), "a refusal changes nothing");
-        d.set_max(0, true).unwrap();
+        d.set_max(0).unwrap();
         assert_eq!((d.max, d.free()), (0, -2));
         assert!(SemaphoreDoc::parse(d.to_json().as_bytes()).is_ok());
         assert!(matches!(d.lock("c"), Err(DocError::NoFreeSlot { .. })));

@@ -1,12 +1,25 @@
 //! What a holder's own calls decide from a [`View`], written once for every store: whether it
-//! still holds its slot (fence, heartbeat, phase report) and which slots its release may free.
+//! still holds its slot (fence, heartbeat, phase report) and which slots its release may free;
+//! and the operator's one rule on the slots, [`may_set_max`].
 //! Both follow the arbiter's rule of which slot is mine ([`arbiter::whose`]), so no store has an
 //! idea of its own. Pure: a store reads its view, asks here, and writes what it was told to.
 
 use super::arbiter::{self, Decision};
 use super::view::{Me, View};
-use super::Fence;
+use super::{Fence, LockError};
 use crate::text::clean;
+
+/// Whether `set-max` may set `max` slots with `holders` held now: fewer slots than holders
+/// only with `force` (the holders keep their slots; no new one is taken until they are fewer).
+pub fn may_set_max(max: u64, holders: usize, force: bool) -> Result<(), LockError> {
+    if (max as u128) < holders as u128 && !force {
+        return Err(LockError::MaxBelowHolders {
+            requested: max,
+            holders,
+        });
+    }
+    Ok(())
+}
 
 /// Whether `me` holds its slot in `view`, and which holder of the view it is: a slot held under
 /// my id and token, or mine to adopt (no token; my node under another id where nodes identify
@@ -90,6 +103,21 @@ pub fn release(view: &View, me: &Me<'_>, target: &str) -> Result<Vec<usize>, Ano
 mod tests {
     use super::super::view::{Beat, HolderView};
     use super::*;
+
+    #[test]
+    fn fewer_slots_than_holders_only_with_force() {
+        assert!(may_set_max(2, 2, false).is_ok());
+        assert!(may_set_max(3, 2, false).is_ok());
+        assert!(matches!(
+            may_set_max(1, 2, false),
+            Err(LockError::MaxBelowHolders {
+                requested: 1,
+                holders: 2
+            })
+        ));
+        assert!(may_set_max(0, 2, true).is_ok());
+        assert!(may_set_max(u64::MAX, usize::MAX, false).is_ok());
+    }
 
     fn holder(id: &str, node: &str, token: Option<&str>) -> HolderView {
         HolderView {

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::document::{DocError, HolderRecord, SemaphoreDoc};
+use super::document::{HolderRecord, SemaphoreDoc};
 use super::holding;
 use super::recent::Recent;
 use super::retry::{cas_loop, Cas};
@@ -519,12 +519,9 @@ impl Admin for EtcdV2Semaphore {
     async fn set_max(&self, max: u64, force: bool) -> Result<(), LockError> {
         self.update_doc("set-max", None, |doc| {
             let mut new = doc.clone();
-            new.set_max(max, force).map_err(|e| match e {
-                DocError::MaxBelowHolders { requested, holders } => {
-                    LockError::MaxBelowHolders { requested, holders }
-                }
-                other => LockError::Refused(format!("set-max {max}: {other}")),
-            })?;
+            super::holding::may_set_max(max, new.holders.len(), force)?;
+            new.set_max(max)
+                .map_err(|e| LockError::Refused(format!("set-max {max}: {e}")))?;
             Ok((new != *doc).then_some(new))
         })
         .await

@@ -48,7 +48,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse, TxnResponse};
 
-use super::document::{DocError, HolderRecord, SemaphoreDoc};
+use super::document::{HolderRecord, SemaphoreDoc};
 use super::holding;
 use super::retry::{cas_loop, Cas};
 use super::{
@@ -525,12 +525,9 @@ impl Admin for EtcdSemaphore {
     async fn set_max(&self, max: u64, force: bool) -> Result<(), LockError> {
         self.update("set-max", |snap| {
             let mut doc = snap.doc.clone();
-            doc.set_max(max, force).map_err(|e| match e {
-                DocError::MaxBelowHolders { requested, holders } => {
-                    LockError::MaxBelowHolders { requested, holders }
-                }
-                other => LockError::Refused(format!("set-max {max}: {other}")),
-            })?;
+            super::holding::may_set_max(max, doc.holders.len(), force)?;
+            doc.set_max(max)
+                .map_err(|e| LockError::Refused(format!("set-max {max}: {e}")))?;
             if doc == snap.doc && snap.doc_revision != 0 {
                 return Ok(None);
             }

@@ -516,12 +516,7 @@ impl Admin for KubeLeaseSemaphore {
         }
         self.update("set-max", |snap| async move {
             let holders = snap.holders();
-            if (max as u128) < holders as u128 && !force {
-                return Err(LockError::MaxBelowHolders {
-                    requested: max,
-                    holders,
-                });
-            }
+            super::holding::may_set_max(max, holders, force)?;
             match &snap.control {
                 None => {
                     if !self.create_control(&snap, max).await? {
