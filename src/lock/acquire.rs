@@ -103,6 +103,29 @@ pub struct Settings {
     pub backoff_max: Duration,
 }
 
+impl Settings {
+    /// An etcd store's (v3 or v2) on the document at `doc`: its queue entries live by their
+    /// lease or TTL (`queue_ttl`), so no silence judges one dead before it expires.
+    pub fn etcd(
+        doc: &str,
+        max_hold: Option<Duration>,
+        queue_ttl: Duration,
+        backoff: (Duration, Duration),
+    ) -> Settings {
+        Settings {
+            backend: Backend::Etcd,
+            label: "etcd",
+            target: doc.to_owned(),
+            policy: Policy {
+                max_hold,
+                waiter_timeout: queue_ttl,
+            },
+            backoff_min: backoff.0,
+            backoff_max: backoff.1,
+        }
+    }
+}
+
 /// What a waiter last said it waits for: free slots, holders, waiters ahead.
 type Logged = (i64, Vec<String>, usize);
 

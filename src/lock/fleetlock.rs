@@ -22,8 +22,8 @@ use async_trait::async_trait;
 
 use super::{Fence, GroupPause, Identity, LockError, Pauses, Reported, Semaphore};
 use crate::backoff::Backoff;
-use crate::clients::fleetlock::{Answer, Call, Client, NoAnswer};
 pub use crate::clients::fleetlock::Options;
+use crate::clients::fleetlock::{Answer, Call, Client, NoAnswer};
 
 const BACKEND: Backend = Backend::FleetLock;
 

@@ -32,17 +32,25 @@ pub(super) fn duty(action: &Action) -> Duty {
 /// (an interrupted slot wait leaves nothing behind, see `lock::acquire::Waiting`; a drain is one
 /// future). Not the calls, and not the post-boot health wait, whose timeout would start again.
 pub(super) fn interruptible(action: &Action) -> bool {
-    matches!(
-        action,
-        Action::WaitForTrigger
-            | Action::Sleep { .. }
-            | Action::WaitForWindow
-            | Action::AcquireSlot
-            | Action::WaitForGroupResume { .. }
-            | Action::Drain
-            | Action::AwaitInhibitors { .. }
-            | Action::WarnUsers { .. }
-            | Action::AwaitReboot { .. }
-            | Action::WaitForResume
-    )
+    duty(action) == Duty::Wait && !matches!(action, Action::WaitHealthy)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_waits_other_than_the_health_wait_may_be_ended_early() {
+        assert!(interruptible(&Action::AcquireSlot));
+        assert!(interruptible(&Action::Drain));
+        assert!(interruptible(&Action::WaitForResume));
+        assert_eq!(duty(&Action::WaitHealthy), Duty::Wait);
+        assert!(
+            !interruptible(&Action::WaitHealthy),
+            "its timeout would start again"
+        );
+        assert_eq!(duty(&Action::CallReboot), Duty::Call);
+        assert!(!interruptible(&Action::CallReboot));
+        assert!(!interruptible(&Action::ReleaseSlot));
+    }
 }

@@ -20,7 +20,6 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use super::super::acquire::{self, Settings, Waiting, Wake};
-use super::super::arbiter::Policy;
 use super::super::lost_race::LostRace;
 use super::super::view::View;
 use super::super::{Acquired, GroupPause, Identity, LockError};
@@ -49,18 +48,13 @@ pub(super) async fn acquire_unless_paused(
 }
 
 fn settings(store: &EtcdV2Semaphore) -> Settings {
-    Settings {
-        backend: BACKEND,
-        label: "etcd",
-        target: store.keys.doc.clone(),
-        policy: Policy {
-            max_hold: store.max_hold,
-            // Queue entries live by TTL: this applies to none of them.
-            waiter_timeout: store.timeouts.queue_ttl,
-        },
-        backoff_min: store.timeouts.backoff_min,
-        backoff_max: store.timeouts.backoff_max,
-    }
+    let t = &store.timeouts;
+    Settings::etcd(
+        &store.keys.doc,
+        store.max_hold,
+        t.queue_ttl,
+        (t.backoff_min, t.backoff_max),
+    )
 }
 
 /// A waiter of `me` on `store` that has read nothing yet (the steps of `acquire`; tests drive

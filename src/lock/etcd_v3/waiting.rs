@@ -19,7 +19,6 @@ use etcd_client::{
 };
 
 use super::super::acquire::{self, Settings, Waiting, Wake};
-use super::super::arbiter::Policy;
 use super::super::document::{HolderRecord, WaiterRecord};
 use super::super::view::View;
 use super::super::{Acquired, GroupPause, Identity, LockError};
@@ -36,18 +35,13 @@ pub(super) async fn acquire(store: &EtcdSemaphore, me: &Identity) -> Result<(), 
 }
 
 fn settings(store: &EtcdSemaphore) -> Settings {
-    Settings {
-        backend: BACKEND,
-        label: "etcd",
-        target: store.keys.doc.clone(),
-        policy: Policy {
-            max_hold: store.max_hold,
-            // Queue entries live by their lease: this applies to none of them.
-            waiter_timeout: store.timeouts.queue_ttl,
-        },
-        backoff_min: store.timeouts.backoff_min,
-        backoff_max: store.timeouts.backoff_max,
-    }
+    let t = &store.timeouts;
+    Settings::etcd(
+        &store.keys.doc,
+        store.max_hold,
+        t.queue_ttl,
+        (t.backoff_min, t.backoff_max),
+    )
 }
 
 /// As [`acquire`], unless the group is paused before or while waiting: the pause comes with
