@@ -1236,7 +1236,10 @@ async fn the_pause_comes_with_the_waiters_read_and_watch(env: Env) {
         used
     };
     let (acquired, used) = tokio::join!(
-        within("the pause ends the wait", s.acquire_unless_paused(&w)),
+        within(
+            "the pause ends the wait",
+            s.acquire_unless_paused(&w, Phase::Draining)
+        ),
         watched
     );
     assert_eq!(acquired.unwrap(), Acquired::Paused(pause.clone()));
@@ -1258,7 +1261,11 @@ async fn the_pause_comes_with_the_waiters_read_and_watch(env: Env) {
     // Paused before the wait: one read, and nothing queued.
     admin.pause_group(&pause).await.unwrap();
     let before = etcd_requests(etcd).await;
-    let acquired = within("paused at once", s.acquire_unless_paused(&me("w"))).await;
+    let acquired = within(
+        "paused at once",
+        s.acquire_unless_paused(&me("w"), Phase::Draining),
+    )
+    .await;
     assert_eq!(acquired.unwrap(), Acquired::Paused(pause.clone()));
     let used = minus(&etcd_requests(etcd).await, &before);
     assert_eq!(used.get("Txn").copied(), Some(1.0), "{used:?}");
@@ -1272,7 +1279,7 @@ async fn the_pause_comes_with_the_waiters_read_and_watch(env: Env) {
     // Resumed, the wait goes on to the slot.
     admin.resume_group().await.unwrap();
     admin.release(&me("h")).await.unwrap();
-    let acquired = within("slot", s.acquire_unless_paused(&me("w"))).await;
+    let acquired = within("slot", s.acquire_unless_paused(&me("w"), Phase::Draining)).await;
     assert_eq!(acquired.unwrap(), Acquired::Held);
     assert!(holds(&admin, "w").await);
 }

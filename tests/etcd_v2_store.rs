@@ -533,7 +533,7 @@ async fn the_pause_comes_with_the_waiters_read_and_watch(env: Env) {
         used
     };
     let (acquired, used) = tokio::join!(
-        tokio::time::timeout(WAIT, s.acquire_unless_paused(&w)),
+        tokio::time::timeout(WAIT, s.acquire_unless_paused(&w, Phase::Draining)),
         watched
     );
     assert_eq!(
@@ -563,7 +563,7 @@ async fn the_pause_comes_with_the_waiters_read_and_watch(env: Env) {
     // Paused before the wait: the watch and the read (it opens first), and nothing queued.
     admin.pause_group(&pause).await.unwrap();
     let before = s.requests();
-    let acquired = tokio::time::timeout(WAIT, s.acquire_unless_paused(&w)).await;
+    let acquired = tokio::time::timeout(WAIT, s.acquire_unless_paused(&w, Phase::Draining)).await;
     assert_eq!(
         acquired.expect("paused at once").unwrap(),
         Acquired::Paused(pause)
@@ -574,7 +574,7 @@ async fn the_pause_comes_with_the_waiters_read_and_watch(env: Env) {
     // Resumed, the wait goes on to the slot.
     admin.resume_group().await.unwrap();
     admin.release(&me("h")).await.unwrap();
-    let acquired = tokio::time::timeout(WAIT, s.acquire_unless_paused(&w)).await;
+    let acquired = tokio::time::timeout(WAIT, s.acquire_unless_paused(&w, Phase::Draining)).await;
     assert_eq!(acquired.expect("slot").unwrap(), Acquired::Held);
     assert!(matches!(
         Semaphore::fence(&s, &w).await.unwrap(),

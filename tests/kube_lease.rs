@@ -622,7 +622,10 @@ mod scenarios {
             admin.pause_group(&pause).await.unwrap();
         };
         let (acquired, ()) = tokio::join!(
-            within("the pause ends the wait", s.acquire_unless_paused(&w)),
+            within(
+                "the pause ends the wait",
+                s.acquire_unless_paused(&w, Phase::Draining)
+            ),
             watched
         );
         assert_eq!(acquired.unwrap(), Acquired::Paused(pause.clone()));
@@ -667,7 +670,11 @@ mod scenarios {
         // Paused before the wait: the list alone, nothing queued.
         admin.pause_group(&pause).await.unwrap();
         env.api.cluster().requests().clear();
-        let acquired = within("paused at once", s.acquire_unless_paused(&w)).await;
+        let acquired = within(
+            "paused at once",
+            s.acquire_unless_paused(&w, Phase::Draining),
+        )
+        .await;
         assert_eq!(acquired.unwrap(), Acquired::Paused(pause.clone()));
         assert_eq!(requests_by(&env, "node-a", is_lease_list), 1);
         assert_eq!(requests_by(&env, "node-a", is_write), 0);
@@ -676,7 +683,7 @@ mod scenarios {
         // Resumed, the wait goes on to the slot.
         admin.resume_group().await.unwrap();
         h.release(&me("h")).await.unwrap();
-        let acquired = within("slot", s.acquire_unless_paused(&w)).await;
+        let acquired = within("slot", s.acquire_unless_paused(&w, Phase::Draining)).await;
         assert_eq!(acquired.unwrap(), Acquired::Held);
         assert_eq!(holders(&env).values().collect::<Vec<_>>(), ["node-a"]);
     }

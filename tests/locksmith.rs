@@ -533,9 +533,13 @@ async fn migrate_moves_the_semaphore_to_v3_and_v2_nodes_follow() {
     for n in &nodes[1..] {
         log_line(n, &["moved to etcd v3", "following it there"], WAIT).await;
     }
-    let seen = v3_holders.lock().unwrap().clone();
+    // The last release lands before the watch brings it: wait for the document it wrote.
+    let mut v3_holders = v3_holders;
+    let last_empty = v3_holders.wait_for(|seen| seen.last().is_some_and(Vec::is_empty));
+    let ended = tokio::time::timeout(WAIT, last_empty).await.is_ok();
+    let seen = v3_holders.borrow().clone();
+    assert!(ended, "the last version has holders: {seen:?}");
     assert!(seen.iter().all(|h| h.len() <= 1), "{seen:?}");
-    assert_eq!(seen.last().map(Vec::len), Some(0), "{seen:?}");
     assert!(is_moved(&etcd));
 }
 
@@ -546,14 +550,13 @@ fn is_moved(etcd: &EtcdServer) -> bool {
     body.contains(tree::MOVED_HOLDER)
 }
 
-/// Record the holders of every version of the v3 document.
-async fn v3_watch(etcd: &EtcdServer) -> Arc<Mutex<Vec<Vec<String>>>> {
+/// Record the holders of every version of the v3 document, in the order the watch brings them.
+async fn v3_watch(etcd: &EtcdServer) -> tokio::sync::watch::Receiver<Vec<Vec<String>>> {
     let mut client = etcd_client::Client::connect([etcd.endpoint()], None)
         .await
         .unwrap();
     let mut stream = client.watch(semaphore_key("default"), None).await.unwrap();
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let s = seen.clone();
+    let (tx, rx) = tokio::sync::watch::channel(Vec::new());
     tokio::spawn(async move {
         let _keep = client;
         while let Some(Ok(resp)) = stream.next().await {
@@ -562,11 +565,11 @@ async fn v3_watch(etcd: &EtcdServer) -> Arc<Mutex<Vec<Vec<String>>>> {
                     .kv()
                     .and_then(|kv| SemaphoreDoc::parse(kv.value()).ok())
                     .map_or_else(Vec::new, |d| d.holders);
-                s.lock().unwrap().push(holders);
+                tx.send_modify(|seen| seen.push(holders));
             }
         }
     });
-    seen
+    rx
 }
 
 /// `rebootctl migrate` refuses what is not safe, says why, and changes nothing: a holder that

@@ -481,14 +481,19 @@ async fn stop(running: Running) {
 /// before the reboot is a write of its record, which lands before that takeover and makes it
 /// fail (RELIABILITY.md, finding 7). A read proves the slot held only until the takeover lands:
 /// the reboot was asked for with the takeover on its way, and the node went down without a slot.
+/// (The node drains first: right after the take, the take itself is the proof, see
+/// `the_take_and_the_reports_are_the_proofs_before_the_cordon_and_the_reboot`.)
 #[tokio::test]
 async fn with_max_hold_the_proof_before_the_reboot_is_a_write_that_lands_before_a_takeover() {
-    let host = Host::new(Mem {
-        max: 1,
-        max_hold: true,
-        takeover: Some("node-2".into()),
-        ..Mem::default()
-    });
+    let host = Host::with_node(
+        Mem {
+            max: 1,
+            max_hold: true,
+            takeover: Some("node-2".into()),
+            ..Mem::default()
+        },
+        Some(Node::default()),
+    );
     let running = host.start();
     host.request();
     host.reboots(1).await;
@@ -502,14 +507,15 @@ async fn with_max_hold_the_proof_before_the_reboot_is_a_write_that_lands_before_
     stop(running).await;
 }
 
-/// A phase report that is a guarded write (the etcd and Lease stores) proves the slot held as
-/// a fence does: a step or two later (the checks before the reboot, recording the cordon, both
-/// quick here) the report of `draining` is the proof before the cordon and the report of
-/// `rebooting` the proof before the logind call, and no fence is sent. A store whose reports
-/// prove nothing (or a runtime that ignores the proof) gets both fences.
+/// The take, and a phase report that is a guarded write (the etcd and Lease stores), prove the
+/// slot held as a fence does, a step or two later (recording the cordon, the checks before the
+/// reboot, both quick here): the take (which wrote `draining`, the first report) is the proof
+/// before the cordon and the report of `rebooting` the proof before the logind call, and no
+/// fence is sent. A store whose reports prove nothing gets the fence before the logind call; a
+/// runtime that ignored the take's proof would send the cordon's too.
 #[tokio::test]
-async fn the_reports_of_draining_and_rebooting_are_the_proofs_before_the_cordon_and_the_reboot() {
-    for (reports_prove, fences) in [(true, 0), (false, 2)] {
+async fn the_take_and_the_reports_are_the_proofs_before_the_cordon_and_the_reboot() {
+    for (reports_prove, fences) in [(true, 0), (false, 1)] {
         let host = Host::with_node(
             Mem {
                 max: 1,

@@ -24,6 +24,7 @@ mod operator;
 mod reboot;
 mod retry;
 mod slot;
+pub(crate) use slot::after_slot;
 mod start;
 mod window;
 

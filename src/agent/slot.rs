@@ -15,7 +15,7 @@ pub(super) fn acquired(s: &mut State, now: Timestamp, policy: &Policy) -> String
 }
 
 /// After the slot is taken: drain first when configured.
-fn after_slot(policy: &Policy) -> Phase {
+pub(crate) fn after_slot(policy: &Policy) -> Phase {
     if policy.drain {
         Phase::Draining
     } else {

@@ -339,6 +339,14 @@ pub struct HolderRecord {
 }
 
 impl HolderRecord {
+    /// Whether this record already says `phase` for this very host (boot, node and token).
+    pub fn says(&self, me: &super::Identity, phase: &str) -> bool {
+        self.phase.as_deref() == Some(phase)
+            && self.boot_id == me.boot_id
+            && self.node == me.node
+            && self.token.as_deref() == Some(me.token.as_str())
+    }
+
     /// The record `me` writes after `previous` (its own, if any): `phase` when given
     /// (`Some(None)` clears it), else the previous phase; `since` moves when the phase or the
     /// boot changes; `acquired` is kept.

@@ -101,8 +101,12 @@ impl Semaphore for EtcdStore {
         follow!(self, s => s.acquire(me).await)
     }
 
-    async fn acquire_unless_paused(&self, me: &Identity) -> Result<Acquired, LockError> {
-        follow!(self, s => s.acquire_unless_paused(me).await)
+    async fn acquire_unless_paused(
+        &self,
+        me: &Identity,
+        first: Phase,
+    ) -> Result<Acquired, LockError> {
+        follow!(self, s => s.acquire_unless_paused(me, first).await)
     }
 
     async fn fence(&self, me: &Identity) -> Result<Fence, LockError> {

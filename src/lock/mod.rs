@@ -238,7 +238,16 @@ pub trait Semaphore: Pauses {
     /// beside the acquire (a broken watch of the pause leaves the wait alone). The stores that
     /// read and watch the pause with their semaphore (etcd v3 and v2, Leases: all of rebootd's
     /// own) do it in the same requests.
-    async fn acquire_unless_paused(&self, me: &Identity) -> Result<Acquired, LockError> {
+    ///
+    /// `first` is the phase the holder enters with its slot: a store that records phases
+    /// writes it with the take, so the take is also the first phase report (that report then
+    /// finds it on record and sends nothing).
+    async fn acquire_unless_paused(
+        &self,
+        me: &Identity,
+        first: Phase,
+    ) -> Result<Acquired, LockError> {
+        let _ = first;
         if let Some(pause) = self.group_pause().await? {
             return Ok(Acquired::Paused(pause));
         }

@@ -318,8 +318,15 @@ impl Runtime {
     async fn acquire_unless_paused(&self) -> Event {
         let (backend, group) = (self.semaphore.backend(), &self.config.identity.group);
         info!(%backend, %group, "waiting for a reboot slot ({backend} semaphore, group {group})");
-        match self.semaphore.acquire_unless_paused(&self.me).await {
-            Ok(lock::Acquired::Held) => Event::SlotAcquired,
+        // The take writes the phase that follows it, and proves the slot held as a report
+        // that wrote would: the fence right after it need not be sent.
+        let first = crate::agent::after_slot(&self.policy);
+        match self.semaphore.acquire_unless_paused(&self.me, first).await {
+            Ok(lock::Acquired::Held) => {
+                *self.reported_held.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some((first, std::time::Instant::now()));
+                Event::SlotAcquired
+            }
             Ok(lock::Acquired::Paused(pause)) => {
                 info!("the group was paused ({}) before or while waiting for a slot; leaving the queue", pause.describe());
                 Event::GroupPaused { pause }

@@ -18,10 +18,14 @@ impl Runtime {
     /// Step, log, persist, publish.
     pub(super) async fn apply(&self, state: State, event: Event) -> Result<State, RuntimeError> {
         debug!(?event, "event");
-        // A report's proof outlives only the quick steps between it and the action it serves
-        // (the checks before the reboot passed, the cordon recorded); any other event (a gate
-        // closed, an inhibitor, an operator's request, an error) ends it.
-        if !matches!(event, Event::ReadyToReboot | Event::Cordoned { .. }) {
+        // A proof (a report that wrote, or the take) outlives only the quick steps between it
+        // and the action it serves (the slot taken, the checks before the reboot passed, the
+        // cordon recorded); any other event (a gate closed, an inhibitor, an operator's
+        // request, an error) ends it.
+        if !matches!(
+            event,
+            Event::SlotAcquired | Event::ReadyToReboot | Event::Cordoned { .. }
+        ) {
             *self.reported_held.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }
         let failed = matches!(event, Event::Transient { .. });
@@ -122,18 +126,18 @@ impl Runtime {
     }
 
     /// The new phase in the holder's record, when worth it; a report the store guarded as a
-    /// heartbeat is kept as the proof of the slot for the next fence.
+    /// heartbeat is kept as the proof of the slot for the next fence. One that proves nothing
+    /// (the take wrote the phase already, or nothing was written) leaves the proof there is.
     async fn report_phase(&self, before: &State, after: &State, failed: bool) {
         if self.worth_reporting(before, after, failed) {
-            let proof = match self.semaphore.report_phase(&self.me, after.phase).await {
-                Ok(Reported::Held) => Some((after.phase, std::time::Instant::now())),
-                Ok(Reported::Unproven) => None,
-                Err(e) => {
-                    warn!(error = %e, "cannot record the phase in the lock backend");
-                    None
+            match self.semaphore.report_phase(&self.me, after.phase).await {
+                Ok(Reported::Held) => {
+                    *self.reported_held.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some((after.phase, std::time::Instant::now()))
                 }
-            };
-            *self.reported_held.lock().unwrap_or_else(|p| p.into_inner()) = proof;
+                Ok(Reported::Unproven) => {}
+                Err(e) => warn!(error = %e, "cannot record the phase in the lock backend"),
+            }
         }
     }
 

@@ -435,9 +435,13 @@ impl Semaphore for Counted {
         self.calls.acquire.fetch_add(1, Ordering::Relaxed);
         self.inner.acquire(me).await
     }
-    async fn acquire_unless_paused(&self, me: &Identity) -> Result<Acquired, LockError> {
+    async fn acquire_unless_paused(
+        &self,
+        me: &Identity,
+        first: Phase,
+    ) -> Result<Acquired, LockError> {
         self.calls.acquire.fetch_add(1, Ordering::Relaxed);
-        self.inner.acquire_unless_paused(me).await
+        self.inner.acquire_unless_paused(me, first).await
     }
     async fn fence(&self, me: &Identity) -> Result<Fence, LockError> {
         self.calls.fence.fetch_add(1, Ordering::Relaxed);

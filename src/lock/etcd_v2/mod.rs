@@ -404,6 +404,14 @@ impl EtcdV2Semaphore {
             tracing::debug!(id = %me.id, phase, "not holding a slot; phase not recorded");
             return Ok(Cas::Done(Reported::Unproven));
         }
+        let record = snap
+            .record(&self.keys, &me.id)
+            .and_then(|e| e.value.as_ref());
+        if record.is_some_and(|r| r.says(me, phase)) {
+            // Written with the take: nothing to write, nothing proved.
+            self.recent.set(snap);
+            return Ok(Cas::Done(Reported::Unproven));
+        }
         if let Some(written) = self.write_record(&snap, me, Some(Some(phase))).await? {
             // For the release right after (see `release`), with my record as written.
             snap.records.insert(self.keys.record(&me.id), written);
@@ -431,8 +439,12 @@ impl Semaphore for EtcdV2Semaphore {
 
     /// The pause is read and watched with the semaphore: no request of its own.
     #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
-    async fn acquire_unless_paused(&self, me: &Identity) -> Result<Acquired, LockError> {
-        waiting::acquire_unless_paused(self, me).await
+    async fn acquire_unless_paused(
+        &self,
+        me: &Identity,
+        first: Phase,
+    ) -> Result<Acquired, LockError> {
+        waiting::acquire_unless_paused(self, me, first).await
     }
 
     #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]

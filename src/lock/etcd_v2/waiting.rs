@@ -26,6 +26,7 @@ use super::super::{Acquired, GroupPause, Identity, LockError};
 use super::tree::{DocState, QueueRecord, Snapshot};
 use super::{lock_error, EtcdV2Semaphore, BACKEND};
 use crate::clients::etcd_v2::{KeysClient, Response, V2Error, WatchStream};
+use crate::state::Phase;
 
 /// Take a slot for `me` in `store`, waiting in its queue as long as it takes.
 pub(super) async fn acquire(store: &EtcdV2Semaphore, me: &Identity) -> Result<(), LockError> {
@@ -38,8 +39,10 @@ pub(super) async fn acquire(store: &EtcdV2Semaphore, me: &Identity) -> Result<()
 pub(super) async fn acquire_unless_paused(
     store: &EtcdV2Semaphore,
     me: &Identity,
+    first: Phase,
 ) -> Result<Acquired, LockError> {
     let mut w = waiting(store, me);
+    w.first = Some(first);
     let acquired = acquire::acquire_unless_paused(&mut w, me, &settings(store)).await?;
     if let (Acquired::Paused(pause), Some(snap)) = (&acquired, &w.snap) {
         store.last_pause.set((Some(pause.clone()), snap.index));
@@ -63,6 +66,7 @@ pub(in crate::lock) fn waiting<'a>(store: &'a EtcdV2Semaphore, me: &'a Identity)
     V2Waiting {
         store,
         me,
+        first: None,
         snap: None,
         started: jiff::Timestamp::now(),
         refresh_at: None,
@@ -105,6 +109,8 @@ impl Drop for EntryGuard {
 pub(in crate::lock) struct V2Waiting<'a> {
     store: &'a EtcdV2Semaphore,
     me: &'a Identity,
+    /// The phase written with the take (`Semaphore::acquire_unless_paused`'s `first`).
+    first: Option<Phase>,
     snap: Option<Snapshot>,
     /// When this `acquire` started (written in the queue entry).
     started: jiff::Timestamp,
@@ -153,7 +159,11 @@ impl V2Waiting<'_> {
     /// writes, is kept a moment for the first phase report (see `lock::recent`).
     async fn holding(&mut self) {
         if let Ok(mut snap) = self.snap().cloned() {
-            match self.store.write_record(&snap, self.me, Some(None)).await {
+            match self
+                .store
+                .write_record(&snap, self.me, Some(self.first.map(Phase::as_str)))
+                .await
+            {
                 Ok(Some(written)) => {
                     snap.records
                         .insert(self.store.keys.record(&self.me.id), written);

@@ -438,8 +438,12 @@ impl Semaphore for EtcdSemaphore {
 
     /// The pause is read and watched with the semaphore: no request of its own.
     #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
-    async fn acquire_unless_paused(&self, me: &Identity) -> Result<Acquired, LockError> {
-        waiting::acquire_unless_paused(self, me).await
+    async fn acquire_unless_paused(
+        &self,
+        me: &Identity,
+        first: Phase,
+    ) -> Result<Acquired, LockError> {
+        waiting::acquire_unless_paused(self, me, first).await
     }
 
     #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]

@@ -76,14 +76,6 @@ impl Written {
     }
 }
 
-/// Whether `record` already says `phase` for this very host.
-fn says(record: &HolderRecord, me: &Identity, phase: &str) -> bool {
-    record.phase.as_deref() == Some(phase)
-        && record.boot_id == me.boot_id
-        && record.node == me.node
-        && record.token.as_deref() == Some(me.token.as_str())
-}
-
 impl EtcdSemaphore {
     /// A report that wrote is a proof ([`Reported::Held`]): my record as I last wrote it, or
     /// the document as read with me holding my slot under my token, was still there when the
@@ -92,7 +84,7 @@ impl EtcdSemaphore {
         let key = self.record_key(&me.id);
         let mut first: Option<Snapshot>;
         if let Some((revision, last)) = self.written.get().filter(|(_, r)| r.node == me.node) {
-            if says(&last, me, phase) {
+            if last.says(me, phase) {
                 return Ok(Reported::Unproven);
             }
             let record = HolderRecord::after(Some(&last), me, Some(Some(phase)));
@@ -156,7 +148,7 @@ impl EtcdSemaphore {
         let entry = snap.records.get(&key);
         let previous = entry.and_then(|e| e.record.as_ref());
         if let (Some(e), Some(p)) = (entry, previous) {
-            if says(p, me, phase) {
+            if p.says(me, phase) {
                 self.written.set(e.mod_revision, p.clone());
                 return Ok(Cas::Done(Reported::Unproven));
             }

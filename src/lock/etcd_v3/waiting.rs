@@ -24,6 +24,7 @@ use super::super::view::View;
 use super::super::{Acquired, GroupPause, Identity, LockError};
 use super::snapshot::{Kv, QueueEntry, Snapshot};
 use super::{EtcdSemaphore, BACKEND};
+use crate::state::Phase;
 
 /// gRPC NotFound: etcd's "requested lease not found" (it expired while etcd was away).
 const GRPC_NOT_FOUND: i32 = 5;
@@ -50,9 +51,11 @@ fn settings(store: &EtcdSemaphore) -> Settings {
 pub(super) async fn acquire_unless_paused(
     store: &EtcdSemaphore,
     me: &Identity,
+    first: Phase,
 ) -> Result<Acquired, LockError> {
     let settings = settings(store);
     let mut w = waiting(store, me);
+    w.first = Some(first);
     let acquired = acquire::acquire_unless_paused(&mut w, me, &settings).await?;
     if let (Acquired::Paused(pause), Some(snap)) = (&acquired, &w.snap) {
         store.last_pause.set((Some(pause.clone()), snap.revision));
@@ -67,6 +70,7 @@ pub(in crate::lock) fn waiting<'a>(store: &'a EtcdSemaphore, me: &'a Identity) -
         store,
         me,
         queue_key: store.keys.waiter(&me.id),
+        first: None,
         started: jiff::Timestamp::now(),
         snap: None,
         lease: LeaseGuard {
@@ -139,6 +143,8 @@ pub(in crate::lock) struct V3Waiting<'a> {
     me: &'a Identity,
     /// My queue entry's key.
     queue_key: String,
+    /// The phase written with the take (`Semaphore::acquire_unless_paused`'s `first`).
+    first: Option<Phase>,
     /// When this `acquire` started (written in the queue entry).
     started: jiff::Timestamp,
     snap: Option<Snapshot>,
@@ -167,7 +173,7 @@ impl V3Waiting<'_> {
 
     /// A fresh record of mine, for a slot just taken.
     fn fresh_record(&self) -> HolderRecord {
-        HolderRecord::after(None, self.me, Some(None))
+        HolderRecord::after(None, self.me, Some(self.first.map(Phase::as_str)))
     }
 
     /// When my lease needs its next keep-alive: a third of its time to live from now.

@@ -416,8 +416,12 @@ impl Semaphore for KubeLeaseSemaphore {
 
     /// The pause Lease is listed and watched with the semaphore: no request of its own.
     #[tracing::instrument(skip(self, me), fields(namespace = %self.namespace, semaphore = %self.name, id = %me.id))]
-    async fn acquire_unless_paused(&self, me: &Identity) -> Result<Acquired, LockError> {
-        waiting::acquire_unless_paused(self, me).await
+    async fn acquire_unless_paused(
+        &self,
+        me: &Identity,
+        first: Phase,
+    ) -> Result<Acquired, LockError> {
+        waiting::acquire_unless_paused(self, me, first).await
     }
 
     #[tracing::instrument(skip(self, me), fields(namespace = %self.namespace, semaphore = %self.name, id = %me.id))]

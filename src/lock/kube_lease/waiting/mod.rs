@@ -29,6 +29,7 @@ use super::super::arbiter::Policy;
 use super::super::lost_race::LostRace;
 use super::super::view::View;
 use super::super::{Acquired, GroupPause};
+use crate::state::Phase;
 
 use super::far_back::{self, FarBack};
 use super::marker::Marker;
@@ -60,9 +61,11 @@ pub(super) async fn acquire(store: &KubeLeaseSemaphore, me: &Identity) -> Result
 pub(super) async fn acquire_unless_paused(
     store: &KubeLeaseSemaphore,
     me: &Identity,
+    first: Phase,
 ) -> Result<Acquired, LockError> {
     store.check()?;
     let mut w = waiting(store, me);
+    w.first = Some(first);
     let acquired = acquire::acquire_unless_paused(&mut w, me, &settings(store)).await?;
     if let Acquired::Paused(_) = &acquired {
         if let Some((pause, rv)) = w.snap.as_ref().and_then(|s| s.pause.clone()) {
@@ -101,6 +104,7 @@ pub(in crate::lock) fn waiting<'a>(
         store,
         me,
         my_waiter: store.waiter_name(&me.node),
+        first: None,
         snap: None,
         relisting: None,
         leases: None,
@@ -120,6 +124,8 @@ pub(in crate::lock) struct LeaseWaiting<'a> {
     store: &'a KubeLeaseSemaphore,
     me: &'a Identity,
     my_waiter: String,
+    /// The phase written with the take (`Semaphore::acquire_unless_paused`'s `first`).
+    first: Option<Phase>,
     snap: Option<Snapshot>,
     /// A list the watcher started again (after it lost its place): built until `InitDone`.
     relisting: Option<Snapshot>,
@@ -154,6 +160,19 @@ enum Woken {
 }
 
 impl LeaseWaiting<'_> {
+    /// `slot` taken by me at `now`, with the phase I enter with it (the first report).
+    fn taken(&self, slot: &Lease, now: jiff::Timestamp, node_uid: Option<&str>) -> Lease {
+        let mut lease = KubeLeaseSemaphore::taken(slot, self.me, now, node_uid);
+        if let Some(first) = self.first {
+            lease
+                .metadata
+                .annotations
+                .get_or_insert_with(BTreeMap::new)
+                .insert(ANNOTATION_PHASE.to_owned(), first.as_str().to_owned());
+        }
+        lease
+    }
+
     fn snap(&self) -> Result<&Snapshot, LockError> {
         self.snap.as_ref().ok_or(LockError::NotRead(BACKEND))
     }
@@ -289,19 +308,13 @@ impl Waiting for LeaseWaiting<'_> {
         let pick = rank.min(count - 1);
         let (written, lease_name) = match free.get(pick) {
             Some(slot) => {
-                let lease =
-                    KubeLeaseSemaphore::taken(&slot.lease, self.me, now, node_uid.as_deref());
+                let lease = self.taken(&slot.lease, now, node_uid.as_deref());
                 let name = slot.name().to_owned();
                 (store.replace_obj("taking a slot", &lease).await?, name)
             }
             None => {
                 let index = missing[pick - free.len()];
-                let lease = KubeLeaseSemaphore::taken(
-                    &store.free_slot_lease(index),
-                    self.me,
-                    now,
-                    node_uid.as_deref(),
-                );
+                let lease = self.taken(&store.free_slot_lease(index), now, node_uid.as_deref());
                 (
                     store.create_obj("creating a slot", &lease).await?,
                     store.slot_name(index),
@@ -311,7 +324,8 @@ impl Waiting for LeaseWaiting<'_> {
         let won = written.is_some();
         if let Some(lease) = written {
             tracing::debug!(namespace = %store.namespace, lease = %lease_name, "took a slot Lease");
-            // The first phase report after the take is then one request.
+            // The first phase report after the take then finds its phase on record (or is
+            // one request).
             store.written.set(lease);
         }
         Ok(self.won(won, &lease_name))
@@ -344,12 +358,7 @@ impl Waiting for LeaseWaiting<'_> {
             return Ok(freed && !take_over);
         }
         let node_uid = self.own_node_uid().await?;
-        let lease = KubeLeaseSemaphore::taken(
-            &slot.lease,
-            self.me,
-            jiff::Timestamp::now(),
-            node_uid.as_deref(),
-        );
+        let lease = self.taken(&slot.lease, jiff::Timestamp::now(), node_uid.as_deref());
         let won = self.store.replace("reclaiming a slot", &lease).await?;
         Ok(self.won(won, slot.name()))
     }
