@@ -69,6 +69,8 @@ impl Runtime {
                 let event = self.acquire_within_window().await;
                 if matches!(event, Event::Transient { .. }) {
                     self.metrics.error(ErrorKind::Lock);
+                } else {
+                    self.metrics.lock_answered();
                 }
                 event
             }
@@ -139,7 +141,11 @@ impl Runtime {
         let group = &self.config.identity.group;
         info!(%group, "group {group} paused ({}): waiting for `rebootctl resume --group`", known.describe());
         let changed = async {
-            match self.semaphore.group_pause_changed(Some(known)).await {
+            let changed = self.semaphore.group_pause_changed(Some(known)).await;
+            if changed.is_ok() {
+                self.metrics.lock_answered();
+            }
+            match changed {
                 Ok(None) => Event::GroupResumed,
                 Ok(Some(pause)) => Event::GroupPaused { pause },
                 Err(e) => {
@@ -212,6 +218,7 @@ impl Runtime {
                     .is_some_and(|k| k.on_drain_failure == DrainFailure::Reboot);
                 let msg = format!("drain failed: {e}");
                 error!(error = %e, reboot_anyway, "drain failed");
+                self.metrics.drain_failed();
                 self.event(EventReason::DrainFailed, &msg).await;
                 Event::DrainFailed {
                     error: e.to_string(),
@@ -435,7 +442,10 @@ impl Runtime {
 
     async fn release_slot(&self) -> Event {
         match self.semaphore.release(&self.me).await {
-            Ok(()) => Event::Released,
+            Ok(()) => {
+                self.metrics.lock_answered();
+                Event::Released
+            }
             Err(e) => {
                 self.metrics.error(ErrorKind::Lock);
                 Event::Transient {
@@ -484,6 +494,9 @@ impl Runtime {
         } else {
             self.semaphore.fence(&self.me).await
         };
+        if proof.is_ok() {
+            self.metrics.lock_answered();
+        }
         match proof {
             Ok(Fence::Held) => {
                 debug!(before = what, "the store proves the slot held");

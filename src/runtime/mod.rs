@@ -239,6 +239,9 @@ impl Runtime {
                 state
             }
         };
+        // The metrics see the state as loaded (a reboot's request, before the step that sees
+        // the new boot), so they can tell how long the reboot took.
+        self.metrics.observe(&state, Timestamp::now());
         if state.slot_held && self.semaphore.heartbeat_every().is_some() {
             info!("holding a slot: showing the lock store this node is alive first");
             self.beat(last_beat).await;

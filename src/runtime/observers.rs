@@ -125,10 +125,15 @@ impl Runtime {
     /// heartbeat is kept as the proof of the slot for the next fence.
     async fn report_phase(&self, before: &State, after: &State, failed: bool) {
         if self.worth_reporting(before, after, failed) {
-            let proof = match self.semaphore.report_phase(&self.me, after.phase).await {
+            let reported = self.semaphore.report_phase(&self.me, after.phase).await;
+            if reported.is_ok() {
+                self.metrics.lock_answered();
+            }
+            let proof = match reported {
                 Ok(Reported::Held) => Some((after.phase, std::time::Instant::now())),
                 Ok(Reported::Unproven) => None,
                 Err(e) => {
+                    self.metrics.error(crate::metrics::ErrorKind::Lock);
                     warn!(error = %e, "cannot record the phase in the lock backend");
                     None
                 }
