@@ -88,6 +88,10 @@ struct Values {
     drain_failures: u64,
     /// Lock store calls that failed since the last one that got an answer.
     lock_errors_in_a_row: u64,
+    /// When the slot held was taken, as the state says.
+    slot_since: Option<Timestamp>,
+    /// The longest a hold takes by the settings, in seconds.
+    expected_hold: f64,
 }
 
 /// Shared, cheap to clone; updated by the runtime.
@@ -137,6 +141,7 @@ impl Metrics {
                 v.reboot_requested = Some(r.requested_at);
             }
             v.entered = Some(s.since);
+            v.slot_since = s.slot_since;
             v.waiting = waiting(s, now);
             v.reboot_needed = s.reason.is_some();
             v.slot_held = s.slot_held;
@@ -160,6 +165,11 @@ impl Metrics {
     /// The lock store answered a call (whatever it said): it is reachable.
     pub fn lock_answered(&self) {
         self.with(|v| v.lock_errors_in_a_row = 0);
+    }
+
+    /// The longest a slot is held by the settings (`runtime::expected_hold`).
+    pub fn expect_hold(&self, d: std::time::Duration) {
+        self.with(|v| v.expected_hold = d.as_secs_f64());
     }
 
     /// Count a drain that failed.
@@ -216,6 +226,8 @@ struct Snapshot {
     last_reboot_duration: f64,
     drain_failures: u64,
     lock_errors_in_a_row: u64,
+    slot_since: f64,
+    expected_hold: f64,
 }
 
 /// Unix time in seconds, 0 for none (as `rebootd_last_reboot_timestamp_seconds`).
@@ -252,6 +264,8 @@ impl Snapshot {
             last_reboot_duration: v.last_reboot_duration.unwrap_or(0.0),
             drain_failures: v.drain_failures,
             lock_errors_in_a_row: v.lock_errors_in_a_row,
+            slot_since: unix(v.slot_since),
+            expected_hold: v.expected_hold,
         }
     }
 }
@@ -395,6 +409,18 @@ impl Snapshot {
             "rebootd_reboot_blocked",
             "Whether a gate, a block inhibitor or blocking pods hold back the reboot this node needs.",
             flag(self.waiting.is_some_and(Waiting::blocks)),
+        )?;
+        single(
+            e,
+            "rebootd_slot_held_since_timestamp_seconds",
+            "When this node took the slot it holds (Unix time; 0 when it holds none).",
+            ConstGauge::new(self.slot_since),
+        )?;
+        single(
+            e,
+            "rebootd_slot_expected_seconds",
+            "The longest a slot is held when every step takes as long as the settings allow (drain, users' warning, reboot, boot, Ready, settle).",
+            ConstGauge::new(self.expected_hold),
         )?;
         single(
             e,
@@ -580,6 +606,18 @@ mod tests {
             "{text}"
         );
 
+        let mut holding = back.clone();
+        holding.slot_held = true;
+        holding.slot_since = Some(t(90));
+        after.observe(&holding, t(200));
+        after.expect_hold(std::time::Duration::from_secs(2700));
+        let text = after.render(t(200));
+        assert_eq!(
+            value(&text, "rebootd_slot_held_since_timestamp_seconds"),
+            90.0
+        );
+        assert_eq!(value(&text, "rebootd_slot_expected_seconds"), 2700.0);
+
         after.drain_failed();
         after.error(ErrorKind::Lock);
         after.error(ErrorKind::Lock);
@@ -660,6 +698,12 @@ rebootd_waiting{reason="slot"} 0
 # HELP rebootd_reboot_blocked Whether a gate, a block inhibitor or blocking pods hold back the reboot this node needs.
 # TYPE rebootd_reboot_blocked gauge
 rebootd_reboot_blocked 0
+# HELP rebootd_slot_held_since_timestamp_seconds When this node took the slot it holds (Unix time; 0 when it holds none).
+# TYPE rebootd_slot_held_since_timestamp_seconds gauge
+rebootd_slot_held_since_timestamp_seconds 0.0
+# HELP rebootd_slot_expected_seconds The longest a slot is held when every step takes as long as the settings allow (drain, users' warning, reboot, boot, Ready, settle).
+# TYPE rebootd_slot_expected_seconds gauge
+rebootd_slot_expected_seconds 0.0
 # HELP rebootd_last_reboot_duration_seconds From the logind call to the new boot, for the last reboot this process saw complete (0 until then).
 # TYPE rebootd_last_reboot_duration_seconds gauge
 rebootd_last_reboot_duration_seconds 0.0

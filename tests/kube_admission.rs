@@ -192,6 +192,44 @@ fn a_node_cordons_and_annotates_only_its_own_node() {
     );
 }
 
+const SCALE_DOWN: &str =
+    "/metadata/annotations/cluster-autoscaler.kubernetes.io~1scale-down-disabled";
+
+/// The cluster autoscaler's annotation: a node adds `true` to its own Node where the annotation
+/// is absent and removes it while it says `true`; another value, another Node, or a change of
+/// someone else's value is denied.
+#[test]
+fn the_autoscaler_annotation_only_where_absent_only_true_only_its_own_node() {
+    let p = Policy::load();
+    let mine = node("worker-1");
+    let other = node("worker-2");
+    let set = |n: &Value, v: &str| with(n.clone(), SCALE_DOWN, json!(v));
+    allowed(&p, &update(me(), NODES, &mine, &set(&mine, "true")));
+    allowed(&p, &update(me(), NODES, &set(&mine, "true"), &mine));
+    let says = "scale-down-disabled=true where it is absent";
+    for v in ["false", "TRUE", ""] {
+        denied(&p, &update(me(), NODES, &mine, &set(&mine, v)), says);
+        // Someone else's value: neither changed to true nor removed.
+        denied(
+            &p,
+            &update(me(), NODES, &set(&mine, v), &set(&mine, "true")),
+            says,
+        );
+        denied(&p, &update(me(), NODES, &set(&mine, v), &mine), says);
+    }
+    // Not on another Node, neither added nor removed.
+    for (old, new) in [
+        (other.clone(), set(&other, "true")),
+        (set(&other, "true"), other.clone()),
+    ] {
+        denied(
+            &p,
+            &update(me(), NODES, &old, &new),
+            "may change only Node worker-1",
+        );
+    }
+}
+
 #[test]
 fn cordon_yes_other_spec_and_taints_no() {
     let p = Policy::load();

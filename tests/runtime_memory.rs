@@ -316,6 +316,18 @@ impl NodeStatus for MemDrainer {
             what: "Node labels and taint",
         })
     }
+
+    async fn disable_scale_down(&self) -> Result<bool, DrainError> {
+        Err(DrainError::Unsupported {
+            what: "Node annotations",
+        })
+    }
+
+    async fn enable_scale_down(&self) -> Result<(), DrainError> {
+        Err(DrainError::Unsupported {
+            what: "Node annotations",
+        })
+    }
 }
 
 struct Host {

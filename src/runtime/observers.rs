@@ -3,7 +3,8 @@
 //! A change is written to the state file first, before any effect it guards; then, in this
 //! order, its observers: the webhook's notices, the Node's annotations (phase, pause, group
 //! pause) and the phase report to the lock backend. Their failures are logged and the agent
-//! goes on. After every step, changed or not: the withdrawal of a warning to logged-in users
+//! goes on. After every step: the autoscaler's courtesy for a held slot (`courtesy`); then,
+//! changed or not: the withdrawal of a warning to logged-in users
 //! that no longer holds, systemd's status line, Flatcar's coordinator file and the metrics.
 
 use super::{status_line, Runtime, RuntimeError};
@@ -32,7 +33,8 @@ impl Runtime {
         }
         // What came from outside (errors, gate answers, inhibitors) is bounded and escaped
         // before it reaches the journal, the state file or anything that reads them.
-        let next = step.state.cleaned();
+        let mut next = step.state.cleaned();
+        super::courtesy::note_slot_since(&mut next, Timestamp::now());
         let why = crate::text::clean(&step.why);
         if next.phase != state.phase {
             // The message says it all ("idle → reboot_needed: why"); the fields are for filtering.
@@ -44,6 +46,7 @@ impl Runtime {
             self.store.save(&next)?;
             self.on_change(&state, &next, failed).await;
         }
+        let next = self.scale_down_courtesy(next).await?;
         self.on_step(&state, &next).await;
         Ok(next)
     }
