@@ -92,6 +92,22 @@ struct Values {
     slot_since: Option<Timestamp>,
     /// The longest a hold takes by the settings, in seconds.
     expected_hold: f64,
+    /// This node's name and group, for `rebootd_info` (dashboards join on it).
+    identity: Option<(String, String)>,
+}
+
+/// A label value from the configuration, kept to the characters node and group names use.
+fn label_value(s: &str) -> String {
+    s.chars()
+        .take(253)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }
 
 /// Shared, cheap to clone; updated by the runtime.
@@ -172,6 +188,11 @@ impl Metrics {
         self.with(|v| v.expected_hold = d.as_secs_f64());
     }
 
+    /// Name this node and its group in `rebootd_info`.
+    pub fn identify(&self, node: &str, group: &str) {
+        self.with(|v| v.identity = Some((label_value(node), label_value(group))));
+    }
+
     /// Count a drain that failed.
     pub fn drain_failed(&self) {
         self.with(|v| v.drain_failures += 1);
@@ -228,6 +249,7 @@ struct Snapshot {
     lock_errors_in_a_row: u64,
     slot_since: f64,
     expected_hold: f64,
+    identity: Option<(String, String)>,
 }
 
 /// Unix time in seconds, 0 for none (as `rebootd_last_reboot_timestamp_seconds`).
@@ -266,6 +288,7 @@ impl Snapshot {
             lock_errors_in_a_row: v.lock_errors_in_a_row,
             slot_since: unix(v.slot_since),
             expected_hold: v.expected_hold,
+            identity: v.identity.clone(),
         }
     }
 }
@@ -389,6 +412,21 @@ impl Snapshot {
     /// What a fleet's dashboard and alerts follow: time in phase, why a node waits, reboot
     /// durations, drain failures, the lock store's reachability.
     fn encode_progress(&self, e: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        if let Some((node, group)) = &self.identity {
+            let info = ConstGauge::new(1i64);
+            let mut family = e.encode_descriptor(
+                "rebootd_info",
+                "This agent: its node, group and rebootd version (always 1; join on instance).",
+                None,
+                info.metric_type(),
+            )?;
+            let labels: &[(&str, &str)] = &[
+                ("node", node),
+                ("group", group),
+                ("version", env!("CARGO_PKG_VERSION")),
+            ];
+            info.encode(family.encode_family(&labels)?)?;
+        }
         single(
             e,
             "rebootd_phase_since_timestamp_seconds",
@@ -617,6 +655,16 @@ mod tests {
             90.0
         );
         assert_eq!(value(&text, "rebootd_slot_expected_seconds"), 2700.0);
+
+        after.identify("worker-1", "db \"zone\"");
+        let text = after.render(t(200));
+        assert!(
+            text.contains(&format!(
+                "rebootd_info{{node=\"worker-1\",group=\"db__zone_\",version=\"{}\"}} 1",
+                env!("CARGO_PKG_VERSION")
+            )),
+            "{text}"
+        );
 
         after.drain_failed();
         after.error(ErrorKind::Lock);

@@ -212,6 +212,7 @@ impl Runtime {
     /// Publish metrics to this collector (served by the caller).
     pub fn with_metrics(mut self, metrics: Metrics) -> Runtime {
         metrics.expect_hold(expected_hold(&self.config));
+        metrics.identify(&self.me.node, &self.config.identity.group);
         self.metrics = metrics;
         self
     }
