@@ -155,7 +155,11 @@ async fn scrape(addr: std::net::SocketAddr) -> String {
     let mut out = String::new();
     conn.read_to_string(&mut out).await.unwrap();
     assert!(out.starts_with("HTTP/1.1 200"), "{out}");
-    out
+    // The body, after the head (the exposition is not chunked: Content-Length).
+    match out.split_once("\r\n\r\n") {
+        Some((_, body)) => body.to_string(),
+        None => panic!("no end of head: {out}"),
+    }
 }
 
 /// Every name the dashboard and the rules use, with where.
@@ -230,6 +234,18 @@ async fn every_metric_a_panel_or_rule_names_is_served_by_a_running_rebootd() {
     assert!(
         text.contains("rebootd_info{node=\"mon1\",group=\"default\""),
         "{text}"
+    );
+    // Every metric served has its row in docs/monitoring.md's reference.
+    let docs =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/monitoring.md"))
+            .unwrap();
+    let undocumented: Vec<&String> = served
+        .iter()
+        .filter(|n| !docs.contains(&format!("| `{n}` |")))
+        .collect();
+    assert!(
+        undocumented.is_empty(),
+        "not in docs/monitoring.md's metrics reference: {undocumented:?}"
     );
 }
 
