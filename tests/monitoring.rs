@@ -345,3 +345,64 @@ async fn real_prometheus_loads_the_rules_and_answers_every_panel() {
         assert_eq!(body["data"]["result"][0]["value"][1], want, "{q}: {body}");
     }
 }
+
+/// The dashboard as Grafana imports it: unique panel ids, each panel placed on the 24-column
+/// grid without overlap, on the dashboard's data source variable, with its queries; and its rows
+/// cover what it is for.
+#[test]
+fn the_dashboard_is_laid_out_on_its_data_source() {
+    let text = std::fs::read_to_string(monitoring().join(DASHBOARD)).unwrap();
+    let dash: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(dash["uid"], "rebootd-fleet");
+    let vars: Vec<&str> = dash["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(vars, ["datasource", "job"]);
+    let panels = dash["panels"].as_array().unwrap();
+    let mut ids = BTreeSet::new();
+    let mut cells = BTreeSet::new();
+    let mut rows = Vec::new();
+    for p in panels {
+        let title = p["title"].as_str().unwrap();
+        assert!(ids.insert(p["id"].as_u64().unwrap()), "{title}: id taken");
+        let g = &p["gridPos"];
+        let (x, y, w, h) = ["x", "y", "w", "h"].map(|k| g[k].as_u64().unwrap()).into();
+        assert!(x + w <= 24 && w > 0 && h > 0, "{title}: {g}");
+        for cx in x..x + w {
+            for cy in y..y + h {
+                assert!(cells.insert((cx, cy)), "{title} overlaps another panel");
+            }
+        }
+        if p["type"] == "row" {
+            rows.push(title);
+            continue;
+        }
+        assert_eq!(p["datasource"]["uid"], "${datasource}", "{title}");
+        let targets = p["targets"].as_array().unwrap();
+        assert!(!targets.is_empty(), "{title}: no query");
+        let refs: BTreeSet<&str> = targets
+            .iter()
+            .map(|t| t["refId"].as_str().unwrap())
+            .collect();
+        assert_eq!(refs.len(), targets.len(), "{title}: refIds");
+        for t in targets {
+            assert!(
+                t["expr"].as_str().unwrap().contains("job=~\"$job\""),
+                "{title}: not on the chosen job: {t}"
+            );
+        }
+    }
+    assert_eq!(
+        rows,
+        [
+            "Fleet progress",
+            "Holders",
+            "Waiters",
+            "Reboot durations",
+            "Drain failures and errors"
+        ]
+    );
+}
