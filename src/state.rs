@@ -145,7 +145,7 @@ pub struct State {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slot_since: Option<Timestamp>,
     /// Whether rebootd may have put the cluster autoscaler's `scale-down-disabled` annotation on
-    /// its Node for the slot it holds, so takes it off after the release (see
+    /// its Node for the slot it holds, so takes it off when it gives the slot back (see
     /// `drain::autoscaler`). Written before the annotation, cleared once it is off; kept by the
     /// runtime, absent (false) in files written before it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

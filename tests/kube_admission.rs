@@ -832,7 +832,8 @@ fn scale_down_change(r: &Value) -> Option<(Value, Value)> {
 /// Real rebootd processes, each its own node identity, roll a reboot through the Lease semaphore
 /// with the admission policy enforced by the stand-in. node-1's Node has no autoscaler
 /// annotation: rebootd adds `true` after taking its slot and before the cordon, keeps it through
-/// the reboot (a new rebootd process after it), and takes it off after the release. node-2 and
+/// the reboot (a new rebootd process after it), and takes it off right before it gives the slot
+/// back. node-2 and
 /// node-3 carry someone else's annotation ("false", and "true" as rebootd would set it): rebootd
 /// never touches them.
 #[tokio::test]
@@ -923,8 +924,8 @@ async fn the_autoscaler_annotation_is_on_while_holding_and_only_rebootds_is_take
         })
         .expect("node-1 released its slot");
     assert!(
-        take < added && added < cordon && cordon < rebooting && rebooting < release && release < removed,
-        "order: take {take}, add {added}, cordon {cordon}, rebooting {rebooting}, release {release}, removal {removed}"
+        take < added && added < cordon && cordon < rebooting && rebooting < removed && removed < release,
+        "order: take {take}, add {added}, cordon {cordon}, rebooting {rebooting}, removal {removed}, release {release}"
     );
 
     // Someone else's annotations: never written by rebootd, still there.

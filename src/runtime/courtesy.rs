@@ -1,7 +1,9 @@
 //! What the runtime keeps about a held slot beside the agent's steps: since when it is held
 //! (`State::slot_since`, for the metrics), and the cluster autoscaler's courtesy
 //! (`drain::autoscaler`): the Node says `scale-down-disabled=true` while the slot is held, where
-//! no such annotation was, and only what rebootd added is taken off after the release.
+//! no such annotation was, and only what rebootd added is taken off: right before the release
+//! (`executor`, which retries with the slot kept, as for the reboot's labels), or here, after a
+//! slot that went without a release (lost), at each step until it is off.
 //!
 //! The add is on record before it is made (`State::scale_down_disabled`), so a crash right after
 //! it, or the reboot, still takes it off. A definite refusal (the API server answered, e.g. an
@@ -28,7 +30,8 @@ pub(super) fn note_slot_since(s: &mut State, now: Timestamp) {
 
 impl Runtime {
     /// The autoscaler's annotation for the state `s`, already on record: added once per hold
-    /// (per process), taken off once the slot is released. Returns the state as recorded.
+    /// (per process); once the slot is gone, taken off if still there, and the record cleared.
+    /// Returns the state as recorded.
     pub(super) async fn scale_down_courtesy(&self, mut s: State) -> Result<State, RuntimeError> {
         let Some(n) = &self.node else { return Ok(s) };
         if s.slot_held {

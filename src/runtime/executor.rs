@@ -75,7 +75,7 @@ impl Runtime {
                 event
             }
             Action::WaitForGroupResume { known } => self.wait_for_group_resume(known).await,
-            Action::ReleaseSlot => self.unmark_and_release().await,
+            Action::ReleaseSlot => self.unmark_and_release(state).await,
             Action::CallReboot => match self.warn_users(state).await {
                 Some(warned) => warned,
                 None => self.call_reboot(state.phase).await,
@@ -162,14 +162,25 @@ impl Runtime {
         }
     }
 
-    /// Take rebootd's labels and taint off the node, then give the slot back.
-    async fn unmark_and_release(&self) -> Event {
+    /// Take rebootd's labels and taint off the node, and the autoscaler's annotation it added
+    /// (`courtesy`), then give the slot back.
+    async fn unmark_and_release(&self, state: &State) -> Event {
         if let Some(n) = &self.node {
             if let Err(e) = n.unmark().await {
                 self.metrics.error(ErrorKind::Kubernetes);
                 return Event::Transient {
                     error: format!("cannot take the reboot labels and taint off: {e}"),
                 };
+            }
+            if state.scale_down_disabled {
+                if let Err(e) = n.enable_scale_down().await {
+                    self.metrics.error(ErrorKind::Kubernetes);
+                    return Event::Transient {
+                        error: format!(
+                            "cannot take the autoscaler's scale-down-disabled annotation off: {e}"
+                        ),
+                    };
+                }
             }
         }
         self.release_slot().await
