@@ -67,10 +67,11 @@ impl Runtime {
             Action::WaitForWindow => self.wait_for_window().await,
             Action::AcquireSlot => {
                 let event = self.acquire_within_window().await;
-                if matches!(event, Event::Transient { .. }) {
-                    self.metrics.error(ErrorKind::Lock);
-                } else {
-                    self.metrics.lock_answered();
+                match event {
+                    Event::Transient { .. } => self.metrics.error(ErrorKind::Lock),
+                    // The store answered (a window that closed meanwhile says nothing of it).
+                    Event::SlotAcquired | Event::GroupPaused { .. } => self.metrics.lock_answered(),
+                    _ => {}
                 }
                 event
             }
