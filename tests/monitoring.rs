@@ -249,6 +249,45 @@ async fn every_metric_a_panel_or_rule_names_is_served_by_a_running_rebootd() {
     );
 }
 
+/// A real rebootd that needs a reboot outside its window says so: the need, the reason it
+/// waits, since when, and nothing blocked.
+#[tokio::test]
+async fn a_running_rebootd_says_why_it_waits() {
+    let addr = free_loopback_addr();
+    let config = format!(
+        "[metrics]\nlisten = \"{addr}\"\n\n[[window]]\ndays = []\nstart = \"00:00\"\nlength = \"1h\"\n"
+    );
+    let node = node("mon3", &config).await;
+    node.wait_ready(WAIT).await.unwrap();
+    node.update_engine
+        .set_status("UPDATE_STATUS_UPDATED_NEED_REBOOT", "2.0")
+        .await
+        .unwrap();
+    let s = node
+        .wait_state("waiting for the window", WAIT, |s| {
+            s.phase == rebootd::state::Phase::WaitingForWindow
+        })
+        .await
+        .unwrap();
+    let text = scrape(addr).await;
+    let value = |series: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no {series} in {text}"))
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(value("rebootd_reboot_needed"), 1.0);
+    assert_eq!(value("rebootd_waiting{reason=\"window\"}"), 1.0);
+    assert_eq!(value("rebootd_waiting{reason=\"slot\"}"), 0.0);
+    assert_eq!(value("rebootd_reboot_blocked"), 0.0);
+    assert_eq!(
+        value("rebootd_phase_since_timestamp_seconds"),
+        s.since.as_millisecond() as f64 / 1000.0
+    );
+    assert_eq!(value("rebootd_slot_held_since_timestamp_seconds"), 0.0);
+}
+
 /// A PromQL query of the dashboard, as Grafana sends it for the job `lab`.
 fn as_grafana_sends(q: &str) -> String {
     q.replace("$__rate_interval", "1m")

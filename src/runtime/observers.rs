@@ -43,6 +43,9 @@ impl Runtime {
             info!(phase = %next.phase, %why, "still {}: {why}", next.phase);
         }
         if next != state {
+            // The metrics see a change by the time it is on record (a scrape that follows the
+            // state file sees it too); they see every step again below.
+            self.metrics.observe(&next, Timestamp::now());
             self.store.save(&next)?;
             self.on_change(&state, &next, failed).await;
         }
