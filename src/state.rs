@@ -140,6 +140,16 @@ pub struct State {
     /// The warning given to logged-in users before this reboot (see [`crate::users`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub users_warned: Option<crate::users::Warning>,
+    /// When this node took the slot it holds. Kept by the runtime beside the agent's steps (for
+    /// `rebootd_slot_held_since_timestamp_seconds`); absent in files written before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot_since: Option<Timestamp>,
+    /// Whether rebootd may have put the cluster autoscaler's `scale-down-disabled` annotation on
+    /// its Node for the slot it holds, so takes it off when it gives the slot back (see
+    /// `drain::autoscaler`). Written before the annotation, cleared once it is off; kept by the
+    /// runtime, absent (false) in files written before it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub scale_down_disabled: bool,
 }
 
 /// A gate that says wait: which, why, since when, and when it is asked again.
@@ -225,6 +235,8 @@ impl State {
             group_paused: None,
             settle_until: None,
             users_warned: None,
+            slot_since: None,
+            scale_down_disabled: false,
         }
     }
 }
@@ -500,6 +512,28 @@ mod tests {
         let e = parse(v.to_string().as_bytes()).unwrap_err();
         assert!(matches!(e, ParseError::Version(99)), "{e}");
         assert!(e.to_string().contains("99"), "{e}");
+    }
+
+    /// The runtime's record of the slot (since when, the autoscaler's annotation) is optional
+    /// both ways: a file without it reads as "none", and a state without it is written as
+    /// before, so an older rebootd still reads the file.
+    #[test]
+    fn the_slots_record_is_backward_compatible() {
+        let old = r#"{"version":1,"phase":"draining","since":"2026-11-20T03:00:00Z",
+            "boot_id":"b1","slot_held":true,"reboots":3}"#;
+        let s = parse(old.as_bytes()).unwrap();
+        assert!(s.slot_held && !s.scale_down_disabled && s.slot_since.is_none());
+        let v = serde_json::to_value(&s).unwrap();
+        assert!(
+            v.get("scale_down_disabled").is_none() && v.get("slot_since").is_none(),
+            "{v}"
+        );
+        let mut held = s.clone();
+        held.scale_down_disabled = true;
+        held.slot_since = Some(Timestamp::UNIX_EPOCH);
+        let text = serde_json::to_string(&held).unwrap();
+        assert!(text.contains("\"scale_down_disabled\":true"), "{text}");
+        assert_eq!(parse(text.as_bytes()).unwrap(), held);
     }
 
     /// A state file written before the trigger became a type (its `reason` a plain string)

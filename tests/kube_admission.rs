@@ -192,6 +192,44 @@ fn a_node_cordons_and_annotates_only_its_own_node() {
     );
 }
 
+const SCALE_DOWN: &str =
+    "/metadata/annotations/cluster-autoscaler.kubernetes.io~1scale-down-disabled";
+
+/// The cluster autoscaler's annotation: a node adds `true` to its own Node where the annotation
+/// is absent and removes it while it says `true`; another value, another Node, or a change of
+/// someone else's value is denied.
+#[test]
+fn the_autoscaler_annotation_only_where_absent_only_true_only_its_own_node() {
+    let p = Policy::load();
+    let mine = node("worker-1");
+    let other = node("worker-2");
+    let set = |n: &Value, v: &str| with(n.clone(), SCALE_DOWN, json!(v));
+    allowed(&p, &update(me(), NODES, &mine, &set(&mine, "true")));
+    allowed(&p, &update(me(), NODES, &set(&mine, "true"), &mine));
+    let says = "scale-down-disabled=true where it is absent";
+    for v in ["false", "TRUE", ""] {
+        denied(&p, &update(me(), NODES, &mine, &set(&mine, v)), says);
+        // Someone else's value: neither changed to true nor removed.
+        denied(
+            &p,
+            &update(me(), NODES, &set(&mine, v), &set(&mine, "true")),
+            says,
+        );
+        denied(&p, &update(me(), NODES, &set(&mine, v), &mine), says);
+    }
+    // Not on another Node, neither added nor removed.
+    for (old, new) in [
+        (other.clone(), set(&other, "true")),
+        (set(&other, "true"), other.clone()),
+    ] {
+        denied(
+            &p,
+            &update(me(), NODES, &old, &new),
+            "may change only Node worker-1",
+        );
+    }
+}
+
 #[test]
 fn cordon_yes_other_spec_and_taints_no() {
     let p = Policy::load();
@@ -775,4 +813,216 @@ async fn every_manifest_passes_kubectl_apply() {
             "{object}: {out}"
         );
     }
+}
+
+// --- The cluster autoscaler's courtesy ---------------------------------------------------------
+
+const SCALE_DOWN_KEY: &str = "cluster-autoscaler.kubernetes.io/scale-down-disabled";
+
+/// What `r` (an AdmissionRequest on a Node) did to the autoscaler's annotation: (before, after).
+fn scale_down_change(r: &Value) -> Option<(Value, Value)> {
+    if r["resource"]["resource"] != "nodes" {
+        return None;
+    }
+    let old = r["oldObject"]["metadata"]["annotations"][SCALE_DOWN_KEY].clone();
+    let new = r["object"]["metadata"]["annotations"][SCALE_DOWN_KEY].clone();
+    (old != new).then_some((old, new))
+}
+
+/// Real rebootd processes, each its own node identity, roll a reboot through the Lease semaphore
+/// with the admission policy enforced by the stand-in. node-1's Node has no autoscaler
+/// annotation: rebootd adds `true` after taking its slot and before the cordon, keeps it through
+/// the reboot (a new rebootd process after it), and takes it off right before it gives the slot
+/// back. node-2 and
+/// node-3 carry someone else's annotation ("false", and "true" as rebootd would set it): rebootd
+/// never touches them.
+#[tokio::test]
+async fn the_autoscaler_annotation_is_on_while_holding_and_only_rebootds_is_taken_off() {
+    let (hook, reviewed) = enforcing();
+    let fleet = ready_fleet(FleetOptions {
+        node_identities: true,
+        kube_admission: Some(hook),
+        ..drain_opts(3, 1, FleetLock::Kubernetes)
+    })
+    .await;
+    let cluster = kube_cluster(&fleet);
+    for (node, theirs) in [("node-2", "false"), ("node-3", "true")] {
+        cluster
+            .update(rebootd_lab::kube_api::Kind::Node, "", node, |n| {
+                n["metadata"]["annotations"][SCALE_DOWN_KEY] = json!(theirs);
+            })
+            .unwrap();
+    }
+    fleet.trigger_all("2").await.unwrap();
+    fleet
+        .wait_rolled(Duration::from_secs(120))
+        .await
+        .expect("the fleet rolled");
+    let reviewed = reviewed.lock().unwrap().clone();
+    let denied: Vec<String> = reviewed
+        .iter()
+        .filter_map(|(r, v)| {
+            v.as_ref()
+                .err()
+                .map(|m| format!("{} {}: {m}", r["userInfo"]["username"], r["name"]))
+        })
+        .collect();
+    assert!(
+        denied.is_empty(),
+        "the policy denied rebootd:\n{}",
+        denied.join("\n")
+    );
+
+    let by = |r: &Value, node: &str| r["userInfo"]["username"] == format!("rebootd:node:{node}");
+    let node1: Vec<&Value> = reviewed
+        .iter()
+        .map(|(r, _)| r)
+        .filter(|r| by(r, "node-1"))
+        .collect();
+    let first = |what: &str, f: &dyn Fn(&Value) -> bool| {
+        node1
+            .iter()
+            .position(|r| f(r))
+            .unwrap_or_else(|| panic!("node-1 never did: {what}"))
+    };
+    let holder = |v: &Value| {
+        v["spec"]["holderIdentity"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
+    let take = first("take a slot", &|r| {
+        r["resource"]["resource"] == "leases"
+            && holder(&r["object"]) == "node-1"
+            && holder(&r["oldObject"]) != "node-1"
+    });
+    let changes: Vec<(usize, (Value, Value))> = node1
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| scale_down_change(r).map(|c| (i, c)))
+        .collect();
+    assert_eq!(
+        changes.iter().map(|(_, c)| c.clone()).collect::<Vec<_>>(),
+        [(Value::Null, json!("true")), (json!("true"), Value::Null)],
+        "node-1 adds the annotation once and takes it off once"
+    );
+    let (added, removed) = (changes[0].0, changes[1].0);
+    let cordon = first("cordon", &|r| {
+        r["resource"]["resource"] == "nodes"
+            && r["object"]["spec"]["unschedulable"] == true
+            && r["oldObject"]["spec"]["unschedulable"] != true
+    });
+    let rebooting = first("record the Rebooting event", &|r| {
+        r["resource"]["resource"] == "events" && r["object"]["reason"] == "Rebooting"
+    });
+    let release = node1
+        .iter()
+        .rposition(|r| {
+            r["resource"]["resource"] == "leases"
+                && holder(&r["oldObject"]) == "node-1"
+                && (r["operation"] == "DELETE" || holder(&r["object"]).is_empty())
+        })
+        .expect("node-1 released its slot");
+    assert!(
+        take < added && added < cordon && cordon < rebooting && rebooting < removed && removed < release,
+        "order: take {take}, add {added}, cordon {cordon}, rebooting {rebooting}, removal {removed}, release {release}"
+    );
+
+    // Someone else's annotations: never written by rebootd, still there.
+    for (node, theirs) in [("node-2", "false"), ("node-3", "true")] {
+        assert!(
+            !reviewed
+                .iter()
+                .any(|(r, _)| by(r, node) && scale_down_change(r).is_some()),
+            "{node} touched someone else's annotation"
+        );
+        assert_eq!(
+            cluster.node(node).unwrap()["metadata"]["annotations"][SCALE_DOWN_KEY],
+            theirs,
+            "{node}"
+        );
+    }
+    assert!(cluster.node("node-1").unwrap()["metadata"]["annotations"]
+        .get(SCALE_DOWN_KEY)
+        .is_none());
+}
+
+/// A stolen node credential (rebootd's own client, as the stand-in's request log shows kubectl
+/// sends no token over the lab's plain HTTP) against the stand-in enforcing the policy: it may
+/// set the autoscaler's annotation to `true` on its own Node and take it off, but not set it on
+/// another Node, not set another value, and not take off or change someone else's value.
+#[tokio::test]
+async fn a_stolen_credential_cannot_use_the_autoscaler_annotation_elsewhere() {
+    let (hook, _) = enforcing();
+    let api = rebootd_lab::kube_api::KubeApi::start(rebootd_lab::kube_api::Options {
+        admission: Some(hook),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    for n in ["worker-1", "worker-2"] {
+        api.cluster()
+            .add(&rebootd_lab::kube_api::NodeBuilder::new(n))
+            .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kc = dir.path().join("kubeconfig");
+    api.write_kubeconfig_for(&kc, "rebootd:node:worker-1")
+        .unwrap();
+    let client = rebootd::kube_client::connect(Some(&kc)).await.unwrap();
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
+    let annotate = |node: &'static str, value: Value| {
+        let nodes = nodes.clone();
+        async move {
+            let patch = json!({"metadata": {"annotations": {SCALE_DOWN_KEY: value}}});
+            nodes
+                .patch(
+                    node,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(patch),
+                )
+                .await
+                .map(|_| ())
+        }
+    };
+    let refused = |r: Result<(), kube::Error>, says: &str| {
+        let err = r.expect_err("refused");
+        assert_eq!(rebootd::kube_client::status_code(&err), Some(422), "{err}");
+        assert!(err.to_string().contains(says), "{err}");
+    };
+    let on =
+        |n: &str| api.cluster().node(n).unwrap()["metadata"]["annotations"][SCALE_DOWN_KEY].clone();
+    let says = "scale-down-disabled=true where it is absent";
+
+    refused(
+        annotate("worker-2", json!("true")).await,
+        "may change only Node worker-1",
+    );
+    assert_eq!(on("worker-2"), Value::Null);
+    refused(annotate("worker-1", json!("false")).await, says);
+    annotate("worker-1", json!("true"))
+        .await
+        .expect("its own Node");
+    assert_eq!(on("worker-1"), "true");
+    annotate("worker-1", Value::Null)
+        .await
+        .expect("its own value");
+    assert_eq!(on("worker-1"), Value::Null);
+
+    // Someone else's: an administrator's "false" on worker-1, "true" on worker-2.
+    for (n, v) in [("worker-1", "false"), ("worker-2", "true")] {
+        api.cluster()
+            .update(rebootd_lab::kube_api::Kind::Node, "", n, |o| {
+                o["metadata"]["annotations"][SCALE_DOWN_KEY] = json!(v);
+            })
+            .unwrap();
+    }
+    refused(annotate("worker-1", Value::Null).await, says);
+    refused(annotate("worker-1", json!("true")).await, says);
+    refused(
+        annotate("worker-2", Value::Null).await,
+        "may change only Node worker-1",
+    );
+    assert_eq!(on("worker-1"), "false");
+    assert_eq!(on("worker-2"), "true");
 }

@@ -243,6 +243,23 @@ struct Node {
     drain_takes: Duration,
     drains: usize,
     uncordons: usize,
+    /// The cluster autoscaler's `scale-down-disabled` annotation (`None`: absent).
+    scale_down: Option<String>,
+    /// How the next adds of it go.
+    scale_down_add: AddGoes,
+    scale_down_removals: usize,
+}
+
+/// How an add of the autoscaler's annotation goes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum AddGoes {
+    /// As on the API server: added where absent, answered.
+    #[default]
+    Answered,
+    /// The API server refuses it (an admission policy without the rule): 422, nothing written.
+    Refused,
+    /// Written, but the answer is lost (a connection cut): the caller cannot tell.
+    AnswerLost,
 }
 
 /// A drainer whose Node lives in a `watch` channel: the drain cordons, then finishes at once or
@@ -319,6 +336,50 @@ impl NodeStatus for MemDrainer {
         Err(DrainError::Unsupported {
             what: "Node labels and taint",
         })
+    }
+
+    async fn disable_scale_down(&self) -> Result<bool, DrainError> {
+        let mut out = Ok(false);
+        self.0.send_modify(|n| {
+            out = match (n.scale_down_add, &n.scale_down) {
+                (AddGoes::Refused, _) => {
+                    let status = kube::core::Status::failure("denied by policy", "Invalid");
+                    let source = kube::Error::Api(status.with_code(422).boxed());
+                    Err(DrainError::Api {
+                        call: "annotate".into(),
+                        status: Some(422),
+                        detail: "422 Invalid".into(),
+                        source,
+                    })
+                }
+                (_, Some(_)) => Ok(false),
+                (AddGoes::Answered, None) => {
+                    n.scale_down = Some("true".into());
+                    Ok(true)
+                }
+                (AddGoes::AnswerLost, None) => {
+                    n.scale_down = Some("true".into());
+                    let cut = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "cut");
+                    Err(DrainError::Api {
+                        call: "annotate".into(),
+                        status: None,
+                        detail: "connection reset".into(),
+                        source: kube::Error::Service(Box::new(cut)),
+                    })
+                }
+            };
+        });
+        out
+    }
+
+    async fn enable_scale_down(&self) -> Result<(), DrainError> {
+        self.0.send_modify(|n| {
+            if n.scale_down.as_deref() == Some("true") {
+                n.scale_down = None;
+                n.scale_down_removals += 1;
+            }
+        });
+        Ok(())
     }
 }
 
@@ -796,5 +857,76 @@ async fn a_node_cordoned_by_someone_else_stays_cordoned_after_the_cycle() {
     let n = host.node("after the cycle", |_| true).await;
     assert_eq!((n.drains, n.uncordons), (1, 0), "{n:?}");
     assert!(n.unschedulable, "still cordoned, as the operator left it");
+    stop(running).await;
+}
+
+/// The autoscaler's annotation (`runtime::courtesy`), on the runtime's side: added while the slot
+/// is held and its add on record in the state file; an add whose answer was lost is on record
+/// too (it may have landed) and, across the reboot, taken off before the slot is given back; a
+/// refusal clears the record and the reboot goes on; someone else's annotation is left alone.
+#[tokio::test]
+async fn the_autoscaler_annotation_is_on_record_before_it_is_added_and_off_before_the_release() {
+    for goes in [AddGoes::Answered, AddGoes::AnswerLost, AddGoes::Refused] {
+        let host = Host::with_node(
+            Mem {
+                max: 1,
+                ..Mem::default()
+            },
+            Some(Node {
+                scale_down_add: goes,
+                ..Node::default()
+            }),
+        );
+        let running = host.start();
+        host.request();
+        let s = host
+            .state("rebooting", |s| s.reboot.as_ref().is_some_and(|r| r.called))
+            .await;
+        let on = host.node("the Node now", |_| true).await.scale_down;
+        match goes {
+            AddGoes::Refused => {
+                assert!(!s.scale_down_disabled, "{goes:?}: {s:?}");
+                assert_eq!(on, None);
+            }
+            _ => {
+                assert!(s.scale_down_disabled, "{goes:?}: {s:?}");
+                assert_eq!(on.as_deref(), Some("true"), "{goes:?}");
+            }
+        }
+        assert!(s.slot_since.is_some(), "{s:?}");
+        // The host goes down; the next boot's agent gives the slot back, the annotation first.
+        let running = host.next_boot(running).await;
+        let n = host.node("after the cycle", |_| true).await;
+        assert_eq!(n.scale_down, None, "{goes:?}");
+        let removals = usize::from(goes != AddGoes::Refused);
+        assert_eq!(n.scale_down_removals, removals, "{goes:?}");
+        let s = host.state("idle", |s| s.phase == Phase::Idle).await;
+        assert!(!s.scale_down_disabled && s.slot_since.is_none(), "{s:?}");
+        stop(running).await;
+    }
+
+    // Someone else's annotation, whatever its value: left alone, never on record.
+    let host = Host::with_node(
+        Mem {
+            max: 1,
+            ..Mem::default()
+        },
+        Some(Node {
+            scale_down: Some("true".into()),
+            ..Node::default()
+        }),
+    );
+    let running = host.start();
+    host.request();
+    let s = host
+        .state("rebooting", |s| s.reboot.as_ref().is_some_and(|r| r.called))
+        .await;
+    assert!(!s.scale_down_disabled, "{s:?}");
+    let running = host.next_boot(running).await;
+    let n = host.node("after the cycle", |_| true).await;
+    assert_eq!(
+        (n.scale_down.as_deref(), n.scale_down_removals),
+        (Some("true"), 0)
+    );
     stop(running).await;
 }

@@ -182,7 +182,7 @@ fn params() -> PatchParams {
 }
 
 /// Read the Node, compute a patch, write it; a conflict starts again.
-async fn read_modify_write(
+pub(super) async fn read_modify_write(
     nodes: &Api<Node>,
     name: &str,
     what: &str,

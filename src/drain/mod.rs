@@ -9,8 +9,10 @@
 //! - `ready`: the wait for the Node to be Ready in this boot;
 //! - `node_status`: what rebootd writes on the Node (cordon, annotations, marks, Events);
 //! - `budget`, `fallback`, `order`, `marks`: the eviction's helpers and the reboot's labels and
-//!   taint.
+//!   taint;
+//! - `autoscaler`: the cluster autoscaler's scale-down-disabled annotation while holding a slot.
 
+pub mod autoscaler;
 mod budget;
 mod evict;
 mod fallback;
@@ -79,6 +81,12 @@ pub trait NodeStatus: Send + Sync {
     /// Take off the labels and taint rebootd added for the reboot (`marks`), if any are left
     /// (the uncordon takes them off too; this is for a node rebootd did not cordon).
     async fn unmark(&self) -> Result<(), DrainError>;
+    /// Node annotation `cluster-autoscaler.kubernetes.io/scale-down-disabled=true`, only where
+    /// the annotation is absent; whether it was added (`false`: someone else's is there).
+    async fn disable_scale_down(&self) -> Result<bool, DrainError>;
+    /// Take that annotation off, only while it holds rebootd's value `true` (called only when
+    /// rebootd added it).
+    async fn enable_scale_down(&self) -> Result<(), DrainError>;
 }
 
 /// Why a Kubernetes operation did not succeed.
@@ -340,5 +348,15 @@ impl NodeStatus for KubeDrainer {
     #[tracing::instrument(level = "debug", skip(self), fields(node = %self.node))]
     async fn unmark(&self) -> Result<(), DrainError> {
         self.remove_marks().await
+    }
+
+    #[tracing::instrument(level = "debug", skip(self), fields(node = %self.node))]
+    async fn disable_scale_down(&self) -> Result<bool, DrainError> {
+        autoscaler::disable(&self.nodes, &self.node).await
+    }
+
+    #[tracing::instrument(level = "debug", skip(self), fields(node = %self.node))]
+    async fn enable_scale_down(&self) -> Result<(), DrainError> {
+        autoscaler::enable(&self.nodes, &self.node).await
     }
 }

@@ -67,13 +67,16 @@ impl Runtime {
             Action::WaitForWindow => self.wait_for_window().await,
             Action::AcquireSlot => {
                 let event = self.acquire_within_window().await;
-                if matches!(event, Event::Transient { .. }) {
-                    self.metrics.error(ErrorKind::Lock);
+                match event {
+                    Event::Transient { .. } => self.metrics.error(ErrorKind::Lock),
+                    // The store answered (a window that closed meanwhile says nothing of it).
+                    Event::SlotAcquired | Event::GroupPaused { .. } => self.metrics.lock_answered(),
+                    _ => {}
                 }
                 event
             }
             Action::WaitForGroupResume { known } => self.wait_for_group_resume(known).await,
-            Action::ReleaseSlot => self.unmark_and_release().await,
+            Action::ReleaseSlot => self.unmark_and_release(state).await,
             Action::CallReboot => match self.warn_users(state).await {
                 Some(warned) => warned,
                 None => self.call_reboot(state.phase).await,
@@ -139,7 +142,11 @@ impl Runtime {
         let group = &self.config.identity.group;
         info!(%group, "group {group} paused ({}): waiting for `rebootctl resume --group`", known.describe());
         let changed = async {
-            match self.semaphore.group_pause_changed(Some(known)).await {
+            let changed = self.semaphore.group_pause_changed(Some(known)).await;
+            if changed.is_ok() {
+                self.metrics.lock_answered();
+            }
+            match changed {
                 Ok(None) => Event::GroupResumed,
                 Ok(Some(pause)) => Event::GroupPaused { pause },
                 Err(e) => {
@@ -156,14 +163,25 @@ impl Runtime {
         }
     }
 
-    /// Take rebootd's labels and taint off the node, then give the slot back.
-    async fn unmark_and_release(&self) -> Event {
+    /// Take rebootd's labels and taint off the node, and the autoscaler's annotation it added
+    /// (`courtesy`), then give the slot back.
+    async fn unmark_and_release(&self, state: &State) -> Event {
         if let Some(n) = &self.node {
             if let Err(e) = n.unmark().await {
                 self.metrics.error(ErrorKind::Kubernetes);
                 return Event::Transient {
                     error: format!("cannot take the reboot labels and taint off: {e}"),
                 };
+            }
+            if state.scale_down_disabled {
+                if let Err(e) = n.enable_scale_down().await {
+                    self.metrics.error(ErrorKind::Kubernetes);
+                    return Event::Transient {
+                        error: format!(
+                            "cannot take the autoscaler's scale-down-disabled annotation off: {e}"
+                        ),
+                    };
+                }
             }
         }
         self.release_slot().await
@@ -212,6 +230,7 @@ impl Runtime {
                     .is_some_and(|k| k.on_drain_failure == DrainFailure::Reboot);
                 let msg = format!("drain failed: {e}");
                 error!(error = %e, reboot_anyway, "drain failed");
+                self.metrics.drain_failed();
                 self.event(EventReason::DrainFailed, &msg).await;
                 Event::DrainFailed {
                     error: e.to_string(),
@@ -442,7 +461,10 @@ impl Runtime {
 
     async fn release_slot(&self) -> Event {
         match self.semaphore.release(&self.me).await {
-            Ok(()) => Event::Released,
+            Ok(()) => {
+                self.metrics.lock_answered();
+                Event::Released
+            }
             Err(e) => {
                 self.metrics.error(ErrorKind::Lock);
                 Event::Transient {
@@ -491,6 +513,9 @@ impl Runtime {
         } else {
             self.semaphore.fence(&self.me).await
         };
+        if proof.is_ok() {
+            self.metrics.lock_answered();
+        }
         match proof {
             Ok(Fence::Held) => {
                 debug!(before = what, "the store proves the slot held");

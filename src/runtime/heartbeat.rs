@@ -48,7 +48,11 @@ impl Runtime {
     }
 
     pub(super) async fn beat(&self, last: &std::sync::Mutex<Option<std::time::Instant>>) {
-        match self.semaphore.heartbeat(&self.me).await {
+        let beat = self.semaphore.heartbeat(&self.me).await;
+        if beat.is_ok() {
+            self.metrics.lock_answered();
+        }
+        match beat {
             Ok(Fence::Held) => debug!("heartbeat"),
             Ok(Fence::Lost { why }) => {
                 warn!(%why, "heartbeat: this node no longer holds its slot (the next fence backs out)")

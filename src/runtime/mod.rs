@@ -7,6 +7,7 @@
 //! change of state to the state file and everything that shows it (in a fixed order), and
 //! `heartbeat` keeps a held slot's record fresh. This file is the loop.
 
+mod courtesy;
 mod duty;
 mod executor;
 mod heartbeat;
@@ -81,6 +82,8 @@ pub struct Runtime {
     /// this time: a fence in that phase soon after, with only quick steps between, is that
     /// report (`executor::REPORT_PROOF_FRESH`).
     reported_held: std::sync::Mutex<Option<(Phase, std::time::Instant)>>,
+    /// The autoscaler's annotation was asked for in this hold (`courtesy`): once per hold.
+    scale_down_asked: std::sync::atomic::AtomicBool,
 }
 
 /// The one-line status systemd shows: the phase and what it waits for.
@@ -239,6 +242,9 @@ impl Runtime {
                 state
             }
         };
+        // The metrics see the state as loaded (a reboot's request, before the step that sees
+        // the new boot), so they can tell how long the reboot took.
+        self.metrics.observe(&state, Timestamp::now());
         if state.slot_held && self.semaphore.heartbeat_every().is_some() {
             info!("holding a slot: showing the lock store this node is alive first");
             self.beat(last_beat).await;

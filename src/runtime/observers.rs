@@ -3,7 +3,8 @@
 //! A change is written to the state file first, before any effect it guards; then, in this
 //! order, its observers: the webhook's notices, the Node's annotations (phase, pause, group
 //! pause) and the phase report to the lock backend. Their failures are logged and the agent
-//! goes on. After every step, changed or not: the withdrawal of a warning to logged-in users
+//! goes on. After every step: the autoscaler's courtesy for a held slot (`courtesy`); then,
+//! changed or not: the withdrawal of a warning to logged-in users
 //! that no longer holds, systemd's status line, Flatcar's coordinator file and the metrics.
 
 use super::{status_line, Runtime, RuntimeError};
@@ -36,7 +37,8 @@ impl Runtime {
         }
         // What came from outside (errors, gate answers, inhibitors) is bounded and escaped
         // before it reaches the journal, the state file or anything that reads them.
-        let next = step.state.cleaned();
+        let mut next = step.state.cleaned();
+        super::courtesy::note_slot_since(&mut next, Timestamp::now());
         let why = crate::text::clean(&step.why);
         if next.phase != state.phase {
             // The message says it all ("idle → reboot_needed: why"); the fields are for filtering.
@@ -45,9 +47,13 @@ impl Runtime {
             info!(phase = %next.phase, %why, "still {}: {why}", next.phase);
         }
         if next != state {
+            // The metrics see a change by the time it is on record (a scrape that follows the
+            // state file sees it too); they see every step again below.
+            self.metrics.observe(&next, Timestamp::now());
             self.store.save(&next)?;
             self.on_change(&state, &next, failed).await;
         }
+        let next = self.scale_down_courtesy(next).await?;
         self.on_step(&state, &next).await;
         Ok(next)
     }
@@ -130,13 +136,20 @@ impl Runtime {
     /// (the take wrote the phase already, or nothing was written) leaves the proof there is.
     async fn report_phase(&self, before: &State, after: &State, failed: bool) {
         if self.worth_reporting(before, after, failed) {
-            match self.semaphore.report_phase(&self.me, after.phase).await {
+            let reported = self.semaphore.report_phase(&self.me, after.phase).await;
+            if reported.is_ok() {
+                self.metrics.lock_answered();
+            }
+            match reported {
                 Ok(Reported::Held) => {
                     *self.reported_held.lock().unwrap_or_else(|p| p.into_inner()) =
                         Some((after.phase, std::time::Instant::now()))
                 }
                 Ok(Reported::Unproven) => {}
-                Err(e) => warn!(error = %e, "cannot record the phase in the lock backend"),
+                Err(e) => {
+                    self.metrics.error(crate::metrics::ErrorKind::Lock);
+                    warn!(error = %e, "cannot record the phase in the lock backend");
+                }
             }
         }
     }

@@ -147,6 +147,17 @@ impl NodeSeams {
     pub(super) async fn unmark(&self) -> Result<(), DrainError> {
         self.unsupported.or_nothing(self.status.unmark().await)
     }
+
+    /// Whether the autoscaler's annotation was added (not supported: not added).
+    pub(super) async fn disable_scale_down(&self) -> Result<bool, DrainError> {
+        self.unsupported
+            .or_nothing(self.status.disable_scale_down().await)
+    }
+
+    pub(super) async fn enable_scale_down(&self) -> Result<(), DrainError> {
+        self.unsupported
+            .or_nothing(self.status.enable_scale_down().await)
+    }
 }
 
 /// The host: its reboot, the inhibitors that hold it off, the people to warn.

@@ -10,6 +10,7 @@ use crate::metrics::Metrics;
 use crate::notify::Watchdog;
 use crate::state::StateStore;
 use std::path::Path;
+use std::time::Duration;
 use tracing::{error, warn};
 
 /// Read a one-line id file (machine id, boot id), trimmed and checked non-empty.
@@ -135,6 +136,21 @@ pub fn policy(config: &Config) -> Policy {
     }
 }
 
+/// The longest a slot is held when every step takes as long as its settings allow (drain,
+/// users' warning, the reboot to happen, the boot, Ready, settle): past this, something is
+/// stuck (`rebootd_slot_expected_seconds`, the alert RebootdSlotHeldPastExpected).
+pub fn expected_hold(config: &Config) -> Duration {
+    let kube = config
+        .kubernetes
+        .as_ref()
+        .map_or(Duration::ZERO, |k| k.drain_timeout + k.ready_timeout);
+    let reboot = &config.reboot;
+    kube + reboot.users_warning
+        + reboot.timeout
+        + reboot.boot_time
+        + config.gates.settle.unwrap_or_default()
+}
+
 impl Runtime {
     /// Build a runtime on this host's logind, draining `node` when there is one.
     pub fn new(
@@ -162,6 +178,7 @@ impl Runtime {
             watchdog: Watchdog::from_env(),
             coordinator: None,
             reported_held: std::sync::Mutex::default(),
+            scale_down_asked: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -194,6 +211,8 @@ impl Runtime {
 
     /// Publish metrics to this collector (served by the caller).
     pub fn with_metrics(mut self, metrics: Metrics) -> Runtime {
+        metrics.expect_hold(expected_hold(&self.config));
+        metrics.identify(&self.me.node, &self.config.identity.group);
         self.metrics = metrics;
         self
     }

@@ -135,6 +135,52 @@ async fn cordon_uncordon_annotate() {
     assert!(n["metadata"]["annotations"]
         .get("rebootd.io/phase")
         .is_none());
+    // The cluster autoscaler's annotation as rebootd writes it: only with the resourceVersion
+    // it read, so a change in between is a conflict (kubectl annotate --resource-version sends
+    // it in the patch, as rebootd does), then taken off.
+    let key = "cluster-autoscaler.kubernetes.io/scale-down-disabled";
+    let rv = c.node("worker-1").expect("node")["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("resourceVersion")
+        .to_string();
+    lab.kubectl_ok(&["annotate", "node", "worker-1", "rebootd.io/phase=idle"])
+        .await;
+    let out = lab
+        .kubectl(&[
+            "annotate",
+            "node",
+            "worker-1",
+            &format!("--resource-version={rv}"),
+            &format!("{key}=true"),
+        ])
+        .await;
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("Conflict") || err.contains("modified"),
+        "{err}"
+    );
+    let rv = c.node("worker-1").expect("node")["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("resourceVersion")
+        .to_string();
+    lab.kubectl_ok(&[
+        "annotate",
+        "node",
+        "worker-1",
+        &format!("--resource-version={rv}"),
+        &format!("{key}=true"),
+    ])
+    .await;
+    assert_eq!(
+        c.node("worker-1").expect("node")["metadata"]["annotations"][key],
+        "true"
+    );
+    lab.kubectl_ok(&["annotate", "node", "worker-1", &format!("{key}-")])
+        .await;
+    assert!(c.node("worker-1").expect("node")["metadata"]["annotations"]
+        .get(key)
+        .is_none());
     lab.kubectl_ok(&["label", "node", "worker-1", "rack=r1"])
         .await;
     let on_r1 = lab
