@@ -85,6 +85,7 @@ per_etcd_version!(run:
     a_pause_set_between_the_read_and_the_wait_is_seen,
     the_pause_comes_with_the_waiters_read_and_watch,
     kept_reads_serve_the_first_report,
+    the_take_writes_the_first_phase_and_its_report_costs_nothing,
 );
 
 mod tls {
@@ -761,4 +762,20 @@ async fn a_report_after_an_unlock_of_the_document_does_not_prove_the_slot_held()
         );
     })
     .await;
+}
+
+/// The take writes the phase its holder enters with the slot (with the record it writes right
+/// after the compare-and-swap of the document), so the report of that phase, right after, finds
+/// it in the take's kept read and sends no request at all.
+async fn the_take_writes_the_first_phase_and_its_report_costs_nothing(env: Env) {
+    let node = me("a");
+    let holder = env.store("default").await;
+    let taken = holder.acquire_unless_paused(&node, Phase::Rebooting).await;
+    assert_eq!(taken.unwrap(), Acquired::Held);
+    let from = holder.requests();
+    let reported = holder.report_phase(&node, Phase::Rebooting).await.unwrap();
+    assert_eq!(reported, Reported::Unproven, "written by the take");
+    assert_eq!(holder.requests() - from, 0, "no request");
+    let s = holder.status().await.unwrap();
+    assert_eq!(s.holders[0].phase.as_deref(), Some("rebooting"));
 }

@@ -76,6 +76,9 @@ pub struct EtcdV2Semaphore {
     before_report: Recent<Snapshot>,
     /// The pause as `group_pause` last read it, for the wait that follows ([`pause`]).
     last_pause: super::pause::LastRead<u64>,
+    /// The holder record this process last wrote: a report of the phase it says already sends
+    /// nothing (the take writes the first phase).
+    written: std::sync::Mutex<Option<HolderRecord>>,
 }
 
 impl std::fmt::Debug for EtcdV2Semaphore {
@@ -116,6 +119,7 @@ impl EtcdV2Semaphore {
             recent: Recent::default(),
             before_report: Recent::default(),
             last_pause: super::pause::LastRead::default(),
+            written: std::sync::Mutex::default(),
         };
         // Make sure etcd answers with the read the first report after a boot writes on.
         let snap = this.read(true).await?;
@@ -222,6 +226,7 @@ impl EtcdV2Semaphore {
         let Some(modified) = self.put_record(&key, previous, &record).await? else {
             return Ok(None);
         };
+        *self.written.lock().unwrap_or_else(|p| p.into_inner()) = Some(record.clone());
         Ok(Some(tree::Entry {
             value: Some(record),
             created: previous.map_or(modified, |e| e.created),
@@ -363,6 +368,12 @@ impl EtcdV2Semaphore {
         Ok(())
     }
 
+    /// Whether the record this process last wrote says `phase` for `me` already.
+    fn wrote(&self, me: &Identity, phase: Phase) -> bool {
+        let written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        written.as_ref().is_some_and(|r| r.says(me, phase.as_str()))
+    }
+
     async fn try_heartbeat(&self, me: &Identity) -> Result<Cas<Fence>, LockError> {
         let snap = self.read(true).await?;
         let doc = self.document(&snap)?;
@@ -494,6 +505,9 @@ impl Semaphore for EtcdV2Semaphore {
     /// Records the phase of a holder; not holding a slot is a no-op.
     #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
     async fn report_phase(&self, me: &Identity, phase: Phase) -> Result<Reported, LockError> {
+        if self.wrote(me, phase) {
+            return Ok(Reported::Unproven);
+        }
         cas_loop!(
             BACKEND,
             "report phase",
