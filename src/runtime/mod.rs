@@ -16,8 +16,8 @@ mod wiring;
 
 pub use seams::{HostSeams, NodeSeams};
 pub use wiring::{
-    holder_id, identity, open_coordinator, open_drainer, open_gates, open_semaphore, policy,
-    read_id,
+    check_host, holder_id, identity, open_coordinator, open_drainer, open_gates, open_semaphore,
+    policy, read_id,
 };
 
 use crate::agent::{self, Event, Policy};
@@ -59,6 +59,13 @@ pub enum RuntimeError {
     Webhook(String),
     #[error("gates: {0}")]
     Gates(#[from] crate::http::SetupError),
+    /// `reboot.method = "soft-reboot"` on a systemd without soft reboots.
+    #[error("reboot.method = \"soft-reboot\" needs systemd {needs} or later; this host runs systemd {version}")]
+    SoftRebootUnsupported { needs: u32, version: String },
+    #[error("systemd: {0}")]
+    Systemd(#[from] crate::systemd::SystemdError),
+    #[error("[[window]] source = \"logind\": {0}")]
+    LogindWindow(String),
 }
 
 /// One running agent.
@@ -129,6 +136,7 @@ impl Runtime {
                 state,
                 Event::Started {
                     boot_id: self.me.boot_id.clone(),
+                    soft_reboots: self.host.manager().await.and_then(|m| m.soft_reboots),
                 },
             )
             .await?;

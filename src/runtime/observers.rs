@@ -21,7 +21,7 @@ impl Runtime {
         // A report's proof outlives only the quick steps between it and the action it serves
         // (the checks before the reboot passed, the cordon recorded); any other event (a gate
         // closed, an inhibitor, an operator's request, an error) ends it.
-        if !matches!(event, Event::ReadyToReboot | Event::Cordoned { .. }) {
+        if !matches!(event, Event::ReadyToReboot(_) | Event::Cordoned { .. }) {
             *self.reported_held.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }
         let failed = matches!(event, Event::Transient { .. });
