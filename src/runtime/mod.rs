@@ -16,8 +16,8 @@ mod wiring;
 
 pub use seams::{HostSeams, NodeSeams};
 pub use wiring::{
-    check_host, holder_id, identity, open_coordinator, open_drainer, open_gates, open_semaphore,
-    policy, read_id,
+    check_host, check_reboot_method, holder_id, identity, open_coordinator, open_drainer,
+    open_gates, open_semaphore, policy, read_id, resolve_logind_windows,
 };
 
 use crate::agent::{self, Event, Policy};

@@ -130,6 +130,12 @@ pub fn open_coordinator(config: &Config) -> Option<crate::coordinator::Coordinat
 /// `DesignatedMaintenanceTime` (systemd 257), in the host's time zone unless the spec names
 /// one. A change of that setting is seen at rebootd's next start.
 pub async fn check_host(config: &mut Config) -> Result<(), RuntimeError> {
+    check_reboot_method(config).await?;
+    resolve_logind_windows(config).await
+}
+
+/// `reboot.method = "soft-reboot"` needs systemd 254: refused, naming the version found.
+pub async fn check_reboot_method(config: &Config) -> Result<(), RuntimeError> {
     use crate::reboot_method::{systemd_major, Method, SOFT_REBOOT_SINCE};
     if config.reboot.method == Method::SoftReboot {
         let manager = crate::systemd::manager().await?;
@@ -140,6 +146,11 @@ pub async fn check_host(config: &mut Config) -> Result<(), RuntimeError> {
             });
         }
     }
+    Ok(())
+}
+
+/// Each `[[window]] source = "logind"` as a window from logind's `DesignatedMaintenanceTime`.
+pub async fn resolve_logind_windows(config: &mut Config) -> Result<(), RuntimeError> {
     if config.logind_windows.is_empty() {
         return Ok(());
     }
