@@ -97,11 +97,11 @@ async fn etcd() -> EtcdServer {
     EtcdServer::start(v).await.unwrap()
 }
 
-/// A host on etcd, rebooting on `rebootctl reboot` (a request rebootd consumes: /run, where a
-/// sentinel file lives, survives a soft reboot), with this `[reboot] method`.
+/// A host on etcd, rebooting when Debian's `/run/reboot-required` appears, with this
+/// `[reboot] method`.
 fn etcd_config(etcd: &EtcdServer, method: &str) -> String {
     format!(
-        "[triggers]\nupdate_engine = false\n\n[lock]\nbackend = \"etcd\"\n\n\
+        "[triggers]\nupdate_engine = false\nsentinel_file = \"/run/reboot-required\"\n\n[lock]\nbackend = \"etcd\"\n\n\
          [lock.etcd]\nendpoints = [\"{}\"]\n\n[reboot]\nmethod = \"{method}\"\nretry_interval = \"2s\"\n",
         etcd.endpoint()
     )
@@ -173,7 +173,7 @@ async fn trixie_soft_reboots_through_logind_proves_it_by_the_count_and_releases_
     let leader_before = host.boots().borrow().leader;
     let mut follow = follow_rebootd(&host);
 
-    host.run(&["rebootctl", "reboot"]).await.unwrap();
+    host.run(&["touch", "/run/reboot-required"]).await.unwrap();
     follow
         .expect("logind asked for a soft reboot", BOOT, |l| {
             l.contains("asking logind to soft-reboot")
@@ -207,6 +207,12 @@ async fn trixie_soft_reboots_through_logind_proves_it_by_the_count_and_releases_
     let s = state(&host).await;
     assert_eq!(s["phase"], "idle", "{s}");
     assert_eq!(s["reboots"], 1, "{s}");
+    // /run survived the soft reboot, Debian's sentinel with it; the reboot met it, so it
+    // started no new cycle ("slot released; cycle complete" above, not "still needed").
+    host.run(&["test", "-e", "/run/reboot-required"])
+        .await
+        .unwrap();
+    assert!(s["reason"].is_null(), "{s}");
     assert!(!s["last_reboot"].is_null(), "{s}");
     // Outside: held by this machine across the soft reboot, then given back.
     let history = holders.history();
@@ -225,12 +231,14 @@ async fn trixie_soft_reboots_through_logind_proves_it_by_the_count_and_releases_
         "{log}"
     );
 
-    // A full reboot on the same systemd 257 still works: method back to "reboot".
+    // A full reboot on the same systemd 257 still works: method back to "reboot", and the
+    // sentinel written anew.
     install::config(&host, "50-test.toml", &etcd_config(&etcd, "reboot")).unwrap();
+    host.run(&["rm", "/run/reboot-required"]).await.unwrap();
     host.run(&["systemctl", "restart", "rebootd"])
         .await
         .unwrap();
-    host.run(&["rebootctl", "reboot"]).await.unwrap();
+    host.run(&["touch", "/run/reboot-required"]).await.unwrap();
     running(&host, 2).await;
     let mut follow = host
         .follow(&[

@@ -123,7 +123,21 @@ impl Runtime {
         let last_beat = std::sync::Mutex::new(None);
         let mut state = self.load_and_beat(&last_beat).await?;
         let (tx, mut needs) = mpsc::channel(16);
-        let triggers = trigger::spawn_all(&self.config.triggers, &self.store.request_path(), tx);
+        // The last reboot: the one seen before, or a soft reboot asked for that this start
+        // may be the end of (the boot id stays, /run with it, sentinel files included).
+        let last_reboot = state
+            .reboot
+            .as_ref()
+            .filter(|r| r.called && r.kind.may_be_soft())
+            .map(|r| r.requested_at)
+            .max(state.last_reboot)
+            .map(std::time::SystemTime::from);
+        let triggers = trigger::spawn_all(
+            &self.config.triggers,
+            &self.store.request_path(),
+            tx,
+            last_reboot,
+        );
         let listening = futures_util::future::join_all(triggers.ready);
         if tokio::time::timeout(TRIGGERS_READY, listening)
             .await
