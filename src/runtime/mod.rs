@@ -123,12 +123,14 @@ impl Runtime {
         let last_beat = std::sync::Mutex::new(None);
         let mut state = self.load_and_beat(&last_beat).await?;
         let (tx, mut needs) = mpsc::channel(16);
-        // The last reboot: the one seen before, or a soft reboot asked for that this start
-        // may be the end of (the boot id stays, /run with it, sentinel files included).
+        // The last reboot: the one seen before, or a soft reboot on record that this start
+        // may be the end of (the boot id stays, /run with it, sentinel files included). Not
+        // only one logind accepted: a soft reboot stops rebootd, maybe before it saved that.
+        // Should it not have happened, the need is still on record and asked for again.
         let last_reboot = state
             .reboot
             .as_ref()
-            .filter(|r| r.called && r.kind.may_be_soft())
+            .filter(|r| r.kind.may_be_soft())
             .map(|r| r.requested_at)
             .max(state.last_reboot)
             .map(std::time::SystemTime::from);
