@@ -123,22 +123,11 @@ impl Runtime {
         let last_beat = std::sync::Mutex::new(None);
         let mut state = self.load_and_beat(&last_beat).await?;
         let (tx, mut needs) = mpsc::channel(16);
-        // The last reboot: the one seen before, or a soft reboot on record that this start
-        // may be the end of (the boot id stays, /run with it, sentinel files included). Not
-        // only one logind accepted: a soft reboot stops rebootd, maybe before it saved that.
-        // Should it not have happened, the need is still on record and asked for again.
-        let last_reboot = state
-            .reboot
-            .as_ref()
-            .filter(|r| r.kind.may_be_soft())
-            .map(|r| r.requested_at)
-            .max(state.last_reboot)
-            .map(std::time::SystemTime::from);
         let triggers = trigger::spawn_all(
             &self.config.triggers,
             &self.store.request_path(),
             tx,
-            last_reboot,
+            last_reboot(&state),
         );
         let listening = futures_util::future::join_all(triggers.ready);
         if tokio::time::timeout(TRIGGERS_READY, listening)
@@ -305,4 +294,19 @@ impl Runtime {
         }
         Ok(next)
     }
+}
+
+/// The last reboot, for the sentinel file found at start: the one seen before, or a soft
+/// reboot on record that this start may be the end of (the boot id stays, /run with it,
+/// sentinel files included). Not only one logind accepted: a soft reboot stops rebootd, maybe
+/// before it saved that. Should it not have happened, the need is still on record and asked
+/// for again.
+fn last_reboot(state: &State) -> Option<std::time::SystemTime> {
+    state
+        .reboot
+        .as_ref()
+        .filter(|r| r.kind.may_be_soft())
+        .map(|r| r.requested_at)
+        .max(state.last_reboot)
+        .map(std::time::SystemTime::from)
 }
