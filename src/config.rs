@@ -74,6 +74,10 @@ pub struct Config {
     pub identity: Identity,
     pub triggers: Triggers,
     pub windows: Windows,
+    /// `[[window]] source = "logind"`: windows whose days and start logind designates
+    /// (`DesignatedMaintenanceTime`), added to `windows` by
+    /// `runtime::check_host` when rebootd starts.
+    pub logind_windows: Vec<LogindWindow>,
     pub lock: Lock,
     pub kubernetes: Option<Kubernetes>,
     pub reboot: Reboot,
@@ -240,9 +244,21 @@ pub enum Inhibitors {
     Ignore,
 }
 
+/// A window whose days and start come from logind (`[[window]] source = "logind"`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogindWindow {
+    /// How long it stays open from the designated time.
+    pub length: Duration,
+}
+
 #[derive(Debug, Clone)]
 pub struct Reboot {
     pub inhibitors: Inhibitors,
+    /// What logind is asked for (`method`): a full reboot, a kexec, a soft reboot, or the
+    /// lightest that does the job (`auto`, see `reboot_method`).
+    pub method: crate::reboot_method::Method,
+    /// Whether `auto` may kexec into a loaded kernel.
+    pub allow_kexec: bool,
     /// After logind accepted the request: how long before rebootd declares it lost and retries.
     pub timeout: Duration,
     /// After logind refused (inhibitor, error): how long before asking again.

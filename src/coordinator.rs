@@ -336,6 +336,8 @@ mod tests {
             requested_at: Timestamp::UNIX_EPOCH,
             boot_id: "b".into(),
             called: false,
+            kind: Default::default(),
+            soft_reboots: None,
         });
         assert_eq!(state_of(&s), RebootPlanned, "logind not asked yet");
         s.reboot.as_mut().unwrap().called = true;

@@ -621,6 +621,8 @@ mod tests {
             requested_at: t(100),
             boot_id: "b".into(),
             called: true,
+            kind: Default::default(),
+            soft_reboots: None,
         });
         after.observe(&loaded, t(200));
         assert_eq!(

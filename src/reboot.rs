@@ -12,6 +12,7 @@
 //! [`Sessions`] (the warning to logged-in users, see [`crate::users`]).
 
 use crate::inhibitor::{self, Inhibitor, Inhibitors};
+use crate::reboot_method::Kind;
 use crate::users::{self, Session, Sessions};
 use async_trait::async_trait;
 use futures_util::StreamExt;
@@ -83,8 +84,12 @@ pub enum RebootError {
 /// The seam through which the agent reboots the host.
 #[async_trait]
 pub trait Rebooter: Send + Sync {
-    /// Ask for a reboot. Ok means the request was accepted, not that the host went down.
-    async fn reboot(&self) -> Result<(), RebootError>;
+    /// Ask for a reboot of this kind. Ok means the request was accepted, not that the host
+    /// went down.
+    async fn reboot(&self, kind: Kind) -> Result<(), RebootError>;
+    /// The service manager's version and soft reboot count, read before the call (the proof
+    /// of a soft reboot) and to choose one (`reboot.method = "auto"`).
+    async fn manager(&self) -> Result<crate::systemd::Manager, RebootError>;
 }
 
 /// Reboots, lists inhibitors and warns logged-in users through systemd-logind on the system bus.
@@ -170,23 +175,23 @@ async fn describe_blockers(proxy: &Login1ManagerProxy<'_>) -> String {
 #[async_trait]
 impl Rebooter for Logind {
     #[instrument(skip(self), fields(respect_inhibitors = self.respect_inhibitors))]
-    async fn reboot(&self) -> Result<(), RebootError> {
+    async fn reboot(&self, kind: Kind) -> Result<(), RebootError> {
         let (_conn, proxy) = connect().await?;
         let flags = if self.respect_inhibitors {
             FLAG_ROOT_CHECK_INHIBITORS
         } else {
             0
-        };
+        } | kind.flags();
         let result = match proxy.reboot_with_flags(flags).await {
             Err(e) if error_name(&e).as_deref() == Some(UNKNOWN_METHOD) => {
-                warn!("logind has no RebootWithFlags; falling back to Reboot(false)");
+                warn!(%kind, "logind has no RebootWithFlags; falling back to a full Reboot(false)");
                 proxy.reboot(false).await
             }
             other => other,
         };
         match result {
             Ok(()) => {
-                info!(flags, "logind accepted the reboot");
+                info!(flags, %kind, "logind accepted the reboot ({kind})");
                 Ok(())
             }
             Err(e)
@@ -203,6 +208,12 @@ impl Rebooter for Logind {
             ))),
             Err(e) => Err(RebootError::Bus(e.to_string())),
         }
+    }
+
+    async fn manager(&self) -> Result<crate::systemd::Manager, RebootError> {
+        crate::systemd::manager()
+            .await
+            .map_err(|e| RebootError::Bus(e.to_string()))
     }
 }
 

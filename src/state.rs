@@ -69,6 +69,14 @@ pub struct RebootRequest {
     /// Whether logind may have been called (accepted, or unknown after a crash).
     #[serde(default)]
     pub called: bool,
+    /// The kind of reboot asked for (`[reboot] method`); a state file from before methods
+    /// existed means a full reboot.
+    #[serde(default)]
+    pub kind: crate::reboot_method::Kind,
+    /// systemd's `SoftRebootsCount` before the call: a higher count in the same boot id
+    /// after a restart = a soft reboot happened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub soft_reboots: Option<u64>,
 }
 
 /// The persisted state of the agent.
@@ -452,6 +460,8 @@ mod tests {
             requested_at: Timestamp::UNIX_EPOCH,
             boot_id: "b1".into(),
             called: false,
+            kind: Default::default(),
+            soft_reboots: None,
         });
         store.save(&s).unwrap();
         assert_eq!(store.load().unwrap(), Some(s));

@@ -776,6 +776,8 @@ async fn a_crash_before_the_logind_call_does_not_stall_for_reboot_timeout() {
         requested_at: now,
         boot_id: node.boot_id(),
         called: false,
+        kind: Default::default(),
+        soft_reboots: None,
     });
     node.store().save(&s).unwrap();
     node.update_engine

@@ -195,6 +195,36 @@ async fn ignored_inhibitors_do_not_delay_the_reboot() {
 }
 
 #[tokio::test]
+async fn the_configured_reboot_method_reaches_logind_as_its_flag() {
+    let node = node("n4k", "[reboot]\nmethod = \"kexec\"\n").await;
+    let mut reboots = node.logind.subscribe();
+    idle(&node).await;
+    node.update_engine.set_status(NEED, "3.2").await.unwrap();
+    let call = next_reboot(&node, &mut reboots, WAIT).await;
+    assert_eq!(call.method, "RebootWithFlags");
+    assert_eq!(
+        call.flags,
+        1 | 2,
+        "SD_LOGIND_REBOOT_VIA_KEXEC beside the inhibitor flag"
+    );
+    let s = node
+        .wait_state("the accepted reboot to be recorded", WAIT, |s| {
+            s.reboot.as_ref().is_some_and(|r| r.called)
+        })
+        .await
+        .unwrap();
+    let r = s.reboot.unwrap();
+    assert_eq!(r.kind, rebootd::reboot_method::Kind::Kexec);
+    // No systemd manager on the lab's private bus: no count to prove a soft reboot by.
+    assert_eq!(r.soft_reboots, None);
+    assert!(
+        node.log().contains("asking logind to kexec"),
+        "{}",
+        node.log()
+    );
+}
+
+#[tokio::test]
 async fn restart_in_the_same_boot_is_not_a_reboot_and_a_lost_reboot_is_retried() {
     let mut node = node("n5", "[reboot]\ntimeout = \"3s\"\n").await;
     let mut reboots = node.logind.subscribe();

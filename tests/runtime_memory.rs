@@ -193,7 +193,13 @@ struct MemRebooter(Arc<watch::Sender<usize>>, MemLock);
 
 #[async_trait]
 impl rebootd::reboot::Rebooter for MemRebooter {
-    async fn reboot(&self) -> Result<(), RebootError> {
+    async fn manager(&self) -> Result<rebootd::systemd::Manager, RebootError> {
+        Err(RebootError::Unsupported {
+            what: "systemd's manager",
+        })
+    }
+
+    async fn reboot(&self, _: rebootd::reboot_method::Kind) -> Result<(), RebootError> {
         self.1 .0.send_modify(|m| {
             if let Some(waiter) = m.takeover.take() {
                 m.reboots_under_takeover += 1;

@@ -77,6 +77,7 @@ fn a_closed_gate_before_the_slot_waits_and_asks_again_at_the_interval() {
         40,
         vec![Event::Started {
             boot_id: "b".into(),
+            soft_reboots: None,
         }],
     );
     assert!(same.gate.is_some());
@@ -175,6 +176,7 @@ fn the_gate_is_forgotten_once_the_checks_after_it_run_or_the_host_rebooted() {
         Event::WindowClosed { next_open: None },
         Event::Started {
             boot_id: "b2".into(),
+            soft_reboots: None,
         },
     ] {
         let after = run(&s, &p, 5, vec![e.clone()]);
@@ -233,10 +235,11 @@ fn back(p: &Policy) -> State {
             Event::SlotAcquired,
             Event::Cordoned { by_us: true },
             Event::Drained,
-            Event::ReadyToReboot,
+            Event::ReadyToReboot(RebootPlan::default()),
             Event::RebootAccepted,
             Event::Started {
                 boot_id: "b2".into(),
+                soft_reboots: None,
             },
         ],
     );
@@ -277,6 +280,7 @@ fn the_settle_time_holds_the_slot_after_the_uncordon_then_releases() {
         200,
         vec![Event::Started {
             boot_id: "b2".into(),
+            soft_reboots: None,
         }],
     );
     assert_eq!(next_action(&s, &p), Action::Sleep { until: t(400) });

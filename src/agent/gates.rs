@@ -14,9 +14,9 @@ pub(super) fn clears_gate(event: &Event, s: &State) -> bool {
         | Event::WindowClosed { .. }
         | Event::Blocked { .. }
         | Event::Cordoned { .. }
-        | Event::ReadyToReboot
+        | Event::ReadyToReboot(_)
         | Event::Healthy => true,
-        Event::Started { boot_id } => *boot_id != s.boot_id,
+        Event::Started { boot_id, .. } => *boot_id != s.boot_id,
         _ => false,
     }
 }

@@ -13,6 +13,7 @@
 use crate::inhibitor::Inhibitor;
 use crate::lock::GroupPause;
 use crate::need::Need;
+pub use crate::reboot_method::Plan as RebootPlan;
 use crate::state::{Phase, State};
 use jiff::Timestamp;
 use std::time::Duration;
@@ -46,8 +47,13 @@ pub struct Policy {
 /// What happened, as the runtime reports it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
-    /// The process started, in the boot with this id.
-    Started { boot_id: String },
+    /// The process started, in the boot with this id; `soft_reboots` is systemd's
+    /// `SoftRebootsCount` when it could be read (the proof of a soft reboot, which keeps the
+    /// boot id).
+    Started {
+        boot_id: String,
+        soft_reboots: Option<u64>,
+    },
     /// A trigger says the host needs a reboot.
     RebootNeeded { need: Need },
     /// A maintenance window is open now.
@@ -84,8 +90,8 @@ pub enum Event {
     },
     /// The time given to logged-in users is over.
     UsersWarningOver,
-    /// Everything allows the reboot now: the request is about to be made.
-    ReadyToReboot,
+    /// Everything allows the reboot now: the request, of this kind, is about to be made.
+    ReadyToReboot(RebootPlan),
     /// logind accepted the reboot request.
     RebootAccepted,
     /// logind refused (inhibitor, error).
@@ -134,7 +140,7 @@ impl Event {
             Event::Cordoned { .. } => "cordoned",
             Event::UsersWarned { .. } => "users_warned",
             Event::UsersWarningOver => "users_warning_over",
-            Event::ReadyToReboot => "ready_to_reboot",
+            Event::ReadyToReboot(_) => "ready_to_reboot",
             Event::RebootAccepted => "reboot_accepted",
             Event::RebootRefused { .. } => "reboot_refused",
             Event::Inhibited { .. } => "inhibited",
@@ -203,7 +209,7 @@ pub fn admit(s: &State, event: &Event) -> Result<(), Refused> {
             (p == Draining, "draining")
         }
         Event::UsersWarned { .. }
-        | Event::ReadyToReboot
+        | Event::ReadyToReboot(_)
         | Event::RebootRefused { .. }
         | Event::Inhibited { .. } => (p == Rebooting, "rebooting"),
         Event::UsersWarningOver => (
@@ -388,7 +394,10 @@ pub fn step(old: &State, event: Event, now: Timestamp, policy: &Policy) -> Step 
 /// Hand an admitted event to its stage's handler, which changes the state and says why.
 fn handle(s: &mut State, event: Event, now: Timestamp, policy: &Policy) -> String {
     match event {
-        Event::Started { boot_id } => start::started(s, boot_id, now),
+        Event::Started {
+            boot_id,
+            soft_reboots,
+        } => start::started(s, boot_id, soft_reboots, now),
         Event::RebootNeeded { need } => start::reboot_needed(s, need, now),
         Event::WindowOpen => window::open(s, now),
         Event::WindowClosed { next_open } => window::closed(s, next_open, now),
@@ -408,7 +417,7 @@ fn handle(s: &mut State, event: Event, now: Timestamp, policy: &Policy) -> Strin
         } => drain::failed(s, &error, reboot_anyway, now, policy),
         Event::UsersWarned { sessions, until } => reboot::users_warned(s, sessions, until),
         Event::UsersWarningOver => reboot::users_warning_over(s),
-        Event::ReadyToReboot => reboot::ready(s, now),
+        Event::ReadyToReboot(plan) => reboot::ready(s, plan, now),
         Event::RebootAccepted => reboot::accepted(s, policy),
         Event::RebootRefused { error } => reboot::refused(s, &error, now, policy),
         Event::Inhibited { by } => reboot::inhibited(s, by),

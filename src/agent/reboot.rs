@@ -1,7 +1,7 @@
 //! The reboot: logged-in users warned and given their time, block inhibitors waited out, the
 //! request put on record before logind is asked, then accepted, refused, or lost in time.
 
-use super::{add, Policy};
+use super::{add, Policy, RebootPlan};
 use crate::inhibitor::{self, Inhibitor};
 use crate::state::{Phase, RebootRequest, State};
 use crate::users::{Session, Warning};
@@ -40,14 +40,21 @@ pub(super) fn users_warning_over(s: &mut State) -> String {
     "the time announced to logged-in users passed".into()
 }
 
-/// Everything allows the reboot: the request goes on record before logind is asked.
-pub(super) fn ready(s: &mut State, now: Timestamp) -> String {
+/// Everything allows the reboot: the request goes on record before logind is asked, with its
+/// kind and systemd's soft reboot count (the proof of a soft reboot after it).
+pub(super) fn ready(s: &mut State, plan: RebootPlan, now: Timestamp) -> String {
     s.reboot = Some(RebootRequest {
         requested_at: now,
         boot_id: s.boot_id.clone(),
         called: false,
+        kind: plan.kind,
+        soft_reboots: plan.soft_reboots,
     });
-    "asking logind to reboot".into()
+    if plan.why.is_empty() {
+        format!("asking logind to {}", plan.kind)
+    } else {
+        format!("asking logind to {} ({})", plan.kind, plan.why)
+    }
 }
 
 /// logind accepted: wait for the host to go down until `reboot_timeout` has passed.

@@ -7,13 +7,36 @@ use crate::state::{Phase, State};
 use jiff::Timestamp;
 
 /// The process started in the boot `boot_id`. A new boot ends the reboot this cycle was for,
-/// whoever asked for it; the same boot means a reboot asked for did not happen.
-pub(super) fn started(s: &mut State, boot_id: String, now: Timestamp) -> String {
+/// whoever asked for it. So does a soft reboot, which keeps the boot id: systemd's
+/// `SoftRebootsCount` (`soft_reboots`) is higher than the count on record from before the
+/// call. Otherwise the same boot means a reboot asked for did not happen.
+pub(super) fn started(
+    s: &mut State,
+    boot_id: String,
+    soft_reboots: Option<u64>,
+    now: Timestamp,
+) -> String {
     if s.boot_id == boot_id {
-        return same_boot(s, &boot_id);
+        let before = s.reboot.as_ref().and_then(|r| r.soft_reboots);
+        return match (before, soft_reboots) {
+            (Some(before), Some(after)) if after > before => new_boot(
+                s,
+                &format!(
+                    "soft reboot: SoftRebootsCount {before} -> {after}, boot id {boot_id} kept"
+                ),
+                &boot_id,
+                now,
+            ),
+            _ => same_boot(s, &boot_id),
+        };
     }
     let previous = std::mem::replace(&mut s.boot_id, boot_id.clone());
-    new_boot(s, &previous, &boot_id, now)
+    new_boot(
+        s,
+        &format!("boot id {previous} -> {boot_id}"),
+        &boot_id,
+        now,
+    )
 }
 
 /// A restart in the boot on record: carry on, asking again for a reboot that was on record.
@@ -36,9 +59,10 @@ fn same_boot(s: &mut State, boot_id: &str) -> String {
     }
 }
 
-/// A start in a new boot: the host rebooted. Before the reboot, the cycle ends: through the
-/// post-boot checks when a slot or rebootd's cordon is held or the reboot was ours, else idle.
-fn new_boot(s: &mut State, previous: &str, boot_id: &str, now: Timestamp) -> String {
+/// A start in a new boot (or after a soft reboot; `seen` says how it shows): the host
+/// rebooted. Before the reboot, the cycle ends: through the post-boot checks when a slot or
+/// rebootd's cordon is held or the reboot was ours, else idle.
+fn new_boot(s: &mut State, seen: &str, boot_id: &str, now: Timestamp) -> String {
     match s.phase {
         Phase::Idle => return format!("new boot {boot_id}"),
         // Backing out of an attempt (a lost slot, a closed window) when the host went down:
@@ -53,7 +77,7 @@ fn new_boot(s: &mut State, previous: &str, boot_id: &str, now: Timestamp) -> Str
             s.last_error = None;
             s.last_reboot = Some(now);
             return format!(
-                "new boot {boot_id} while backing out of a reboot (boot id {previous} -> {boot_id}): the need is met; finishing the back-out, then idle"
+                "new boot {boot_id} while backing out of a reboot ({seen}): the need is met; finishing the back-out, then idle"
             );
         }
         Phase::WaitingForHealthy | Phase::Uncordoning | Phase::Releasing => {
@@ -66,11 +90,11 @@ fn new_boot(s: &mut State, previous: &str, boot_id: &str, now: Timestamp) -> Str
     // to be asked again.
     let ours = s.phase == Phase::Rebooting && (s.reboot.is_some() || s.failed_attempts > 0);
     let why = if ours {
-        format!("rebooted: boot id {previous} -> {boot_id}")
+        format!("rebooted: {seen}")
     } else {
         format!(
             "the host rebooted outside rebootd's control in phase {} \
-             (boot id {previous} -> {boot_id})",
+             ({seen})",
             s.phase
         )
     };

@@ -49,7 +49,7 @@ fn full_cycle_without_drain() {
     assert_eq!(s.phase, Phase::Rebooting);
     assert!(s.slot_held);
     assert_eq!(next_action(&s, &policy()), Action::PrepareReboot);
-    let s = run(&s, vec![Event::ReadyToReboot]);
+    let s = run(&s, vec![Event::ReadyToReboot(RebootPlan::default())]);
     assert_eq!(next_action(&s, &policy()), Action::CallReboot);
     let s = run(&s, vec![Event::RebootAccepted]);
     assert!(matches!(
@@ -61,6 +61,7 @@ fn full_cycle_without_drain() {
         &s,
         vec![Event::Started {
             boot_id: "boot2".into(),
+            soft_reboots: None,
         }],
     );
     assert_eq!(s.phase, Phase::WaitingForHealthy);
@@ -82,7 +83,7 @@ fn restart_in_same_boot_is_not_a_reboot_and_asks_again_at_once() {
             needed(),
             Event::WindowOpen,
             Event::SlotAcquired,
-            Event::ReadyToReboot,
+            Event::ReadyToReboot(RebootPlan::default()),
         ],
     );
     // Crash after the marker was written, maybe before logind was called.
@@ -90,6 +91,7 @@ fn restart_in_same_boot_is_not_a_reboot_and_asks_again_at_once() {
         &s,
         vec![Event::Started {
             boot_id: "boot1".into(),
+            soft_reboots: None,
         }],
     );
     assert_eq!(s.phase, Phase::Rebooting);
@@ -103,7 +105,13 @@ fn restart_in_same_boot_is_not_a_reboot_and_asks_again_at_once() {
     // No wait for the timeout: window and blockers again, then ask again.
     assert_eq!(next_action(&s, &policy()), Action::PrepareReboot);
     // An accepted reboot that does not happen in the same process is bounded too.
-    let s = run(&s, vec![Event::ReadyToReboot, Event::RebootAccepted]);
+    let s = run(
+        &s,
+        vec![
+            Event::ReadyToReboot(RebootPlan::default()),
+            Event::RebootAccepted,
+        ],
+    );
     assert!(matches!(
         next_action(&s, &policy()),
         Action::AwaitReboot { .. }
@@ -125,10 +133,11 @@ fn a_pending_reboot_that_lands_after_a_restart_is_ours() {
             needed(),
             Event::WindowOpen,
             Event::SlotAcquired,
-            Event::ReadyToReboot,
+            Event::ReadyToReboot(RebootPlan::default()),
             Event::RebootAccepted,
             Event::Started {
                 boot_id: "boot1".into(),
+                soft_reboots: None,
             },
         ],
     );
@@ -138,6 +147,7 @@ fn a_pending_reboot_that_lands_after_a_restart_is_ours() {
         &s,
         vec![Event::Started {
             boot_id: "boot2".into(),
+            soft_reboots: None,
         }],
     );
     assert_eq!(s.phase, Phase::WaitingForHealthy);
@@ -153,7 +163,7 @@ fn a_pending_reboot_that_lands_after_a_restart_is_ours() {
             needed(),
             Event::WindowOpen,
             Event::SlotAcquired,
-            Event::ReadyToReboot,
+            Event::ReadyToReboot(RebootPlan::default()),
             Event::RebootAccepted,
             Event::RebootTimedOut,
         ],
@@ -169,7 +179,7 @@ fn refused_reboot_backs_off_then_retries() {
             needed(),
             Event::WindowOpen,
             Event::SlotAcquired,
-            Event::ReadyToReboot,
+            Event::ReadyToReboot(RebootPlan::default()),
             Event::RebootRefused {
                 error: "blocked by inhibitor of backup".into(),
             },
@@ -200,7 +210,7 @@ fn block_inhibitors_hold_the_call_until_released_then_everything_is_checked_agai
             needed(),
             Event::WindowOpen,
             Event::SlotAcquired,
-            Event::ReadyToReboot,
+            Event::ReadyToReboot(RebootPlan::default()),
         ],
     );
     assert_eq!(next_action(&s, &policy()), Action::CallReboot);
@@ -225,6 +235,7 @@ fn block_inhibitors_hold_the_call_until_released_then_everything_is_checked_agai
         &s,
         vec![Event::Started {
             boot_id: "b".into(),
+            soft_reboots: None,
         }],
     );
     assert_eq!(s.failed_attempts, 0);
@@ -289,6 +300,7 @@ fn unplanned_reboot_with_slot_goes_through_post_boot_checks() {
         &s,
         vec![Event::Started {
             boot_id: "b2".into(),
+            soft_reboots: None,
         }],
     );
     assert_eq!(s.phase, Phase::WaitingForHealthy);
@@ -299,6 +311,7 @@ fn unplanned_reboot_with_slot_goes_through_post_boot_checks() {
             needed(),
             Event::Started {
                 boot_id: "b2".into(),
+                soft_reboots: None,
             },
         ],
     );
@@ -469,7 +482,7 @@ fn a_lost_slot_backs_out_uncordoning_only_what_rebootd_cordoned() {
     // Right before the logind call: the request on record is dropped.
     let mut s = held(false);
     s = step(&s, Event::Drained, t(3), &p).state;
-    s = step(&s, Event::ReadyToReboot, t(4), &p).state;
+    s = step(&s, Event::ReadyToReboot(RebootPlan::default()), t(4), &p).state;
     assert_eq!(next_action(&s, &p), Action::CallReboot);
     let s = lost(&s);
     assert_eq!(s.reboot, None);
@@ -490,10 +503,11 @@ fn restarted_with_a_reboot_pending() -> (Policy, State) {
         Event::SlotAcquired,
         Event::Cordoned { by_us: true },
         Event::Drained,
-        Event::ReadyToReboot,
+        Event::ReadyToReboot(RebootPlan::default()),
         Event::RebootAccepted,
         Event::Started {
             boot_id: "boot1".into(),
+            soft_reboots: None,
         },
     ] {
         s = step(&s, e, t(1), &p).state;
@@ -520,6 +534,7 @@ fn a_boot_during_a_back_out_meets_the_need_it_kept() {
         &s,
         Event::Started {
             boot_id: "boot2".into(),
+            soft_reboots: None,
         },
         t(2),
         &p,
@@ -583,6 +598,7 @@ fn a_window_closing_after_a_restart_with_a_reboot_pending_keeps_the_slot() {
         &s,
         Event::Started {
             boot_id: "boot2".into(),
+            soft_reboots: None,
         },
         t(2),
         &p,
@@ -673,6 +689,7 @@ fn a_paused_node_keeps_its_need_and_takes_no_slot_until_resumed() {
         &again,
         vec![Event::Started {
             boot_id: "b".into(),
+            soft_reboots: None,
         }],
     );
     assert!(s.paused.is_some());
@@ -741,7 +758,7 @@ fn pausing_a_reboot_under_way_backs_out_before_logind_and_not_after() {
             Event::SlotAcquired,
             Event::Cordoned { by_us: false },
             Event::Drained,
-            Event::ReadyToReboot,
+            Event::ReadyToReboot(RebootPlan::default()),
             Event::RebootAccepted,
             paused("p"),
         ],
@@ -821,7 +838,7 @@ fn cancel_drops_a_pending_reboot_undoing_only_rebootds_cordon() {
             Event::SlotAcquired,
             Event::Cordoned { by_us: false },
             Event::Drained,
-            Event::ReadyToReboot,
+            Event::ReadyToReboot(RebootPlan::default()),
         ],
     );
     let s = run_with(&p, &ready, vec![Event::Cancelled]);
@@ -881,7 +898,9 @@ fn outcome(action: &Action, rng: &mut Rng) -> Option<Event> {
             1 => Event::Blocked {
                 pods: vec!["a/b".into()],
             },
-            _ if matches!(action, Action::PrepareReboot) => Event::ReadyToReboot,
+            _ if matches!(action, Action::PrepareReboot) => {
+                Event::ReadyToReboot(RebootPlan::default())
+            }
             _ => Event::WindowOpen,
         },
         Action::AcquireSlot => match rng.pick(4) {
@@ -922,6 +941,7 @@ fn outcome(action: &Action, rng: &mut Rng) -> Option<Event> {
             0 => Event::RebootTimedOut,
             _ => Event::Started {
                 boot_id: format!("boot{}", rng.pick(1_000_000)),
+                soft_reboots: None,
             },
         },
         Action::WaitHealthy => Event::Healthy,
@@ -1011,7 +1031,7 @@ fn a_users_warning_holds_the_reboot_until_its_time() {
             needed(),
             Event::WindowOpen,
             Event::SlotAcquired,
-            Event::ReadyToReboot,
+            Event::ReadyToReboot(RebootPlan::default()),
         ],
     );
     assert_eq!(next_action(&ready, &p), Action::CallReboot);
@@ -1038,6 +1058,7 @@ fn a_users_warning_holds_the_reboot_until_its_time() {
         &warned,
         vec![Event::Started {
             boot_id: "b1".into(),
+            soft_reboots: None,
         }],
     );
     assert_eq!(
@@ -1047,7 +1068,7 @@ fn a_users_warning_holds_the_reboot_until_its_time() {
     // The time passed: the checks again, then the call; the warning is kept (not again).
     let over = run(&warned, vec![Event::UsersWarningOver]);
     assert_eq!(next_action(&over, &p), Action::PrepareReboot);
-    let asked = run(&over, vec![Event::ReadyToReboot]);
+    let asked = run(&over, vec![Event::ReadyToReboot(RebootPlan::default())]);
     assert_eq!(next_action(&asked, &p), Action::CallReboot);
     assert!(asked.users_warned.as_ref().is_some_and(|w| w.over));
     // Rebooted: the warning belonged to that reboot.
@@ -1055,6 +1076,7 @@ fn a_users_warning_holds_the_reboot_until_its_time() {
         &run(&asked, vec![Event::RebootAccepted]),
         vec![Event::Started {
             boot_id: "b2".into(),
+            soft_reboots: None,
         }],
     );
     assert_eq!(back.users_warned, None);
@@ -1125,6 +1147,7 @@ fn events_of_another_phase_are_refused_and_change_nothing() {
             Event::RetryDue,
             Event::Started {
                 boot_id: "b".into(),
+                soft_reboots: None,
             },
         ] {
             assert_eq!(admit(s, &event), Ok(()), "{} in {}", event.name(), s.phase);
@@ -1172,4 +1195,86 @@ fn a_paused_group_holds_the_slot_wait_until_resumed() {
     let out = step(&idle, Event::GroupPaused { pause }, t(1), &p);
     assert!(out.refused.is_some());
     assert_eq!(out.state, idle);
+}
+
+fn soft_plan(count: Option<u64>) -> Event {
+    Event::ReadyToReboot(RebootPlan {
+        kind: crate::reboot_method::Kind::Soft,
+        why: "reboot.method = \"soft-reboot\"".into(),
+        soft_reboots: count,
+    })
+}
+
+#[test]
+fn a_soft_reboot_is_proven_by_systemds_count_in_the_same_boot_id() {
+    let s = run(
+        &State::new("boot1", t(0)),
+        vec![
+            needed(),
+            Event::WindowOpen,
+            Event::SlotAcquired,
+            soft_plan(Some(2)),
+        ],
+    );
+    let r = s
+        .reboot
+        .clone()
+        .expect("the request is on record before the call");
+    assert_eq!(r.kind, crate::reboot_method::Kind::Soft);
+    assert_eq!(r.soft_reboots, Some(2));
+    let s = run(&s, vec![Event::RebootAccepted]);
+    // Back after the soft reboot: the boot id kept, the count one up.
+    let out = step(
+        &s,
+        Event::Started {
+            boot_id: "boot1".into(),
+            soft_reboots: Some(3),
+        },
+        t(100),
+        &policy(),
+    );
+    assert_eq!(out.state.phase, Phase::WaitingForHealthy, "{}", out.why);
+    assert!(out.why.contains("SoftRebootsCount 2 -> 3"), "{}", out.why);
+    assert_eq!(out.state.reboots, 1);
+    assert_eq!(out.state.failed_attempts, 0);
+    assert!(
+        out.state.slot_held,
+        "released after the checks, as after any reboot"
+    );
+    let s = run(&out.state, vec![Event::Healthy, Event::Released]);
+    assert_eq!(s.phase, Phase::Idle);
+}
+
+#[test]
+fn the_same_count_or_none_in_the_same_boot_is_a_soft_reboot_that_did_not_happen() {
+    for (before, after) in [(Some(2), Some(2)), (Some(2), None), (None, Some(5))] {
+        let s = run(
+            &State::new("boot1", t(0)),
+            vec![
+                needed(),
+                Event::WindowOpen,
+                Event::SlotAcquired,
+                soft_plan(before),
+                Event::RebootAccepted,
+                Event::Started {
+                    boot_id: "boot1".into(),
+                    soft_reboots: after,
+                },
+            ],
+        );
+        assert_eq!(s.phase, Phase::Rebooting, "{before:?} -> {after:?}");
+        assert_eq!(s.failed_attempts, 1);
+        assert_eq!(s.reboots, 0);
+    }
+}
+
+#[test]
+fn a_state_file_from_before_reboot_methods_loads_as_a_full_reboot() {
+    let old = r#"{"version":1,"phase":"rebooting","since":"2026-11-01T00:00:00Z",
+        "boot_id":"b1","slot_held":true,
+        "reboot":{"requested_at":"2026-11-01T00:00:00Z","boot_id":"b1","called":true}}"#;
+    let s: State = serde_json::from_str(old).expect("an old state file loads");
+    let r = s.reboot.expect("its request");
+    assert_eq!(r.kind, crate::reboot_method::Kind::Full);
+    assert_eq!(r.soft_reboots, None);
 }

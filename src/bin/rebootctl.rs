@@ -371,6 +371,11 @@ async fn run(args: Args) -> Result<(), Failure> {
         Config::load(&args.config)
     }
     .map_err(|e| Failure::Usage(e.to_string()))?;
+    let mut config = config;
+    // `[[window]] source = "logind"`: the window as rebootd reads it at its start.
+    if let Err(e) = rebootd::runtime::resolve_logind_windows(&mut config).await {
+        eprintln!("rebootctl: warning: {e}; the windows shown leave that one out");
+    }
     let store = StateStore::new(state::state_dir());
     match args.command {
         Command::Status { json, watch } => {

@@ -94,6 +94,8 @@ fn main() -> ExitCode {
         tracing::warn!("{w}");
     }
     let result = rt.block_on(async move {
+        let mut config = config;
+        runtime::check_host(&mut config).await?;
         let store = StateStore::new(state::state_dir());
         let me = runtime::identity(&config, &store)?;
         tracing::info!(

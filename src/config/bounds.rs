@@ -75,7 +75,13 @@ fn values(config: &Config, key: &str) -> Vec<Duration> {
         "reboot.boot_time" => vec![config.reboot.boot_time],
         "kubernetes.drain_timeout" => config.kubernetes.iter().map(|k| k.drain_timeout).collect(),
         "kubernetes.ready_timeout" => config.kubernetes.iter().map(|k| k.ready_timeout).collect(),
-        "window.length" => config.windows.0.iter().map(|w| w.length).collect(),
+        "window.length" => config
+            .windows
+            .0
+            .iter()
+            .map(|w| w.length)
+            .chain(config.logind_windows.iter().map(|w| w.length))
+            .collect(),
         _ => Vec::new(),
     }
 }

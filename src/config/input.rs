@@ -52,13 +52,25 @@ pub(super) struct TriggersInput {
     pub sentinel_interval: Option<HumanDuration>,
 }
 
+/// `[[window]]`: days, start and length; or `source = "logind"` and a length.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct WindowInput {
-    pub days: Vec<Day>,
-    pub start: TimeOfDay,
-    pub length: HumanDuration,
+    pub source: Option<WindowSourceInput>,
+    pub days: Option<Vec<Day>>,
+    pub start: Option<TimeOfDay>,
+    pub length: Option<HumanDuration>,
     pub time_zone: Option<Zone>,
+}
+
+/// `[[window]] source`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum WindowSourceInput {
+    /// The window is written in the fragment (days, start, length).
+    Config,
+    /// logind's `DesignatedMaintenanceTime` (systemd 257) gives the days and start.
+    Logind,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -172,10 +184,22 @@ pub(super) enum InhibitorsInput {
     Ignore,
 }
 
+/// `[reboot] method`.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum MethodInput {
+    Reboot,
+    Kexec,
+    SoftReboot,
+    Auto,
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RebootInput {
     pub inhibitors: Option<InhibitorsInput>,
+    pub method: Option<MethodInput>,
+    pub allow_kexec: Option<bool>,
     pub timeout: Option<HumanDuration>,
     pub retry_interval: Option<HumanDuration>,
     pub coordinator_file: Option<PathBuf>,

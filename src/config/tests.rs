@@ -713,3 +713,98 @@ fn a_webhook_has_url_or_url_file_and_errors_keep_the_url_secret() {
     let err = Config::load(&[neither]).unwrap_err().to_string();
     assert!(err.contains("url_file"), "{err}");
 }
+
+#[test]
+fn reboot_method_is_read_and_a_bad_one_named() {
+    use crate::reboot_method::Method;
+    let dir = tempfile::tempdir().unwrap();
+    assert_eq!(Config::embedded_default().reboot.method, Method::Reboot);
+    assert!(!Config::embedded_default().reboot.allow_kexec);
+    for (text, method) in [
+        ("reboot", Method::Reboot),
+        ("kexec", Method::Kexec),
+        ("soft-reboot", Method::SoftReboot),
+        ("auto", Method::Auto),
+    ] {
+        let a = write(&dir, "m.toml", &format!("[reboot]\nmethod = \"{text}\"\n"));
+        assert_eq!(Config::load(&[a]).unwrap().reboot.method, method);
+    }
+    let a = write(
+        &dir,
+        "m.toml",
+        "[reboot]\nmethod = \"auto\"\nallow_kexec = true\n",
+    );
+    assert!(Config::load(&[a]).unwrap().reboot.allow_kexec);
+    let a = write(&dir, "m.toml", "[reboot]\nmethod = \"softreboot\"\n");
+    let err = Config::load(std::slice::from_ref(&a))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(&a.display().to_string()), "{err}");
+    assert!(
+        err.contains("softreboot") && err.contains("method"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_logind_window_has_a_length_and_nothing_logind_gives() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = write(
+        &dir,
+        "w.toml",
+        "[[window]]\nsource = \"logind\"\nlength = \"2h\"\n",
+    );
+    let c = Config::load(&[a]).unwrap();
+    assert!(c.windows.0.is_empty(), "resolved at start, from logind");
+    assert_eq!(
+        c.logind_windows,
+        vec![LogindWindow {
+            length: Duration::from_secs(7200)
+        }]
+    );
+    for (text, key, value) in [
+        (
+            "[[window]]\nsource = \"logind\"\n",
+            "window[0].length",
+            "(not set)",
+        ),
+        (
+            "[[window]]\nsource = \"logind\"\nlength = \"1h\"\nstart = \"02:00\"\n",
+            "window[0].start",
+            "\"02:00:00\"",
+        ),
+        (
+            "[[window]]\nsource = \"logind\"\nlength = \"1h\"\ndays = [\"Sat\"]\n",
+            "window[0].days",
+            "1 day(s)",
+        ),
+        (
+            "[[window]]\ndays = [\"Sat\"]\nstart = \"02:00\"\nlength = \"1h\"\n\n[[window]]\nlength = \"1h\"\n",
+            "window[1].days",
+            "(not set)",
+        ),
+        (
+            "[[window]]\nsource = \"logind\"\nlength = \"0s\"\n",
+            "window.length",
+            "\"0s\"",
+        ),
+    ] {
+        let a = write(&dir, "w.toml", text);
+        let err = Config::load(std::slice::from_ref(&a)).unwrap_err().to_string();
+        assert!(err.contains(&a.display().to_string()), "{err}");
+        assert!(err.contains(key), "{key}: {err}");
+        assert!(err.contains(value), "{value}: {err}");
+    }
+    let a = write(
+        &dir,
+        "w.toml",
+        "[[window]]\nsource = \"dbus\"\nlength = \"1h\"\n",
+    );
+    let err = Config::load(std::slice::from_ref(&a))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("dbus") && err.contains(&a.display().to_string()),
+        "{err}"
+    );
+}

@@ -5,9 +5,9 @@
 use super::input::{self, ConfigInput};
 use super::{
     bounds, file_of, gates, marks, Config, ConfigError, DrainFailure, EmptyDirPods, Etcd, EtcdApi,
-    FleetLock, Identity, Inhibitors, KubeLease, Kubernetes, Lock, LockBackend, Reboot, Triggers,
-    UnmanagedPods, DEFAULT_BOOT_TIME, DEFAULT_GROUP, DEFAULT_LEASE_NAMESPACE, DEFAULT_REBOOT_RETRY,
-    DEFAULT_REBOOT_TIMEOUT, DEFAULT_SENTINEL_INTERVAL, DEFAULT_USERS_WARNING,
+    FleetLock, Identity, Inhibitors, KubeLease, Kubernetes, Lock, LockBackend, LogindWindow,
+    Reboot, Triggers, UnmanagedPods, DEFAULT_BOOT_TIME, DEFAULT_GROUP, DEFAULT_LEASE_NAMESPACE,
+    DEFAULT_REBOOT_RETRY, DEFAULT_REBOOT_TIMEOUT, DEFAULT_SENTINEL_INTERVAL, DEFAULT_USERS_WARNING,
 };
 use crate::window::{Window, Windows};
 use std::collections::BTreeMap;
@@ -23,7 +23,7 @@ pub(super) fn validate(
 ) -> Result<Config, ConfigError> {
     let identity = validate_identity(input.identity.unwrap_or_default(), origin)?;
     let triggers = validate_triggers(input.triggers.unwrap_or_default(), origin)?;
-    let windows = validate_windows(input.window.unwrap_or_default());
+    let (windows, logind_windows) = validate_windows(input.window.unwrap_or_default(), origin)?;
     let lock = validate_lock(input.lock.unwrap_or_default(), &input.kubernetes, origin)?;
     let kubernetes = input
         .kubernetes
@@ -39,6 +39,7 @@ pub(super) fn validate(
         identity,
         triggers,
         windows,
+        logind_windows,
         lock,
         kubernetes,
         reboot,
@@ -113,27 +114,70 @@ fn validate_triggers(
     Ok(triggers)
 }
 
-/// `[[window]]`: each already checked as it was read; a window without a zone is in UTC.
-fn validate_windows(windows_in: Vec<input::WindowInput>) -> Windows {
-    Windows(
-        windows_in
-            .into_iter()
-            .map(|w| Window {
-                days: w.days.into_iter().map(|d| d.0).collect(),
-                start: w.start.0,
-                length: w.length.0,
-                time_zone_name: w
-                    .time_zone
-                    .as_ref()
-                    .map(|z| z.name.clone())
-                    .unwrap_or_else(|| "UTC".into()),
-                time_zone: w
-                    .time_zone
-                    .map(|z| z.zone)
-                    .unwrap_or(jiff::tz::TimeZone::UTC),
-            })
-            .collect(),
-    )
+/// `[[window]]`: each already checked as it was read; a window without a zone is in UTC. A
+/// `source = "logind"` window has only a length (its days and start come from logind when
+/// rebootd starts, see `runtime::check_host`).
+fn validate_windows(
+    windows_in: Vec<input::WindowInput>,
+    origin: &BTreeMap<String, PathBuf>,
+) -> Result<(Windows, Vec<LogindWindow>), ConfigError> {
+    use input::WindowSourceInput;
+    let mut windows = Vec::new();
+    let mut logind = Vec::new();
+    for (i, w) in windows_in.into_iter().enumerate() {
+        let bad = |key: &str, value: String, reason: &str| ConfigError::Invalid {
+            path: file_of(origin, "window"),
+            key: format!("window[{i}].{key}"),
+            value,
+            reason: reason.into(),
+        };
+        if w.source == Some(WindowSourceInput::Logind) {
+            let from_logind = "with source = \"logind\" the days, start and time zone come from logind's DesignatedMaintenanceTime";
+            if let Some(d) = &w.days {
+                return Err(bad("days", format!("{} day(s)", d.len()), from_logind));
+            }
+            if let Some(t) = &w.start {
+                return Err(bad("start", format!("\"{}\"", t.0), from_logind));
+            }
+            if let Some(z) = &w.time_zone {
+                return Err(bad("time_zone", format!("{:?}", z.name), from_logind));
+            }
+            let Some(length) = w.length else {
+                return Err(bad(
+                    "length",
+                    "(not set)".into(),
+                    "a logind window needs a length: DesignatedMaintenanceTime gives only its start",
+                ));
+            };
+            logind.push(LogindWindow { length: length.0 });
+            continue;
+        }
+        let required = "required unless source = \"logind\"";
+        let gone = [w.days.is_none(), w.start.is_none(), w.length.is_none()];
+        let (Some(days), Some(start), Some(length)) = (w.days, w.start, w.length) else {
+            let missing = ["days", "start", "length"]
+                .into_iter()
+                .zip(gone)
+                .find_map(|(k, gone)| gone.then_some(k))
+                .unwrap_or("days");
+            return Err(bad(missing, "(not set)".into(), required));
+        };
+        windows.push(Window {
+            days: days.into_iter().map(|d| d.0).collect(),
+            start: start.0,
+            length: length.0,
+            time_zone_name: w
+                .time_zone
+                .as_ref()
+                .map(|z| z.name.clone())
+                .unwrap_or_else(|| "UTC".into()),
+            time_zone: w
+                .time_zone
+                .map(|z| z.zone)
+                .unwrap_or(jiff::tz::TimeZone::UTC),
+        });
+    }
+    Ok((Windows(windows), logind))
 }
 
 /// `[kubernetes]`: the drain's settings and the marks put on the Node; the waits inside the
@@ -212,7 +256,15 @@ fn check_drain_waits(
 
 /// `[reboot]`: defaults for what is not set; an empty `coordinator_file` turns it off.
 fn validate_reboot(reboot_in: input::RebootInput) -> Reboot {
+    use crate::reboot_method::Method;
     Reboot {
+        method: match reboot_in.method {
+            None | Some(input::MethodInput::Reboot) => Method::Reboot,
+            Some(input::MethodInput::Kexec) => Method::Kexec,
+            Some(input::MethodInput::SoftReboot) => Method::SoftReboot,
+            Some(input::MethodInput::Auto) => Method::Auto,
+        },
+        allow_kexec: reboot_in.allow_kexec.unwrap_or(false),
         inhibitors: match reboot_in.inhibitors {
             Some(input::InhibitorsInput::Ignore) => Inhibitors::Ignore,
             _ => Inhibitors::Respect,

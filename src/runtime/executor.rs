@@ -58,7 +58,7 @@ impl Runtime {
                 Some(obstacle) => obstacle,
                 // The Node gates' checks are used: their label and annotations go.
                 None => match self.gates.used().await {
-                    Ok(()) => Event::ReadyToReboot,
+                    Ok(()) => Event::ReadyToReboot(self.plan_reboot().await),
                     Err(error) => Event::Transient {
                         error: error.to_string(),
                     },
@@ -79,7 +79,10 @@ impl Runtime {
             Action::ReleaseSlot => self.unmark_and_release(state).await,
             Action::CallReboot => match self.warn_users(state).await {
                 Some(warned) => warned,
-                None => self.call_reboot(state.phase).await,
+                None => {
+                    let kind = state.reboot.as_ref().map(|r| r.kind).unwrap_or_default();
+                    self.call_reboot(state.phase, kind).await
+                }
             },
             Action::WarnUsers { until } => {
                 sleep_until(*until).await;
@@ -535,7 +538,36 @@ impl Runtime {
         }
     }
 
-    async fn call_reboot(&self, phase: Phase) -> Event {
+    /// The kind of reboot to ask for (`[reboot] method`, for `auto` from what the host
+    /// shows) and systemd's soft reboot count before it.
+    async fn plan_reboot(&self) -> crate::agent::RebootPlan {
+        use crate::reboot_method::{choose, probe, systemd_major, HostFacts, Method, Platform};
+        let manager = self.host.manager().await;
+        let systemd = manager.as_ref().and_then(|m| systemd_major(&m.version));
+        let method = self.config.reboot.method;
+        let facts = match method {
+            Method::Auto => probe::read(
+                &probe::Paths {
+                    root: std::path::Path::new("/"),
+                },
+                systemd,
+            ),
+            _ => HostFacts {
+                systemd,
+                kexec_loaded: None,
+                platform: Platform::Unknown("not looked at".into()),
+            },
+        };
+        let choice = choose(method, self.config.reboot.allow_kexec, &facts);
+        info!(kind = %choice.kind, why = %choice.why, "the reboot will be a {}", choice.kind);
+        crate::agent::RebootPlan {
+            kind: choice.kind,
+            why: choice.why,
+            soft_reboots: manager.and_then(|m| m.soft_reboots),
+        }
+    }
+
+    async fn call_reboot(&self, phase: Phase, kind: crate::reboot_method::Kind) -> Event {
         if let Some(lost) = self.fence("the reboot", phase).await {
             return lost;
         }
@@ -565,7 +597,7 @@ impl Runtime {
                 next_open: self.config.windows.next_open(now),
             };
         }
-        match self.host.reboot().await {
+        match self.host.reboot(kind).await {
             Ok(()) => Event::RebootAccepted,
             Err(e @ RebootError::Blocked { .. }) => {
                 // Taken between the check and the call: wait for it like any other.

@@ -17,8 +17,8 @@ mod wiring;
 
 pub use seams::{HostSeams, NodeSeams};
 pub use wiring::{
-    holder_id, identity, open_coordinator, open_drainer, open_gates, open_semaphore, policy,
-    read_id,
+    check_host, check_reboot_method, holder_id, identity, open_coordinator, open_drainer,
+    open_gates, open_semaphore, policy, read_id, resolve_logind_windows,
 };
 
 use crate::agent::{self, Event, Policy};
@@ -60,6 +60,13 @@ pub enum RuntimeError {
     Webhook(String),
     #[error("gates: {0}")]
     Gates(#[from] crate::http::SetupError),
+    /// `reboot.method = "soft-reboot"` on a systemd without soft reboots.
+    #[error("reboot.method = \"soft-reboot\" needs systemd {needs} or later; this host runs systemd {version}")]
+    SoftRebootUnsupported { needs: u32, version: String },
+    #[error("systemd: {0}")]
+    Systemd(#[from] crate::systemd::SystemdError),
+    #[error("[[window]] source = \"logind\": {0}")]
+    LogindWindow(String),
 }
 
 /// One running agent.
@@ -119,7 +126,12 @@ impl Runtime {
         let last_beat = std::sync::Mutex::new(None);
         let mut state = self.load_and_beat(&last_beat).await?;
         let (tx, mut needs) = mpsc::channel(16);
-        let triggers = trigger::spawn_all(&self.config.triggers, &self.store.request_path(), tx);
+        let triggers = trigger::spawn_all(
+            &self.config.triggers,
+            &self.store.request_path(),
+            tx,
+            last_reboot(&state),
+        );
         let listening = futures_util::future::join_all(triggers.ready);
         if tokio::time::timeout(TRIGGERS_READY, listening)
             .await
@@ -132,6 +144,7 @@ impl Runtime {
                 state,
                 Event::Started {
                     boot_id: self.me.boot_id.clone(),
+                    soft_reboots: self.host.manager().await.and_then(|m| m.soft_reboots),
                 },
             )
             .await?;
@@ -287,4 +300,19 @@ impl Runtime {
         }
         Ok(next)
     }
+}
+
+/// The last reboot, for the sentinel file found at start: the one seen before, or a soft
+/// reboot on record that this start may be the end of (the boot id stays, /run with it,
+/// sentinel files included). Not only one logind accepted: a soft reboot stops rebootd, maybe
+/// before it saved that. Should it not have happened, the need is still on record and asked
+/// for again.
+fn last_reboot(state: &State) -> Option<std::time::SystemTime> {
+    state
+        .reboot
+        .as_ref()
+        .filter(|r| r.kind.may_be_soft())
+        .map(|r| r.requested_at)
+        .max(state.last_reboot)
+        .map(std::time::SystemTime::from)
 }

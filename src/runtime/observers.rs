@@ -25,7 +25,7 @@ impl Runtime {
         // request, an error) ends it.
         if !matches!(
             event,
-            Event::SlotAcquired | Event::ReadyToReboot | Event::Cordoned { .. }
+            Event::SlotAcquired | Event::ReadyToReboot(_) | Event::Cordoned { .. }
         ) {
             *self.reported_held.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }

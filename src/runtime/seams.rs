@@ -194,8 +194,21 @@ impl HostSeams {
         HostSeams::new(Logind::new(respect_inhibitors))
     }
 
-    pub(super) async fn reboot(&self) -> Result<(), RebootError> {
-        self.reboot.reboot().await
+    pub(super) async fn reboot(&self, kind: crate::reboot_method::Kind) -> Result<(), RebootError> {
+        self.reboot.reboot(kind).await
+    }
+
+    /// The service manager's version and soft reboot count; `None` where there is none to ask
+    /// (a stand-in host) or it does not answer.
+    pub(super) async fn manager(&self) -> Option<crate::systemd::Manager> {
+        match self.reboot.manager().await {
+            Ok(m) => Some(m),
+            Err(RebootError::Unsupported { .. }) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read systemd's version and soft reboot count");
+                None
+            }
+        }
     }
 
     pub(super) async fn blockers(&self) -> Result<Vec<Inhibitor>, RebootError> {

@@ -11,7 +11,7 @@ use crate::notify::Watchdog;
 use crate::state::StateStore;
 use std::path::Path;
 use std::time::Duration;
-use tracing::{error, warn};
+use tracing::{error, info, warn};
 
 /// Read a one-line id file (machine id, boot id), trimmed and checked non-empty.
 pub fn read_id(what: &'static str, path: &Path) -> Result<String, RuntimeError> {
@@ -123,6 +123,50 @@ pub fn open_coordinator(config: &Config) -> Option<crate::coordinator::Coordinat
             None
         }
     }
+}
+
+/// What the configuration needs of this host's systemd, checked at start: a soft reboot
+/// (`reboot.method = "soft-reboot"`) needs systemd 254, refused naming the version found; and
+/// each `[[window]] source = "logind"` becomes a window from logind's
+/// `DesignatedMaintenanceTime` (systemd 257), in the host's time zone unless the spec names
+/// one. A change of that setting is seen at rebootd's next start.
+pub async fn check_host(config: &mut Config) -> Result<(), RuntimeError> {
+    check_reboot_method(config).await?;
+    resolve_logind_windows(config).await
+}
+
+/// `reboot.method = "soft-reboot"` needs systemd 254: refused, naming the version found.
+pub async fn check_reboot_method(config: &Config) -> Result<(), RuntimeError> {
+    use crate::reboot_method::{systemd_major, Method, SOFT_REBOOT_SINCE};
+    if config.reboot.method == Method::SoftReboot {
+        let manager = crate::systemd::manager().await?;
+        if systemd_major(&manager.version).is_none_or(|v| v < SOFT_REBOOT_SINCE) {
+            return Err(RuntimeError::SoftRebootUnsupported {
+                needs: SOFT_REBOOT_SINCE,
+                version: manager.version,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Each `[[window]] source = "logind"` as a window from logind's `DesignatedMaintenanceTime`.
+pub async fn resolve_logind_windows(config: &mut Config) -> Result<(), RuntimeError> {
+    if config.logind_windows.is_empty() {
+        return Ok(());
+    }
+    let spec = crate::systemd::designated_maintenance_time()
+        .await
+        .map_err(|e| RuntimeError::LogindWindow(e.to_string()))?;
+    let local = jiff::tz::TimeZone::system();
+    let name = local.iana_name().unwrap_or("local").to_string();
+    for w in std::mem::take(&mut config.logind_windows) {
+        let window = crate::window_calendar::window(&spec, w.length, &local, &name)
+            .map_err(|e| RuntimeError::LogindWindow(e.to_string()))?;
+        info!(spec = %spec, window = %window, "maintenance window from logind's DesignatedMaintenanceTime");
+        config.windows.0.push(window);
+    }
+    Ok(())
 }
 
 /// The policy the state machine follows, from the configuration.

@@ -24,8 +24,14 @@ pub struct Running {
     pub ready: Vec<oneshot::Receiver<()>>,
 }
 
-/// Start every configured trigger, plus the manual request file of `rebootctl reboot`.
-pub fn spawn_all(triggers: &Triggers, request_file: &Path, tx: mpsc::Sender<Need>) -> Running {
+/// Start every configured trigger, plus the manual request file of `rebootctl reboot`. A
+/// sentinel file found at start that is older than `last_reboot` was met by it (see [`file`]).
+pub fn spawn_all(
+    triggers: &Triggers,
+    request_file: &Path,
+    tx: mpsc::Sender<Need>,
+    last_reboot: Option<std::time::SystemTime>,
+) -> Running {
     let mut running = Running {
         tasks: Vec::new(),
         ready: Vec::new(),
@@ -45,6 +51,7 @@ pub fn spawn_all(triggers: &Triggers, request_file: &Path, tx: mpsc::Sender<Need
             path.clone(),
             tx.clone(),
             ready(),
+            last_reboot,
         )));
     }
     if let Some(cmd) = &triggers.sentinel_command {
@@ -60,6 +67,7 @@ pub fn spawn_all(triggers: &Triggers, request_file: &Path, tx: mpsc::Sender<Need
         request_file.to_path_buf(),
         tx,
         ready(),
+        None,
     )));
     running.tasks = tasks;
     running

@@ -324,9 +324,15 @@ struct BenchRebooter {
 
 #[async_trait::async_trait]
 impl Rebooter for BenchRebooter {
-    async fn reboot(&self) -> Result<(), RebootError> {
+    async fn reboot(&self, _: rebootd::reboot_method::Kind) -> Result<(), RebootError> {
         let _ = self.tx.send((self.node, Instant::now()));
         Ok(())
+    }
+
+    async fn manager(&self) -> Result<rebootd::systemd::Manager, RebootError> {
+        Err(RebootError::Unsupported {
+            what: "systemd's manager",
+        })
     }
 }
 

@@ -394,6 +394,34 @@ pub struct Lines {
 }
 
 impl Lines {
+    /// Read until a line satisfies `pred` (that line) or the command ends (`None`: e.g. a
+    /// soft reboot ended it with every other process); a timeout naming what was seen.
+    pub async fn expect_or_end(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&str) -> bool,
+    ) -> Result<Option<String>, NspawnError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            match tokio::time::timeout_at(deadline, self.lines.next_line()).await {
+                Ok(Ok(Some(line))) => {
+                    self.seen.push(line.clone());
+                    if pred(&line) {
+                        return Ok(Some(line));
+                    }
+                }
+                Ok(Ok(None)) | Ok(Err(_)) => return Ok(None),
+                Err(_) => {
+                    return Err(NspawnError::Timeout {
+                        after: timeout,
+                        what: format!("{what}; lines seen:\n{}", self.seen.join("\n")),
+                    })
+                }
+            }
+        }
+    }
+
     /// Read until a line satisfies `pred`; that line, or a timeout naming what was seen.
     pub async fn expect(
         &mut self,

@@ -1,22 +1,44 @@
-//! The Debian root file system every container boots from: `debootstrap --variant=minbase` of
-//! Debian 12 with systemd, systemd-sysv, dbus and libpam-systemd, from the mirror this machine's
-//! apt uses. Made once into the cache directory and shared read-only (each container writes to
-//! an overlay above it). A directory's name carries its key; a change of suite, packages, mirror
-//! or [`IMAGE_VERSION`] makes a new one and removes the old.
+//! The Debian root file systems containers boot from: `debootstrap --variant=minbase` of
+//! Debian 12 (bookworm, systemd 252) or Debian 13 (trixie, systemd 257) with systemd,
+//! systemd-sysv, dbus and libpam-systemd, from the mirror this machine's apt uses. Each is made
+//! once into the cache directory and shared read-only (each container writes to an overlay
+//! above it). A directory's name carries its key; a change of packages, mirror or
+//! [`IMAGE_VERSION`] makes a new one and removes the old one of the same suite.
 
 use super::{io, run, NspawnError};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The Debian release the containers run.
+/// The Debian release the containers run unless a test asks for another.
 pub const SUITE: &str = "bookworm";
+
+/// A Debian release the lab can boot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Suite {
+    /// Debian 12, systemd 252: no soft reboot, no `DesignatedMaintenanceTime`.
+    Bookworm,
+    /// Debian 13, systemd 257: `RebootWithFlags` soft reboot, `SoftRebootsCount`,
+    /// `DesignatedMaintenanceTime=`.
+    Trixie,
+}
+
+impl Suite {
+    /// debootstrap's name of the release.
+    pub fn name(self) -> &'static str {
+        match self {
+            Suite::Bookworm => "bookworm",
+            Suite::Trixie => "trixie",
+        }
+    }
+}
 /// Packages on top of minbase: real systemd as PID 1, logind (with pam_systemd for sessions)
 /// and the D-Bus system bus.
 pub const PACKAGES: &[&str] = &["systemd", "systemd-sysv", "dbus", "libpam-systemd"];
 /// Raised whenever what [`finish`] does to the image changes.
 pub const IMAGE_VERSION: u32 = 1;
-/// Used when this machine's apt sources name no mirror for [`SUITE`].
+/// Used when this machine's apt sources name no mirror for [`SUITE`]. The mirror that serves
+/// [`SUITE`] serves the other suites too (one archive).
 pub const DEFAULT_MIRROR: &str = "http://deb.debian.org/debian";
 
 /// Where the lab caches images: `$REBOOTD_LAB_CACHE`, else `$XDG_CACHE_HOME/rebootd-lab`, else
@@ -82,14 +104,20 @@ fn fnv1a(text: &str) -> u64 {
 }
 
 /// The image's key: what it is made of.
-pub fn key(mirror: &str) -> String {
-    let what = format!("{SUITE} {} {mirror} v{IMAGE_VERSION}", PACKAGES.join(","));
-    format!("{SUITE}-v{IMAGE_VERSION}-{:016x}", fnv1a(&what))
+pub fn key(suite: Suite, mirror: &str) -> String {
+    let suite = suite.name();
+    let what = format!("{suite} {} {mirror} v{IMAGE_VERSION}", PACKAGES.join(","));
+    format!("{suite}-v{IMAGE_VERSION}-{:016x}", fnv1a(&what))
 }
 
-/// The cached image, made first if missing or stale. Blocks (debootstrap takes a minute or
-/// more); several processes asking at once wait for one build (a lock file).
+/// The cached bookworm image, made first if missing or stale (see [`ensure_suite`]).
 pub fn ensure() -> Result<PathBuf, NspawnError> {
+    ensure_suite(Suite::Bookworm)
+}
+
+/// The cached image of `suite`, made first if missing or stale. Blocks (debootstrap takes a
+/// minute or more); several processes asking at once wait for one build (a lock file).
+pub fn ensure_suite(suite: Suite) -> Result<PathBuf, NspawnError> {
     let dir = cache_dir();
     std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
     let lock_path = dir.join(".lock");
@@ -97,16 +125,16 @@ pub fn ensure() -> Result<PathBuf, NspawnError> {
     lock.lock()
         .map_err(io(format!("locking {}", lock_path.display())))?;
     let mirror = mirror();
-    let key = key(&mirror);
+    let key = key(suite, &mirror);
     let root = dir.join(format!("rootfs-{key}"));
     if !root.join(".complete").exists() {
-        build(&dir, &root, &mirror)?;
+        build(&dir, &root, suite, &mirror)?;
     }
-    remove_stale(&dir, &root);
+    remove_stale(&dir, &root, suite);
     Ok(root)
 }
 
-fn build(dir: &Path, root: &Path, mirror: &str) -> Result<(), NspawnError> {
+fn build(dir: &Path, root: &Path, suite: Suite, mirror: &str) -> Result<(), NspawnError> {
     let partial = dir.join(format!(
         "{}.partial",
         root.file_name().unwrap_or_default().to_string_lossy()
@@ -114,12 +142,12 @@ fn build(dir: &Path, root: &Path, mirror: &str) -> Result<(), NspawnError> {
     if partial.exists() {
         std::fs::remove_dir_all(&partial).map_err(io(format!("removing {}", partial.display())))?;
     }
-    let log = dir.join("debootstrap.log");
+    let log = dir.join(format!("debootstrap-{}.log", suite.name()));
     let log_file = File::create(&log).map_err(io(format!("creating {}", log.display())))?;
     let status = Command::new("debootstrap")
         .arg("--variant=minbase")
         .arg(format!("--include={}", PACKAGES.join(",")))
-        .arg(SUITE)
+        .arg(suite.name())
         .arg(&partial)
         .arg(mirror)
         .stdout(log_file.try_clone().map_err(io("debootstrap log"))?)
@@ -131,13 +159,16 @@ fn build(dir: &Path, root: &Path, mirror: &str) -> Result<(), NspawnError> {
     if !status.success() {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         return Err(NspawnError::Command {
-            command: format!("debootstrap {SUITE} from {mirror}"),
+            command: format!("debootstrap {} from {mirror}", suite.name()),
             output: format!("{status}; {}:\n{}", log.display(), super::tail(&text, 30)),
         });
     }
     finish(&partial)?;
-    std::fs::write(partial.join(".complete"), format!("{}\n", key(mirror)))
-        .map_err(io("marking the image complete"))?;
+    std::fs::write(
+        partial.join(".complete"),
+        format!("{}\n", key(suite, mirror)),
+    )
+    .map_err(io("marking the image complete"))?;
     std::fs::rename(&partial, root).map_err(io(format!("moving the image to {}", root.display())))
 }
 
@@ -152,15 +183,17 @@ fn finish(root: &Path) -> Result<(), NspawnError> {
     Ok(())
 }
 
-/// Remove images of other keys (a previous package list or version).
-fn remove_stale(dir: &Path, keep: &Path) {
+/// Remove images of `suite` with other keys (a previous package list or version); the other
+/// suites' images stay.
+fn remove_stale(dir: &Path, keep: &Path, suite: Suite) {
+    let prefix = format!("rootfs-{}-", suite.name());
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
     for e in entries.flatten() {
         let path = e.path();
         let name = e.file_name().to_string_lossy().into_owned();
-        if name.starts_with("rootfs-") && path != keep {
+        if name.starts_with(&prefix) && path != keep {
             if let Err(err) = std::fs::remove_dir_all(&path) {
                 tracing::warn!(path = %path.display(), error = %err, "cannot remove a stale image");
             }
@@ -190,8 +223,14 @@ mod tests {
 
     #[test]
     fn the_key_changes_with_what_the_image_is_made_of() {
-        assert_ne!(key("http://a/debian"), key("http://b/debian"));
-        assert_eq!(key("http://a/debian"), key("http://a/debian"));
-        assert!(key("http://a/debian").starts_with("bookworm-v"));
+        let b = Suite::Bookworm;
+        assert_ne!(key(b, "http://a/debian"), key(b, "http://b/debian"));
+        assert_eq!(key(b, "http://a/debian"), key(b, "http://a/debian"));
+        assert!(key(b, "http://a/debian").starts_with("bookworm-v"));
+        assert!(key(Suite::Trixie, "http://a/debian").starts_with("trixie-v"));
+        assert_ne!(
+            key(b, "http://a/debian"),
+            key(Suite::Trixie, "http://a/debian")
+        );
     }
 }

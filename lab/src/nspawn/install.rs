@@ -172,8 +172,10 @@ pub const BOOT_ID_FILE: &str = "/run/rebootd-lab/boot_id";
 /// Containers share the kernel's boot id. nspawn shows each of its runs a fresh one at
 /// /proc/sys/kernel/random/boot_id, but a service with `ProtectKernelTunables=yes` (rebootd's)
 /// gets /proc/sys mounted again and sees the kernel's, which a container reboot does not change.
-/// So every boot writes an id of its own under /run (a new tmpfs each boot), before rebootd
-/// starts, and rebootd is pointed at it (`[identity] boot_id_file`).
+/// So every boot copies nspawn's id (as a unit without that protection sees it) under /run,
+/// before rebootd starts, and rebootd is pointed at it (`[identity] boot_id_file`). A soft
+/// reboot keeps nspawn running and so its id (measured with systemd 257: the id, /run and the
+/// container's PID 1 stay), as a soft reboot keeps a real host's boot id.
 const BOOT_ID_UNIT: &str = "[Unit]
 Description=A boot id of this container boot (rebootd lab)
 DefaultDependencies=no
@@ -182,7 +184,7 @@ Before=rebootd.service sysinit.target
 [Service]
 Type=oneshot
 RemainAfterExit=yes
-ExecStart=/bin/sh -c 'mkdir -p /run/rebootd-lab && cat /proc/sys/kernel/random/uuid > /run/rebootd-lab/boot_id'
+ExecStart=/bin/sh -c 'mkdir -p /run/rebootd-lab && cat /proc/sys/kernel/random/boot_id > /run/rebootd-lab/boot_id'
 
 [Install]
 WantedBy=sysinit.target
