@@ -3,6 +3,7 @@
 //! reads it makes at the end; the tests below fill it with synthetic histories that break each
 //! invariant, to show that [`violations`] reports every one.
 
+use super::two_docs::{self, DocSeen, DocsEnd};
 use rebootd::lock::document::SemaphoreDoc;
 use rebootd::state::{Phase, State};
 use std::collections::{BTreeMap, BTreeSet};
@@ -104,6 +105,9 @@ pub struct Observed {
     pub windows: BTreeMap<String, Vec<(Duration, Duration)>>,
     /// Every run of the nodes' flapping gate (`--gates`), with its time-out; `None`: no gate.
     pub gate_runs: Option<(Vec<GateRun>, Duration)>,
+    /// With `rebootctl migrate` mid-rollout (`--migrate`): the v2 and the v3 document as their
+    /// watchers saw them, and as read at the end ([`super::two_docs`]).
+    pub docs: Option<(Vec<DocSeen>, DocsEnd)>,
 }
 
 /// One run of a node's gate command: when it started, the answer it read, and when it ended
@@ -699,6 +703,9 @@ pub fn violations(o: &Observed) -> Vec<String> {
         operator_violations(o, ops, &mut v);
     }
     v.extend(gate_violations(o));
+    if let Some((seen, end)) = &o.docs {
+        v.extend(two_docs::violations(seen, end));
+    }
     for (n, call, how) in outside_windows(o) {
         v.push(format!(
             "{n} asked logind to reboot at {:.2}s outside its maintenance windows ({how})",
@@ -897,7 +904,108 @@ mod tests {
             store: Vec::new(),
             windows: BTreeMap::new(),
             gate_runs: None,
+            docs: None,
         }
+    }
+
+    /// [`clean`] with node c a locksmithd node: no state file, its reboot seen only through
+    /// its holder in the document and its call to logind.
+    fn mixed() -> Observed {
+        let mut o = clean();
+        let ls = "locksmith-1";
+        let rename = |t: &mut Timeline| {
+            for (_, set) in t.iter_mut() {
+                if set.remove("c") {
+                    set.insert(ls.into());
+                }
+            }
+        };
+        rename(&mut o.holders);
+        o.cordoned.retain(|(_, c)| !c.contains("c"));
+        o.ends.remove("c");
+        for n in o
+            .nodes
+            .iter_mut()
+            .chain(o.downs.iter_mut().map(|d| &mut d.node))
+        {
+            if n == "c" {
+                *n = ls.into();
+            }
+        }
+        for (n, _) in o.calls.iter_mut().chain(o.ups.iter_mut()) {
+            if n == "c" {
+                *n = ls.into();
+            }
+        }
+        o
+    }
+
+    #[test]
+    fn a_mixed_fleet_that_keeps_max_passes() {
+        assert_eq!(violations(&mixed()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_locksmithd_node_down_beside_max_rebootd_nodes_is_reported() {
+        let mut o = mixed();
+        // locksmith-1 takes a slot and goes down while a and b are still down: the document
+        // shows three holders, and three nodes are down at once across both kinds.
+        o.holders
+            .insert(2, (s(2.15), set(&["a", "b", "locksmith-1"])));
+        o.downs.push(Down {
+            at: s(2.2),
+            node: "locksmith-1".into(),
+            held: None,
+            pods_left: Vec::new(),
+        });
+        o.downs
+            .retain(|d| d.node != "locksmith-1" || d.at == s(2.2));
+        o.calls.push(("locksmith-1".into(), s(2.16)));
+        o.ups.retain(|(n, _)| n != "locksmith-1");
+        o.ups.push(("locksmith-1".into(), s(2.5)));
+        let v = violations(&o);
+        assert!(
+            v.iter()
+                .any(|m| m.contains("3 nodes down at once (max 2): 2.20s")),
+            "{v:#?}"
+        );
+        assert!(v.iter().any(|m| m.contains("3 holders at once")), "{v:#?}");
+    }
+
+    #[test]
+    fn a_locksmithd_node_that_never_rebooted_is_reported() {
+        let mut o = mixed();
+        o.downs.retain(|d| d.node != "locksmith-1");
+        reports(&o, "locksmith-1 rebooted 0 times");
+    }
+
+    #[test]
+    fn a_migration_with_a_take_in_v3_while_v2_is_open_is_reported() {
+        use super::two_docs::{Api, DocSeen, DocsEnd};
+        let mut o = clean();
+        let doc = |at: f64, api: Api, h: &[&str]| DocSeen {
+            at: s(at),
+            api,
+            holders: Some(set(h)),
+        };
+        o.docs = Some((
+            vec![
+                doc(1.0, Api::V2, &["a"]),
+                doc(1.5, Api::V3, &["a"]),
+                doc(3.0, Api::V3, &["a", "b"]),
+            ],
+            DocsEnd {
+                v2_open: true,
+                v3_exists: true,
+            },
+        ));
+        let v = violations(&o);
+        assert!(v.iter().any(|m| m.contains("took a slot in v3")), "{v:#?}");
+        assert!(
+            v.iter()
+                .any(|m| m.contains("two live semaphores at the end")),
+            "{v:#?}"
+        );
     }
 
     /// `o` breaks exactly one invariant, reported with `words`.

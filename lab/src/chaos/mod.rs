@@ -28,11 +28,13 @@ mod disrupt;
 pub mod gates;
 mod inject;
 mod members;
+mod mixed;
 mod operator;
 mod report;
 mod rng;
 mod store;
 mod trial;
+pub mod two_docs;
 mod watch;
 pub mod windows;
 mod workload;
@@ -163,6 +165,12 @@ pub struct ChaosOptions {
     /// Every node has a command gate before the reboot whose answer the lab flips (go, wait,
     /// hang past its time-out).
     pub gates: bool,
+    /// How many of the `nodes` run the real locksmithd instead of rebootd, on the same v2
+    /// semaphore (`--backend etcd-v2`); they are named `locksmith-1`, ...
+    pub mixed: usize,
+    /// Mid-rollout, once the locksmithd nodes are done, the operator runs `rebootctl migrate`
+    /// (the semaphore moves to v3; the rebootd nodes, on `api = "v2"`, follow it).
+    pub migrate: bool,
 }
 
 /// The default `kubernetes.drain_timeout` and `ready_timeout` of a trial.
@@ -196,6 +204,8 @@ impl ChaosOptions {
             operators: false,
             windows: false,
             gates: false,
+            mixed: 0,
+            migrate: false,
         }
     }
 
@@ -223,6 +233,25 @@ impl ChaosOptions {
             return Err(
                 "--operators: only with the semaphore in etcd (--backend etcd or etcd-v2)".into(),
             );
+        }
+        if (self.mixed > 0 || self.migrate) && self.backend != Backend::EtcdV2 {
+            return Err(
+                "--mixed, --migrate: locksmithd's semaphore is in etcd v2 (--backend etcd-v2)"
+                    .into(),
+            );
+        }
+        if (self.mixed > 0 || self.migrate)
+            && (self.etcd_members > 1 || self.operators || self.cut_off || self.max_hold.is_some())
+        {
+            return Err(
+                "--mixed, --migrate: not with --etcd-members, --operators, --cut-off or --max-hold yet".into(),
+            );
+        }
+        if self.mixed >= self.nodes {
+            return Err(format!(
+                "--mixed {}: at least one of the {} nodes must run rebootd",
+                self.mixed, self.nodes
+            ));
         }
         if self.etcd_members == 0 || self.etcd_members.is_multiple_of(2) {
             return Err(format!(
@@ -293,6 +322,9 @@ pub struct Stats {
     /// With the flapping gate: the answers set (`set go`, ...) and what the nodes' logs say
     /// (`said wait`: a check that said wait).
     pub gates: BTreeMap<String, u32>,
+    /// With locksmithd nodes (`--mixed`) and `rebootctl migrate` (`--migrate`): what the lab
+    /// did to them and what came of it (`locksmithd kills`, `migrate`, ...).
+    pub mixed: BTreeMap<String, u32>,
 }
 
 impl Stats {
@@ -330,6 +362,9 @@ impl Stats {
         }
         for (k, v) in &o.gates {
             *self.gates.entry(k.clone()).or_default() += v;
+        }
+        for (k, v) in &o.mixed {
+            *self.mixed.entry(k.clone()).or_default() += v;
         }
     }
 }
@@ -393,6 +428,10 @@ impl std::fmt::Display for Stats {
         if !self.gates.is_empty() {
             let g: Vec<String> = self.gates.iter().map(|(k, v)| format!("{k} {v}")).collect();
             write!(f, ", gate: {}", g.join(", "))?;
+        }
+        if !self.mixed.is_empty() {
+            let m: Vec<String> = self.mixed.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            write!(f, ", mixed: {}", m.join(", "))?;
         }
         if !self.injected.is_empty() {
             write!(f, "; injected: {}", self.injected.join(", "))?;
@@ -553,6 +592,12 @@ pub fn replay_command(opts: &ChaosOptions, seed: u64) -> String {
     }
     if opts.gates {
         cmd.push_str(" --gates");
+    }
+    if opts.mixed > 0 {
+        cmd.push_str(&format!(" --mixed {}", opts.mixed));
+    }
+    if opts.migrate {
+        cmd.push_str(" --migrate");
     }
     if opts.trial_timeout != DEFAULT_TRIAL_TIMEOUT {
         cmd.push_str(&format!(

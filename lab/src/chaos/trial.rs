@@ -8,9 +8,10 @@ use super::check::{
     self, CutOff, Down, Observed, Operations, SemaphoreEnd, StoreChange, StoreEvent, Timeline,
 };
 use super::members::{self, EtcdAt};
+use super::two_docs::{self, Api, DocSeen};
 use super::{
-    cutoff, disrupt, gates, inject, operator, report, store, watch, windows, workload, Backend,
-    ChaosOptions, Rng, Stats, Stop, TrialReport,
+    cutoff, disrupt, gates, inject, mixed, operator, report, store, watch, windows, workload,
+    Backend, ChaosOptions, Rng, Stats, Stop, TrialReport,
 };
 use crate::cut_proxy::CutProxy;
 use crate::etcd::EtcdServer;
@@ -67,6 +68,10 @@ pub(super) struct Shared {
     pub ops: Mutex<Operations>,
     /// The document's and the holder records' changes, with the store's revisions.
     pub store: Mutex<Vec<StoreEvent>>,
+    /// With `--migrate`: the v2 and the v3 document as their watchers saw them; the holders'
+    /// timeline is then their union.
+    pub docs: Mutex<Vec<DocSeen>>,
+    pub two_docs: AtomicBool,
     /// The rollout is over (or the trial is being torn down): the chaos stops.
     pub stop: AtomicBool,
 }
@@ -91,6 +96,8 @@ impl Shared {
             maxes: Mutex::new(Vec::new()),
             ops: Mutex::new(Operations::default()),
             store: Mutex::new(Vec::new()),
+            docs: Mutex::new(Vec::new()),
+            two_docs: AtomicBool::new(false),
             stop: AtomicBool::new(false),
         }
     }
@@ -109,6 +116,30 @@ impl Shared {
 
     pub fn record_holders(&self, holders: BTreeSet<String>) {
         lock(&self.holders).push((self.started.elapsed(), holders));
+    }
+
+    /// A version of the semaphore document (`None`: removed) in `api`. With one document
+    /// watched, its holders; with two (`--migrate`), the holders of both that count.
+    pub fn record_doc(&self, api: Api, holders: Option<BTreeSet<String>>) {
+        if !self.two_docs.load(Ordering::SeqCst) {
+            match holders {
+                Some(h) => self.record_holders(h),
+                None => {
+                    self.problem(format!("the semaphore document ({api:?}) was removed"));
+                    self.record_holders(BTreeSet::new());
+                }
+            }
+            return;
+        }
+        let mut docs = lock(&self.docs);
+        docs.push(DocSeen {
+            at: self.started.elapsed(),
+            api,
+            holders,
+        });
+        if let Some((_, all)) = two_docs::union(&docs).pop() {
+            self.record_holders(all);
+        }
     }
 
     pub fn record_cordoned(&self, cordoned: BTreeSet<String>) {
@@ -169,6 +200,8 @@ struct Rig {
     /// The FleetLock server (`--backend fleetlock`).
     airlock: Option<Arc<tokio::sync::Mutex<crate::airlock::Airlock>>>,
     nodes: Vec<Arc<ChaosNode>>,
+    /// The locksmithd nodes (`--mixed`).
+    locksmiths: Vec<Arc<mixed::LsNode>>,
     /// Every task that holds a node or etcd.
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -189,8 +222,12 @@ impl Rig {
         for n in &self.nodes {
             n.node.lock().await.kill_daemon().await;
         }
+        for n in &self.locksmiths {
+            n.node.lock().await.kill_daemon().await;
+        }
         // The last references: dropping a Node kills and reaps its dbus-daemon.
         self.nodes.clear();
+        self.locksmiths.clear();
         if let Some(mut e) = self.etcd.lock().await.take() {
             let _ = e.stop().await;
         }
@@ -263,7 +300,9 @@ pub async fn trial(opts: &ChaosOptions, seed: u64, stop: &Stop) -> TrialReport {
                         .collect()
                 })
                 .unwrap_or_default();
-            report::keep_logs(opts, seed, &rig.nodes, etcd_logs, &shared)
+            let kept = report::keep_logs(opts, seed, &rig.nodes, etcd_logs, &shared);
+            mixed::keep_logs(kept.as_deref(), &rig.locksmiths, &shared);
+            kept
         }
     };
     rig.teardown(&shared).await;
@@ -307,7 +346,9 @@ async fn run_trial(
         .map_err(|e| format!("temp dir: {e}"))?;
     let kubeconfig = dir.path().join("kubeconfig");
     rig.dir = Some(dir);
-    let names: Vec<String> = (1..=opts.nodes).map(|i| format!("node-{i}")).collect();
+    let names: Vec<String> = (1..=opts.nodes - opts.mixed)
+        .map(|i| format!("node-{i}"))
+        .collect();
     // The API stand-in: one Node per lab node, and the workload on them.
     let kube = KubeApi::start(KubeOptions {
         time_scale: workload::TIME_SCALE,
@@ -527,11 +568,38 @@ async fn run_trial(
             shared.clone(),
         )));
     }
+    // The locksmithd nodes (`--mixed`), on the same v2 document.
+    if opts.mixed > 0 {
+        let ep = etcd_endpoint.as_deref().unwrap_or_default();
+        rig.locksmiths = or_stop(stop, mixed::start(opts.mixed, ep)).await??;
+        for (i, n) in rig.locksmiths.iter().enumerate() {
+            rig.tasks.push(tokio::spawn(mixed::reboots(
+                n.clone(),
+                shared.clone(),
+                Rng::fork(seed, 400 + i as u64),
+                opts.reboot_time,
+            )));
+        }
+    }
     let ids: Vec<(String, String)> = rig
         .nodes
         .iter()
         .map(|n| (n.machine_id.clone(), n.name.clone()))
+        .chain(
+            rig.locksmiths
+                .iter()
+                .map(|n| (n.machine_id.clone(), n.name.clone())),
+        )
         .collect();
+    // With `rebootctl migrate`, the v3 document beside the v2 one.
+    if let (Some(at), true) = (&etcd_at, opts.migrate) {
+        shared.two_docs.store(true, Ordering::SeqCst);
+        rig.tasks.push(tokio::spawn(watch::etcd(
+            at.clone(),
+            ids.clone(),
+            shared.clone(),
+        )));
+    }
     // With an operator, rebootd's holder records too (an unlock is judged by them).
     if opts.operators {
         if let Some(at) = &etcd_at {
@@ -562,8 +630,12 @@ async fn run_trial(
     // Give the watchers a moment to have their streams open before faults are injected.
     or_stop(stop, tokio::time::sleep(Duration::from_millis(200))).await?;
 
-    // The rollout, and the chaos meanwhile.
-    for n in &rig.nodes {
+    // The rollout, and the chaos meanwhile (with `--migrate`, the later half of the rebootd
+    // nodes get their update once the locksmithd nodes are through: see `mixed::migrate`).
+    let late = if opts.migrate { rig.nodes.len() / 2 } else { 0 };
+    let (now, later) = rig.nodes.split_at(rig.nodes.len() - late);
+    mixed::trigger(&rig.locksmiths).await?;
+    for n in now {
         n.node
             .lock()
             .await
@@ -571,6 +643,25 @@ async fn run_trial(
             .set_status("UPDATE_STATUS_UPDATED_NEED_REBOOT", "9999.0.0")
             .await
             .map_err(|e| format!("update_engine: {e}"))?;
+    }
+    let mut mixed_chaos = Vec::new();
+    if !rig.locksmiths.is_empty() {
+        mixed_chaos.push(tokio::spawn(mixed::kills(
+            Rng::fork(seed, 20),
+            opts.actions,
+            rig.locksmiths.clone(),
+            shared.clone(),
+        )));
+    }
+    if opts.migrate {
+        mixed_chaos.push(tokio::spawn(mixed::migrate(
+            Rng::fork(seed, 21),
+            opts.rebootd.with_file_name("rebootctl"),
+            rig.nodes.clone(),
+            later.to_vec(),
+            rig.locksmiths.clone(),
+            shared.clone(),
+        )));
     }
     let chaos = tokio::spawn(disrupt::chaos_loop(
         Rng::fork(rng.next_u64(), 1),
@@ -656,6 +747,7 @@ async fn run_trial(
             rig.tasks.extend(operating);
             rig.tasks.extend(flapping);
             rig.tasks.extend(airlock_chaos);
+            rig.tasks.extend(mixed_chaos);
             return Err(Cut::Stopped);
         }
         let all_done = rig.nodes.iter().all(|n| {
@@ -664,7 +756,7 @@ async fn run_trial(
                 .ok()
                 .flatten()
                 .is_some_and(|s| check::done(&s))
-        });
+        }) && rig.locksmiths.iter().all(|n| mixed::done(n, shared));
         if all_done {
             break;
         }
@@ -687,6 +779,7 @@ async fn run_trial(
     heal.extend(operating);
     heal.extend(flapping);
     heal.extend(airlock_chaos);
+    heal.extend(mixed_chaos);
     let healed = or_stop(stop, async {
         for h in heal.iter_mut() {
             let _ = h.await;
@@ -737,7 +830,15 @@ async fn run_trial(
         })
         .cloned()
         .collect();
+    let docs = match (&etcd_at, opts.migrate) {
+        (Some(at), true) => {
+            let (end, doc) = or_stop(stop, mixed::read_docs(&at.healthy().1)).await?;
+            Some((lock(&shared.docs).clone(), end, doc))
+        }
+        _ => None,
+    };
     let semaphore_end = match &etcd_at {
+        Some(_) if docs.is_some() => docs.as_ref().map(|d| d.2.clone()).expect("docs"),
         Some(at) if opts.backend == Backend::FleetLock => {
             match or_stop(stop, store::read_airlock(&at.healthy().1, opts.max)).await? {
                 Ok(doc) => SemaphoreEnd::Etcd(doc),
@@ -835,7 +936,11 @@ async fn run_trial(
         max: opts.max,
         store: lock(&shared.store).clone(),
         windows: window_spans,
-        nodes: names,
+        nodes: names
+            .into_iter()
+            .chain(rig.locksmiths.iter().map(|n| n.name.clone()))
+            .collect(),
+        docs: docs.map(|(seen, end, _)| (seen, end)),
         holders: shared.holders(),
         cordoned: shared.cordoned(),
         downs: lock(&shared.downs).clone(),
