@@ -399,3 +399,37 @@ async fn a_request_made_mid_cycle_is_consumed_by_that_cycle() {
     assert_eq!(node.state().unwrap().phase, Phase::Idle);
     assert_eq!(node.logind.reboot_calls().len(), 1, "exactly one reboot");
 }
+
+/// Finding 16: `unlock` of a holder whose reboot is on its way (its record says `rebooting`:
+/// logind asked, or about to be) would put one node more than `max` down, so it is refused
+/// without `--force`, naming the node, its phase and since when; the slot stays held. With
+/// `--force` it goes through.
+#[tokio::test]
+async fn unlock_of_a_holder_whose_reboot_is_on_its_way_is_refused_without_force() {
+    let (_etcd, config) = etcd_lock().await;
+    let node = node("unlock16", &config).await;
+    node.wait_ready(WAIT).await.unwrap();
+    let mut reboots = node.logind.subscribe();
+    let (code, _, err) = rebootctl(&node, &["reboot"]).await;
+    assert_eq!(code, 0, "{err}");
+    reboot_accepted(&node, &mut reboots).await;
+    let st = status_json(&node).await;
+    assert_eq!(st["semaphore"]["holders"][0]["phase"], "rebooting", "{st}");
+
+    for args in [&["unlock"][..], &["unlock", node.machine_id.as_str()][..]] {
+        let (code, out, err) = rebootctl(&node, args).await;
+        assert_eq!(code, 1, "{args:?} must be refused: {out}{err}");
+        for words in ["unlock16", "rebooting", "since", "--force"] {
+            assert!(
+                err.contains(words),
+                "{args:?}: {err:?} should say {words:?}"
+            );
+        }
+        assert_eq!(holders(&node).await, std::slice::from_ref(&node.machine_id));
+    }
+
+    let (code, out, err) = rebootctl(&node, &["unlock", "--force"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("released the slot"), "{out}");
+    assert!(holders(&node).await.is_empty());
+}
