@@ -15,8 +15,9 @@
 //! `--migrate`: some rebootd nodes get their update only once every locksmithd node has rebooted
 //! and given its slot back (the migration guide's order: no locksmithd holding); then, while
 //! those are in their cycle, the operator runs `rebootctl migrate` on a rebootd node until it
-//! succeeds (refusals and failures with etcd down are counted). The checker watches the v2 and
-//! the v3 document ([`super::two_docs`]).
+//! succeeds (refusals and failures with etcd down are counted), then switches half of the
+//! rebootd nodes, at random, to `api = "v3"` and restarts them (the others follow to v3 on
+//! `api = "v2"`). The checker watches the v2 and the v3 document ([`super::two_docs`]).
 
 use super::check::{Down, SemaphoreEnd};
 use super::trial::{ChaosNode, Shared};
@@ -228,6 +229,7 @@ pub(super) async fn migrate(
                     "migrated after the rollout"
                 };
                 shared.stats(|s| *s.mixed.entry(key.into()).or_default() += 1);
+                switch_to_v3(&mut rng, &nodes, &shared).await;
                 return;
             }
             Ok(Ok(o)) => {
@@ -242,6 +244,43 @@ pub(super) async fn migrate(
             _ => shared.stats(|s| *s.mixed.entry("migrate failed".into()).or_default() += 1),
         }
         tokio::time::sleep(rng.ms(300, 800)).await;
+    }
+}
+
+/// After the migration, the guide's next step: node by node (half of them, at random, 0-1.5 s
+/// apart, mid-rollout), `api = "v3"` in the configuration and rebootd restarted. A node the
+/// lab has down (a simulated reboot) is left on `api = "v2"`, which follows to v3 by itself.
+async fn switch_to_v3(rng: &mut Rng, nodes: &[Arc<ChaosNode>], shared: &Shared) {
+    for n in nodes {
+        if !rng.chance(50) {
+            continue;
+        }
+        tokio::time::sleep(rng.ms(0, 1500)).await;
+        if shared.stopped() {
+            return;
+        }
+        let mut node = n.node.lock().await;
+        if n.down.load(Ordering::SeqCst) {
+            continue;
+        }
+        let Some(file) = node.config_files().pop() else {
+            continue;
+        };
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        let v3 = text.replace("api = \"v2\"", "api = \"v3\"");
+        if v3 == text || std::fs::write(&file, v3).is_err() {
+            shared.problem(format!(
+                "{}: cannot switch {} to api = v3",
+                n.name,
+                file.display()
+            ));
+            continue;
+        }
+        node.kill_daemon().await;
+        if let Err(e) = node.start_daemon() {
+            shared.problem(format!("{}: restart rebootd on v3: {e}", n.name));
+        }
+        shared.stats(|s| *s.mixed.entry("switched to v3".into()).or_default() += 1);
     }
 }
 
