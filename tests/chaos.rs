@@ -402,6 +402,45 @@ async fn chaos_smoke_through_the_real_airlock() {
     eprintln!("airlock smoke: {:.0}s", started.elapsed().as_secs_f64());
 }
 
+/// The mixed fleet's and the migration's smoke trials, side by side.
+const MIXED_SEEDS_FROM: u64 = 99_000;
+
+/// CI-sized chaos on a mixed fleet (`--mixed 2`, `--backend etcd-v2`): 3 rebootd nodes and 2
+/// real locksmithd nodes (built by `../shared/peers/build.sh`) on one v2 semaphore, locksmithd
+/// and rebootd killed, etcd stopped and frozen; beside it the same fleet with `rebootctl
+/// migrate` mid-rollout (`--migrate`), the checker watching the v2 and the v3 document. Never
+/// more than max holders or nodes down across both kinds, every node rebooted once, never two
+/// live semaphores. The long runs are in RELIABILITY.md ("Mixed fleets").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_smoke_with_locksmithd_nodes_and_a_migration_mid_rollout() {
+    let seed = env_u64("REBOOTD_CHAOS_SEED", 1) + MIXED_SEEDS_FROM;
+    let opts = |seed, migrate| ChaosOptions {
+        trials: 1,
+        seed,
+        backend: Backend::EtcdV2,
+        actions: 6,
+        mixed: 2,
+        migrate,
+        trial_timeout: Duration::from_secs(240),
+        ..ChaosOptions::new(env!("CARGO_BIN_EXE_rebootd"))
+    };
+    let started = Instant::now();
+    let (mixed, migrate) = (opts(seed, false), opts(seed + 1, true));
+    let stop = Stop::new();
+    let (a, b) = tokio::join!(
+        chaos::run(&mixed, &stop, |_| {}),
+        chaos::run(&migrate, &stop, |_| {})
+    );
+    let t = one_ok("mixed fleet", &mixed, a);
+    let count = |t: &chaos::TrialReport, k: &str| t.stats.mixed.get(k).copied().unwrap_or(0);
+    assert_eq!(count(&t, "locksmithd reboots"), 2, "{}", t.stats);
+    assert!(count(&t, "locksmithd kills") > 0, "{}", t.stats);
+    let t = one_ok("mixed fleet, rebootctl migrate", &migrate, b);
+    assert_eq!(count(&t, "locksmithd reboots"), 2, "{}", t.stats);
+    assert_eq!(count(&t, "migrated mid-rollout"), 1, "{}", t.stats);
+    eprintln!("mixed smoke: {:.0}s", started.elapsed().as_secs_f64());
+}
+
 /// A trial's `max_hold` must be one rebootd accepts.
 #[test]
 fn a_max_hold_shorter_than_drain_reboot_and_ready_is_refused_before_any_trial() {
