@@ -343,8 +343,9 @@ const GATE_SEEDS_FROM: u64 = 97_000;
 
 /// CI-sized chaos with a flapping gate (`--gates`): every node asks a command gate (1 s
 /// time-out) before the slot, the cordon and the reboot, whose answer the lab flips between
-/// go, wait and hang (past the time-out), beside the usual kills, etcd and API faults. No node
-/// may reboot unless its last gate run before the call said go in time. The long runs are in
+/// go, wait and hang (past the time-out), and a Prometheus alert gate on the real Prometheus
+/// whose alert the lab makes fire and resolve, beside the usual kills, etcd and API faults. No
+/// node may reboot unless its last run of each gate before the call said go in time. The long runs are in
 /// RELIABILITY.md ("Gates").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_smoke_with_a_flapping_gate() {
@@ -365,6 +366,14 @@ async fn chaos_smoke_with_a_flapping_gate() {
         "too few gate runs: {}",
         t.stats
     );
+    // The Prometheus alert gate was asked, and the alert fired.
+    let count = |k: &str| t.stats.gates.get(k).copied().unwrap_or(0);
+    assert!(
+        count("alert queries") as usize >= opts.nodes,
+        "too few alert queries: {}",
+        t.stats
+    );
+    assert!(count("alert set firing") > 0, "{}", t.stats);
     eprintln!("gate smoke: {:.0}s", started.elapsed().as_secs_f64());
 }
 

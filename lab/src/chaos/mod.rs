@@ -21,6 +21,7 @@
 //! and the API stand-in) rather than [`crate::fleet::Fleet`], because it needs the reboot to be
 //! delayed and rebootd to be killed while a reboot is pending.
 
+mod alert_gate;
 pub mod check;
 mod cli;
 pub mod cutoff;

@@ -10,8 +10,8 @@ use super::check::{
 use super::members::{self, EtcdAt};
 use super::two_docs::{self, Api, DocSeen};
 use super::{
-    cutoff, disrupt, gates, inject, mixed, operator, report, store, watch, windows, workload,
-    Backend, ChaosOptions, Rng, Stats, Stop, TrialReport,
+    alert_gate, cutoff, disrupt, gates, inject, mixed, operator, report, store, watch, windows,
+    workload, Backend, ChaosOptions, Rng, Stats, Stop, TrialReport,
 };
 use crate::cut_proxy::CutProxy;
 use crate::etcd::EtcdServer;
@@ -479,6 +479,15 @@ async fn run_trial(
     } else {
         None
     };
+    // And the flapping Prometheus alert (`--gates`).
+    let alert_gate = if opts.gates {
+        let started = shared.started;
+        Some(Arc::new(
+            or_stop(stop, alert_gate::AlertGate::start(started)).await??,
+        ))
+    } else {
+        None
+    };
     let proxy_url = rig.proxy.as_ref().map(|p| p.url());
     let config_for = |i: usize| -> String {
         let via = proxy_url.as_deref().filter(|_| cut_node == Some(i));
@@ -496,6 +505,9 @@ async fn run_trial(
         }
         if let Some(g) = &gate_script {
             config.push_str(&gates::toml(g, &names[i]));
+        }
+        if let Some(a) = &alert_gate {
+            config.push_str(&a.toml(&names[i]));
         }
         config
     };
@@ -718,11 +730,16 @@ async fn run_trial(
         ))
     });
     let flapping = opts.gates.then(|| {
-        tokio::spawn(gates::flap(
-            Rng::fork(seed, 12),
-            gate_dir.clone(),
-            shared.clone(),
-        ))
+        let (dir, sh, alert) = (gate_dir.clone(), shared.clone(), alert_gate.clone());
+        tokio::spawn(async move {
+            let command = gates::flap(Rng::fork(seed, 12), dir, sh.clone());
+            match alert {
+                Some(a) => {
+                    tokio::join!(command, a.flap(Rng::fork(seed, 14), sh));
+                }
+                None => command.await,
+            }
+        })
     });
     let injection = opts.inject.map(|v| {
         tokio::spawn(inject::run(
@@ -931,8 +948,18 @@ async fn run_trial(
         });
         (runs, gates::TIMEOUT)
     });
+    let alert_runs = alert_gate.as_ref().map(|a| {
+        let runs = a.runs();
+        let firing = runs.iter().filter(|r| r.answer == "firing").count() as u32;
+        shared.stats(|s| {
+            *s.gates.entry("alert queries".into()).or_default() += runs.len() as u32;
+            *s.gates.entry("alert said firing".into()).or_default() += firing;
+        });
+        (runs, alert_gate::TIMEOUT)
+    });
     let observed = Observed {
         gate_runs,
+        alert_runs,
         max: opts.max,
         store: lock(&shared.store).clone(),
         windows: window_spans,
