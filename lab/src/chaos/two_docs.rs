@@ -111,8 +111,7 @@ pub fn violations(seen: &[DocSeen], end: &DocsEnd) -> Vec<String> {
     if let Some(c) = closed {
         let last_v2 = seen
             .iter()
-            .filter(|d| d.at <= c && d.open_v2())
-            .next_back()
+            .rfind(|d| d.at <= c && d.open_v2())
             .and_then(|d| d.holders.clone());
         // The v3 document as created last (first version, or one after a removal).
         let mut copy = None;
