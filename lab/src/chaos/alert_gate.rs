@@ -114,6 +114,17 @@ impl AlertGate {
         lock(&self.runs).clone()
     }
 
+    /// [`AlertGate::runs`] at the end of a trial (with the time-out), counted in the stats.
+    pub fn observe(&self, shared: &Shared) -> (Vec<GateRun>, Duration) {
+        let runs = self.runs();
+        let firing = runs.iter().filter(|r| r.answer == "firing").count() as u32;
+        shared.stats(|s| {
+            *s.gates.entry("alert queries".into()).or_default() += runs.len() as u32;
+            *s.gates.entry("alert said firing".into()).or_default() += firing;
+        });
+        (runs, TIMEOUT)
+    }
+
     /// Flip the gauge until the chaos stops (1 on 40 % of the flips), then 0.
     pub async fn flap(&self, mut rng: Rng, shared: Arc<Shared>) {
         while !shared.stopped() {

@@ -22,13 +22,14 @@
 use super::check::{Down, SemaphoreEnd};
 use super::trial::{ChaosNode, Shared};
 use super::two_docs::{DocsEnd, MOVED_HOLDER};
-use super::Rng;
+use super::{ChaosOptions, Rng};
 use crate::locksmith::{LocksmithEtcd, LocksmithNode};
 use rebootd::lock::document::{semaphore_key, SemaphoreDoc};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::task::JoinHandle;
 
 /// A locksmithd node as the chaos sees it.
 pub(super) struct LsNode {
@@ -68,6 +69,59 @@ pub(super) async fn start(count: usize, endpoint: &str) -> Result<Vec<Arc<LsNode
     Ok(out)
 }
 
+/// The simulated reboots of every locksmithd node, one task each.
+pub(super) fn simulated_reboots(
+    opts: &ChaosOptions,
+    seed: u64,
+    nodes: &[Arc<LsNode>],
+    shared: &Arc<Shared>,
+) -> Vec<JoinHandle<()>> {
+    nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            tokio::spawn(reboots(
+                n.clone(),
+                shared.clone(),
+                Rng::fork(seed, 400 + i as u64),
+                opts.reboot_time,
+            ))
+        })
+        .collect()
+}
+
+/// The chaos of a mixed fleet (locksmithd killed) and the migration (`--migrate`, with the
+/// `late` rebootd nodes), as tasks that end once the chaos stops.
+pub(super) fn chaos(
+    opts: &ChaosOptions,
+    seed: u64,
+    nodes: &[Arc<ChaosNode>],
+    late: &[Arc<ChaosNode>],
+    locksmiths: &[Arc<LsNode>],
+    shared: &Arc<Shared>,
+) -> Vec<JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    if !locksmiths.is_empty() {
+        tasks.push(tokio::spawn(kills(
+            Rng::fork(seed, 20),
+            opts.actions,
+            locksmiths.to_vec(),
+            shared.clone(),
+        )));
+    }
+    if opts.migrate {
+        tasks.push(tokio::spawn(migrate(
+            Rng::fork(seed, 21),
+            opts.rebootd.with_file_name("rebootctl"),
+            nodes.to_vec(),
+            late.to_vec(),
+            locksmiths.to_vec(),
+            shared.clone(),
+        )));
+    }
+    tasks
+}
+
 /// Whether a locksmithd node is through: rebooted, and not a holder in the last set the
 /// outside watcher saw (it gives its slot back about 5 s after its boot).
 pub(super) fn done(n: &LsNode, shared: &Shared) -> bool {
@@ -95,12 +149,7 @@ pub(super) async fn trigger(nodes: &[Arc<LsNode>]) -> Result<(), String> {
 /// The simulated reboots of a locksmithd node: on its reboot call, maybe a short delay (logind
 /// stopping services), then down (locksmithd killed, update_engine idle) for `reboot_time`,
 /// then locksmithd started again.
-pub(super) async fn reboots(
-    n: Arc<LsNode>,
-    shared: Arc<Shared>,
-    mut rng: Rng,
-    reboot_time: Duration,
-) {
+async fn reboots(n: Arc<LsNode>, shared: Arc<Shared>, mut rng: Rng, reboot_time: Duration) {
     use tokio::sync::broadcast::error::RecvError;
     let mut calls = n.node.lock().await.logind.subscribe();
     loop {
@@ -147,12 +196,7 @@ pub(super) async fn reboots(
 
 /// Kill locksmithd at random moments (up to `actions` times, 0.3-3 s apart) and start it
 /// again 0-1 s later, but never between its reboot call and the reboot.
-pub(super) async fn kills(
-    mut rng: Rng,
-    actions: usize,
-    nodes: Vec<Arc<LsNode>>,
-    shared: Arc<Shared>,
-) {
+async fn kills(mut rng: Rng, actions: usize, nodes: Vec<Arc<LsNode>>, shared: Arc<Shared>) {
     for _ in 0..actions {
         tokio::time::sleep(rng.ms(300, 3000)).await;
         if shared.stopped() {
@@ -175,7 +219,7 @@ pub(super) async fn kills(
 
 /// `--migrate`: once every locksmithd node is through, trigger the `late` rebootd nodes, wait
 /// 0-2 s, and run `rebootctl migrate` on a random rebootd node until it succeeds.
-pub(super) async fn migrate(
+async fn migrate(
     mut rng: Rng,
     rebootctl: PathBuf,
     nodes: Vec<Arc<ChaosNode>>,

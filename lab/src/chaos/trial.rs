@@ -584,14 +584,12 @@ async fn run_trial(
     if opts.mixed > 0 {
         let ep = etcd_endpoint.as_deref().unwrap_or_default();
         rig.locksmiths = or_stop(stop, mixed::start(opts.mixed, ep)).await??;
-        for (i, n) in rig.locksmiths.iter().enumerate() {
-            rig.tasks.push(tokio::spawn(mixed::reboots(
-                n.clone(),
-                shared.clone(),
-                Rng::fork(seed, 400 + i as u64),
-                opts.reboot_time,
-            )));
-        }
+        rig.tasks.extend(mixed::simulated_reboots(
+            opts,
+            seed,
+            &rig.locksmiths,
+            shared,
+        ));
     }
     let ids: Vec<(String, String)> = rig
         .nodes
@@ -656,25 +654,7 @@ async fn run_trial(
             .await
             .map_err(|e| format!("update_engine: {e}"))?;
     }
-    let mut mixed_chaos = Vec::new();
-    if !rig.locksmiths.is_empty() {
-        mixed_chaos.push(tokio::spawn(mixed::kills(
-            Rng::fork(seed, 20),
-            opts.actions,
-            rig.locksmiths.clone(),
-            shared.clone(),
-        )));
-    }
-    if opts.migrate {
-        mixed_chaos.push(tokio::spawn(mixed::migrate(
-            Rng::fork(seed, 21),
-            opts.rebootd.with_file_name("rebootctl"),
-            rig.nodes.clone(),
-            later.to_vec(),
-            rig.locksmiths.clone(),
-            shared.clone(),
-        )));
-    }
+    let mixed_chaos = mixed::chaos(opts, seed, &rig.nodes, later, &rig.locksmiths, shared);
     let chaos = tokio::spawn(disrupt::chaos_loop(
         Rng::fork(rng.next_u64(), 1),
         opts.actions,
@@ -934,29 +914,10 @@ async fn run_trial(
                 .map(|p| (n.clone(), windows::spans(p, shared.started_wall)))
         })
         .collect();
-    let gate_runs = opts.gates.then(|| {
-        let runs = gates::runs(&gate_dir, shared.started_wall);
-        for n in &rig.nodes {
-            let log = std::fs::read_to_string(&n.log_path).unwrap_or_default();
-            let said_wait = log.matches("waiting for gate").count() as u32;
-            shared.stats(|s| *s.gates.entry("said wait".into()).or_default() += said_wait);
-        }
-        let hung = runs.iter().filter(|r| r.end.is_none()).count() as u32;
-        shared.stats(|s| {
-            *s.gates.entry("runs".into()).or_default() += runs.len() as u32;
-            *s.gates.entry("runs killed".into()).or_default() += hung;
-        });
-        (runs, gates::TIMEOUT)
-    });
-    let alert_runs = alert_gate.as_ref().map(|a| {
-        let runs = a.runs();
-        let firing = runs.iter().filter(|r| r.answer == "firing").count() as u32;
-        shared.stats(|s| {
-            *s.gates.entry("alert queries".into()).or_default() += runs.len() as u32;
-            *s.gates.entry("alert said firing".into()).or_default() += firing;
-        });
-        (runs, alert_gate::TIMEOUT)
-    });
+    let gate_runs = opts
+        .gates
+        .then(|| gates::observe(&gate_dir, &rig.nodes, shared));
+    let alert_runs = alert_gate.as_ref().map(|a| a.observe(shared));
     let observed = Observed {
         gate_runs,
         alert_runs,
