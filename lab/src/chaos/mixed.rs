@@ -90,6 +90,44 @@ pub(super) fn simulated_reboots(
         .collect()
 }
 
+/// What systemd does for locksmithd (`Restart=on-failure`, `RestartSec=10s` in its unit): one
+/// that exits with a failure (it does when it cannot reach etcd at the start of its reboot
+/// attempt: "Failed to set up lock") is started again 10 s later. One task per node.
+pub(super) fn supervise(nodes: &[Arc<LsNode>], shared: &Arc<Shared>) -> Vec<JoinHandle<()>> {
+    nodes
+        .iter()
+        .map(|n| {
+            let (n, shared) = (n.clone(), shared.clone());
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_millis(200));
+                loop {
+                    tick.tick().await;
+                    let failed =
+                        matches!(n.node.lock().await.daemon_exit(), Some(c) if c != Some(0));
+                    if !failed {
+                        continue;
+                    }
+                    shared.stats(|s| {
+                        *s.mixed
+                            .entry("locksmithd failed, restarted (systemd)".into())
+                            .or_default() += 1
+                    });
+                    tokio::time::sleep(RESTART_SEC).await;
+                    let mut node = n.node.lock().await;
+                    if node.daemon_exit().is_some() {
+                        if let Err(e) = node.start_daemon() {
+                            shared.problem(format!("{}: restart locksmithd: {e}", n.name));
+                        }
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+/// locksmithd's unit's `RestartSec`.
+const RESTART_SEC: Duration = Duration::from_secs(10);
+
 /// The chaos of a mixed fleet (locksmithd killed) and the migration (`--migrate`, with the
 /// `late` rebootd nodes), as tasks that end once the chaos stops.
 pub(super) fn chaos(

@@ -590,6 +590,7 @@ async fn run_trial(
             &rig.locksmiths,
             shared,
         ));
+        rig.tasks.extend(mixed::supervise(&rig.locksmiths, shared));
     }
     let ids: Vec<(String, String)> = rig
         .nodes
