@@ -14,7 +14,7 @@
 //!
 //! `--migrate`: some rebootd nodes get their update only once every locksmithd node has rebooted
 //! and given its slot back (the migration guide's order: no locksmithd holding); then, while
-//! those are in their cycle, the operator runs `rebootctl migrate` on a rebootd node until it
+//! those are in their cycle (0-0.5 s after their update), the operator runs `rebootctl migrate` on a rebootd node until it
 //! succeeds (refusals and failures with etcd down are counted), then switches half of the
 //! rebootd nodes, at random, to `api = "v3"` and restarts them (the others follow to v3 on
 //! `api = "v2"`). The checker watches the v2 and the v3 document ([`super::two_docs`]).
@@ -256,7 +256,8 @@ async fn kills(mut rng: Rng, actions: usize, nodes: Vec<Arc<LsNode>>, shared: Ar
 }
 
 /// `--migrate`: once every locksmithd node is through, trigger the `late` rebootd nodes, wait
-/// 0-2 s, and run `rebootctl migrate` on a random rebootd node until it succeeds.
+/// 0-0.5 s, and run `rebootctl migrate` on a random rebootd node until it succeeds (the rollout
+/// is complete only then: [`Shared::migrated`]).
 async fn migrate(
     mut rng: Rng,
     rebootctl: PathBuf,
@@ -282,7 +283,8 @@ async fn migrate(
             shared.problem(format!("{}: update_engine: {e}", n.name));
         }
     }
-    tokio::time::sleep(rng.ms(0, 2000)).await;
+    // Soon, so that it lands while they are in their cycle (one can take less than a second).
+    tokio::time::sleep(rng.ms(0, 500)).await;
     while !shared.stopped() {
         let n = rng.pick(&nodes).clone();
         let cmd = n
@@ -311,6 +313,7 @@ async fn migrate(
                     "migrated after the rollout"
                 };
                 shared.stats(|s| *s.mixed.entry(key.into()).or_default() += 1);
+                shared.migrated.store(true, Ordering::SeqCst);
                 switch_to_v3(&mut rng, &nodes, &shared).await;
                 return;
             }

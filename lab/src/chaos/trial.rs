@@ -72,6 +72,8 @@ pub(super) struct Shared {
     /// timeline is then their union.
     pub docs: Mutex<Vec<DocSeen>>,
     pub two_docs: AtomicBool,
+    /// `rebootctl migrate` succeeded (`--migrate`: the rollout is not complete before).
+    pub migrated: AtomicBool,
     /// The rollout is over (or the trial is being torn down): the chaos stops.
     pub stop: AtomicBool,
 }
@@ -98,6 +100,7 @@ impl Shared {
             store: Mutex::new(Vec::new()),
             docs: Mutex::new(Vec::new()),
             two_docs: AtomicBool::new(false),
+            migrated: AtomicBool::new(false),
             stop: AtomicBool::new(false),
         }
     }
@@ -754,7 +757,8 @@ async fn run_trial(
                 .ok()
                 .flatten()
                 .is_some_and(|s| check::done(&s))
-        }) && rig.locksmiths.iter().all(|n| mixed::done(n, shared));
+        }) && rig.locksmiths.iter().all(|n| mixed::done(n, shared))
+            && (!opts.migrate || shared.migrated.load(Ordering::SeqCst));
         if all_done {
             break;
         }
