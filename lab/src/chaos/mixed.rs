@@ -466,3 +466,42 @@ async fn read_v2(endpoint: &str) -> (bool, Result<SemaphoreDoc, String>) {
     }
     (true, Err(format!("v2: {last}")))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The harness finding of seed 4310014: a locksmithd that cannot reach etcd when its reboot
+    /// attempt starts exits ("Failed to set up lock"); the lab starts it again, as systemd does.
+    #[tokio::test]
+    async fn a_locksmithd_that_exits_with_a_failure_is_started_again() {
+        let dead = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port");
+        let nodes = start(1, &format!("http://{dead}"))
+            .await
+            .expect("locksmithd");
+        let shared = Arc::new(Shared::new());
+        let tasks = supervise(&nodes, &shared);
+        trigger(&nodes).await.expect("trigger");
+        let started_again = tokio::time::timeout(RESTART_SEC * 3, async {
+            while nodes[0].node.lock().await.boots() < 2 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await;
+        for t in tasks {
+            t.abort();
+        }
+        let log = nodes[0].node.lock().await.log();
+        nodes[0].node.lock().await.kill_daemon().await;
+        assert!(started_again.is_ok(), "not started again:\n{log}");
+        assert!(log.contains("Failed to set up lock"), "{log}");
+        let stats = super::super::trial::lock(&shared.stats).clone();
+        assert_eq!(
+            stats.mixed.get("locksmithd failed, restarted (systemd)"),
+            Some(&1),
+            "{stats}"
+        );
+    }
+}

@@ -83,7 +83,7 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Shared {
-    fn new() -> Shared {
+    pub(super) fn new() -> Shared {
         Shared {
             started: Instant::now(),
             started_wall: jiff::Timestamp::now(),
