@@ -870,46 +870,14 @@ async fn run_trial(
         s.evictions_refused = refused;
         s.reclaims = reclaims;
     });
-    // What the node cut off did at its fences.
     if let Some(i) = cut_node {
-        let log = std::fs::read_to_string(&rig.nodes[i].log_path).unwrap_or_default();
-        let fenced = log
-            .matches("this node no longer holds its slot; backing out")
-            .count() as u32;
-        shared.stats(|s| s.fenced = fenced);
+        cutoff::count_fenced(&rig.nodes[i], shared);
     }
-    // The skewed node's own records show its clock off (else libfaketime did not take).
     if let Some((i, by, _)) = &skew {
-        let n = &rig.nodes[*i];
-        match n.store.load() {
-            Ok(Some(st))
-                if cutoff::shows_skew(st.since, jiff::Timestamp::now(), cutoff::skew_of(by)) => {}
-            Ok(Some(st)) => shared.problem(format!(
-                "{}: its clock should be {by} off, but its state says since {}",
-                n.name, st.since
-            )),
-            _ => {}
-        }
+        cutoff::check_skew(&rig.nodes[*i], by, shared);
     }
-    // What the windows did, as the nodes' logs say.
     if opts.windows {
-        for n in &rig.nodes {
-            let log = std::fs::read_to_string(&n.log_path).unwrap_or_default();
-            let left = log
-                .matches("while waiting for a slot; leaving the queue")
-                .count() as u32;
-            let backed = log
-                .matches("the maintenance window closed before the reboot; backing out")
-                .count() as u32;
-            let waited = log
-                .matches("outside the maintenance window; next opens")
-                .count() as u32;
-            shared.stats(|s| {
-                *s.windows.entry("left the queue".into()).or_default() += left;
-                *s.windows.entry("backed out".into()).or_default() += backed;
-                *s.windows.entry("waited for one".into()).or_default() += waited;
-            });
-        }
+        windows::observe(&rig.nodes, shared);
     }
     let window_spans = names
         .iter()
