@@ -444,9 +444,16 @@ async fn chaos_smoke_with_locksmithd_nodes_and_a_migration_mid_rollout() {
     let count = |t: &chaos::TrialReport, k: &str| t.stats.mixed.get(k).copied().unwrap_or(0);
     assert_eq!(count(&t, "locksmithd reboots"), 2, "{}", t.stats);
     assert!(count(&t, "locksmithd kills") > 0, "{}", t.stats);
-    let t = one_ok("mixed fleet, rebootctl migrate", &migrate, b);
-    assert_eq!(count(&t, "locksmithd reboots"), 2, "{}", t.stats);
-    assert_eq!(count(&t, "migrated mid-rollout"), 1, "{}", t.stats);
+    let u = one_ok("mixed fleet, rebootctl migrate", &migrate, b);
+    assert_eq!(count(&u, "locksmithd reboots"), 2, "{}", u.stats);
+    assert_eq!(count(&u, "migrated mid-rollout"), 1, "{}", u.stats);
+    let etcd_faults = |t: &chaos::TrialReport| t.stats.etcd_stops + t.stats.etcd_pauses;
+    assert!(
+        etcd_faults(&t) + etcd_faults(&u) > 0,
+        "etcd was neither stopped nor frozen: {}; {}",
+        t.stats,
+        u.stats
+    );
     eprintln!("mixed smoke: {:.0}s", started.elapsed().as_secs_f64());
 }
 
