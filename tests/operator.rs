@@ -407,7 +407,26 @@ async fn a_request_made_mid_cycle_is_consumed_by_that_cycle() {
 #[tokio::test]
 async fn unlock_of_a_holder_whose_reboot_is_on_its_way_is_refused_without_force() {
     let (_etcd, config) = etcd_lock().await;
-    let node = node("unlock16", &config).await;
+    unlock_refused_while_rebooting("unlock16", &config).await;
+}
+
+/// The same on etcd's v2 keys API (locksmith's document, rebootd's records beside it).
+#[tokio::test]
+async fn unlock_of_a_holder_whose_reboot_is_on_its_way_is_refused_without_force_on_v2() {
+    let v = *EtcdVersion::available()
+        .iter()
+        .find(|v| v.has_v2_api())
+        .expect("an etcd with the v2 API (3.4 or 3.5)");
+    let etcd = rebootd_lab::etcd::EtcdServer::start_with(v, rebootd_lab::etcd::EtcdOptions::v2())
+        .await
+        .expect("etcd");
+    let config = etcd_config(&etcd).replace("[lock.etcd]\n", "[lock.etcd]\napi = \"v2\"\n");
+    assert!(config.contains("api = \"v2\""), "{config}");
+    unlock_refused_while_rebooting("unlock16v2", &config).await;
+}
+
+async fn unlock_refused_while_rebooting(name: &str, config: &str) {
+    let node = node(name, config).await;
     node.wait_ready(WAIT).await.unwrap();
     let mut reboots = node.logind.subscribe();
     let (code, _, err) = rebootctl(&node, &["reboot"]).await;
@@ -419,7 +438,7 @@ async fn unlock_of_a_holder_whose_reboot_is_on_its_way_is_refused_without_force(
     for args in [&["unlock"][..], &["unlock", node.machine_id.as_str()][..]] {
         let (code, out, err) = rebootctl(&node, args).await;
         assert_eq!(code, 1, "{args:?} must be refused: {out}{err}");
-        for words in ["unlock16", "rebooting", "since", "--force"] {
+        for words in [name, "rebooting", "since", "--force"] {
             assert!(
                 err.contains(words),
                 "{args:?}: {err:?} should say {words:?}"
