@@ -148,27 +148,6 @@ pub(super) fn shows_skew(
     off.abs() < jiff::SignedDuration::from_mins(30)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn skews_parse_and_a_skewed_time_is_told_from_a_true_one() {
-        assert_eq!(skew_of("+3h"), jiff::SignedDuration::from_hours(3));
-        assert_eq!(skew_of("-5h"), jiff::SignedDuration::from_hours(-5));
-        let now = jiff::Timestamp::now();
-        let three = jiff::SignedDuration::from_hours(3);
-        assert!(shows_skew(now + three, now, three));
-        assert!(!shows_skew(now, now, three));
-        let minus = skew_of("-9h");
-        assert!(shows_skew(
-            now - jiff::SignedDuration::from_hours(9),
-            now,
-            minus
-        ));
-    }
-}
-
 /// What the node cut off did at its fences, as its log says (`fenced` in the stats).
 pub(super) fn count_fenced(n: &ChaosNode, shared: &Shared) {
     let log = std::fs::read_to_string(&n.log_path).unwrap_or_default();
@@ -188,5 +167,26 @@ pub(super) fn check_skew(n: &ChaosNode, by: &str, shared: &Shared) {
             n.name, st.since
         )),
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skews_parse_and_a_skewed_time_is_told_from_a_true_one() {
+        assert_eq!(skew_of("+3h"), jiff::SignedDuration::from_hours(3));
+        assert_eq!(skew_of("-5h"), jiff::SignedDuration::from_hours(-5));
+        let now = jiff::Timestamp::now();
+        let three = jiff::SignedDuration::from_hours(3);
+        assert!(shows_skew(now + three, now, three));
+        assert!(!shows_skew(now, now, three));
+        let minus = skew_of("-9h");
+        assert!(shows_skew(
+            now - jiff::SignedDuration::from_hours(9),
+            now,
+            minus
+        ));
     }
 }
