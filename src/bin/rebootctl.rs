@@ -66,8 +66,8 @@ enum Command {
     Cancel,
     /// Release a slot of the semaphore (default: this machine's). Refused, without --force,
     /// for a holder whose record says its reboot is on its way (phase `rebooting`: logind was
-    /// asked, or is about to be): that node goes down anyway, and the slot given away lets one
-    /// more node down than max.
+    /// asked, or is about to be once inhibitors and its last checks let it): a node that
+    /// reboots goes down anyway, and the slot given away lets one more node down than max.
     Unlock {
         id: Option<String>,
         /// Release it even if its holder's reboot is on its way.
@@ -499,7 +499,9 @@ fn reboot_on_its_way(holders: &[lock::Holder], id: &str) -> Option<String> {
         .map_or("an unknown time".to_string(), |t| t.to_string());
     Some(format!(
         "refusing to unlock {node} ({id}): its reboot is on its way (phase rebooting since \
-         {since}); it goes down anyway, and its slot given to another node would put one node \
-         more than max down. Wait until it is back and gives the slot back, or use --force"
+         {since}: logind was asked, or is about to be once inhibitors and its last checks let \
+         it); a node that reboots goes down anyway, and its slot given to another node would put \
+         one node more than max down. Wait until it is back and gives the slot back, or use \
+         --force"
     ))
 }
