@@ -575,11 +575,14 @@ fn group_members(pgid: u32) -> Vec<String> {
 const NO_MEMBERS: &[&str] = &[];
 /// A 3-member etcd, every fault.
 const THREE_MEMBERS: &[&str] = &["--etcd-members", "3"];
+/// A mixed fleet: one of the 3 nodes runs the real locksmithd.
+const MIXED: &[&str] = &["--mixed", "1"];
 
 /// The checker's self-test, end to end: with max 2, the lab itself tops the semaphore up to 3
 /// holders with made-up ones (etcd v3 and v2 documents; Leases), takes a live holder's slot
 /// over (v2 document; a Lease) or cordons nodes up to 3 mid-trial (rebootd may add one more
-/// meanwhile); made-up holders on a 3-member etcd too (v3 and v2). The trial must fail with
+/// meanwhile); made-up holders on a 3-member etcd too (v3 and v2), and beside a locksmithd
+/// node (v2). The trial must fail with
 /// that violation, and print its seed, its logs directory and the command replaying it.
 #[test]
 fn a_violation_injected_by_the_lab_fails_the_trial_with_seed_and_replay() {
@@ -651,6 +654,15 @@ fn a_violation_injected_by_the_lab_fails_the_trial_with_seed_and_replay() {
             "chaos-injected-1",
             THREE_MEMBERS,
         ),
+        // Beside a locksmithd node.
+        (
+            "holder",
+            "etcd-v2",
+            39,
+            "holders at once (max 2): ",
+            "chaos-injected-1",
+            MIXED,
+        ),
     ];
     let mut children: Vec<_> = cases
         .iter()
@@ -715,10 +727,12 @@ fn a_violation_injected_by_the_lab_fails_the_trial_with_seed_and_replay() {
             .lines()
             .find(|l| l.starts_with(&replay))
             .unwrap_or_else(|| panic!("{violation}/{backend}: {replay:?} in:\n{out}"));
-        let members = if members.is_empty() {
-            String::new()
-        } else {
-            " --etcd-members 3 --faults leader,follower,partition,isolate".to_string()
+        let members = match *members {
+            [] => String::new(),
+            ["--etcd-members", ..] => {
+                " --etcd-members 3 --faults leader,follower,partition,isolate".to_string()
+            }
+            other => format!(" {}", other.join(" ")),
         };
         assert!(
             line.ends_with(&format!(
