@@ -343,8 +343,9 @@ const GATE_SEEDS_FROM: u64 = 97_000;
 
 /// CI-sized chaos with a flapping gate (`--gates`): every node asks a command gate (1 s
 /// time-out) before the slot, the cordon and the reboot, whose answer the lab flips between
-/// go, wait and hang (past the time-out), beside the usual kills, etcd and API faults. No node
-/// may reboot unless its last gate run before the call said go in time. The long runs are in
+/// go, wait and hang (past the time-out), and a Prometheus alert gate on the real Prometheus
+/// whose alert the lab makes fire and resolve, beside the usual kills, etcd and API faults. No
+/// node may reboot unless its last run of each gate before the call said go in time. The long runs are in
 /// RELIABILITY.md ("Gates").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_smoke_with_a_flapping_gate() {
@@ -365,6 +366,14 @@ async fn chaos_smoke_with_a_flapping_gate() {
         "too few gate runs: {}",
         t.stats
     );
+    // The Prometheus alert gate was asked, and the alert fired.
+    let count = |k: &str| t.stats.gates.get(k).copied().unwrap_or(0);
+    assert!(
+        count("alert queries") as usize >= opts.nodes,
+        "too few alert queries: {}",
+        t.stats
+    );
+    assert!(count("alert set firing") > 0, "{}", t.stats);
     eprintln!("gate smoke: {:.0}s", started.elapsed().as_secs_f64());
 }
 
@@ -400,6 +409,52 @@ async fn chaos_smoke_through_the_real_airlock() {
         t.stats
     );
     eprintln!("airlock smoke: {:.0}s", started.elapsed().as_secs_f64());
+}
+
+/// The mixed fleet's and the migration's smoke trials, side by side.
+const MIXED_SEEDS_FROM: u64 = 99_000;
+
+/// CI-sized chaos on a mixed fleet (`--mixed 2`, `--backend etcd-v2`): 3 rebootd nodes and 2
+/// real locksmithd nodes (built by `../shared/peers/build.sh`) on one v2 semaphore, locksmithd
+/// and rebootd killed, etcd stopped and frozen; beside it the same fleet with `rebootctl
+/// migrate` mid-rollout (`--migrate`), the checker watching the v2 and the v3 document. Never
+/// more than max holders or nodes down across both kinds, every node rebooted once, never two
+/// live semaphores. The long runs are in RELIABILITY.md ("Mixed fleets").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_smoke_with_locksmithd_nodes_and_a_migration_mid_rollout() {
+    let seed = env_u64("REBOOTD_CHAOS_SEED", 1) + MIXED_SEEDS_FROM;
+    let opts = |seed, migrate| ChaosOptions {
+        trials: 1,
+        seed,
+        backend: Backend::EtcdV2,
+        actions: 6,
+        mixed: 2,
+        migrate,
+        trial_timeout: Duration::from_secs(240),
+        ..ChaosOptions::new(env!("CARGO_BIN_EXE_rebootd"))
+    };
+    let started = Instant::now();
+    let (mixed, migrate) = (opts(seed, false), opts(seed + 1, true));
+    let stop = Stop::new();
+    let (a, b) = tokio::join!(
+        chaos::run(&mixed, &stop, |_| {}),
+        chaos::run(&migrate, &stop, |_| {})
+    );
+    let t = one_ok("mixed fleet", &mixed, a);
+    let count = |t: &chaos::TrialReport, k: &str| t.stats.mixed.get(k).copied().unwrap_or(0);
+    assert_eq!(count(&t, "locksmithd reboots"), 2, "{}", t.stats);
+    assert!(count(&t, "locksmithd kills") > 0, "{}", t.stats);
+    let u = one_ok("mixed fleet, rebootctl migrate", &migrate, b);
+    assert_eq!(count(&u, "locksmithd reboots"), 2, "{}", u.stats);
+    assert_eq!(count(&u, "migrated mid-rollout"), 1, "{}", u.stats);
+    let etcd_faults = |t: &chaos::TrialReport| t.stats.etcd_stops + t.stats.etcd_pauses;
+    assert!(
+        etcd_faults(&t) + etcd_faults(&u) > 0,
+        "etcd was neither stopped nor frozen: {}; {}",
+        t.stats,
+        u.stats
+    );
+    eprintln!("mixed smoke: {:.0}s", started.elapsed().as_secs_f64());
 }
 
 /// A trial's `max_hold` must be one rebootd accepts.
@@ -520,11 +575,14 @@ fn group_members(pgid: u32) -> Vec<String> {
 const NO_MEMBERS: &[&str] = &[];
 /// A 3-member etcd, every fault.
 const THREE_MEMBERS: &[&str] = &["--etcd-members", "3"];
+/// A mixed fleet: one of the 3 nodes runs the real locksmithd.
+const MIXED: &[&str] = &["--mixed", "1"];
 
 /// The checker's self-test, end to end: with max 2, the lab itself tops the semaphore up to 3
 /// holders with made-up ones (etcd v3 and v2 documents; Leases), takes a live holder's slot
 /// over (v2 document; a Lease) or cordons nodes up to 3 mid-trial (rebootd may add one more
-/// meanwhile); made-up holders on a 3-member etcd too (v3 and v2). The trial must fail with
+/// meanwhile); made-up holders on a 3-member etcd too (v3 and v2), and beside a locksmithd
+/// node (v2). The trial must fail with
 /// that violation, and print its seed, its logs directory and the command replaying it.
 #[test]
 fn a_violation_injected_by_the_lab_fails_the_trial_with_seed_and_replay() {
@@ -596,6 +654,15 @@ fn a_violation_injected_by_the_lab_fails_the_trial_with_seed_and_replay() {
             "chaos-injected-1",
             THREE_MEMBERS,
         ),
+        // Beside a locksmithd node.
+        (
+            "holder",
+            "etcd-v2",
+            39,
+            "holders at once (max 2): ",
+            "chaos-injected-1",
+            MIXED,
+        ),
     ];
     let mut children: Vec<_> = cases
         .iter()
@@ -660,10 +727,12 @@ fn a_violation_injected_by_the_lab_fails_the_trial_with_seed_and_replay() {
             .lines()
             .find(|l| l.starts_with(&replay))
             .unwrap_or_else(|| panic!("{violation}/{backend}: {replay:?} in:\n{out}"));
-        let members = if members.is_empty() {
-            String::new()
-        } else {
-            " --etcd-members 3 --faults leader,follower,partition,isolate".to_string()
+        let members = match *members {
+            [] => String::new(),
+            ["--etcd-members", ..] => {
+                " --etcd-members 3 --faults leader,follower,partition,isolate".to_string()
+            }
+            other => format!(" {}", other.join(" ")),
         };
         assert!(
             line.ends_with(&format!(

@@ -399,3 +399,56 @@ async fn a_request_made_mid_cycle_is_consumed_by_that_cycle() {
     assert_eq!(node.state().unwrap().phase, Phase::Idle);
     assert_eq!(node.logind.reboot_calls().len(), 1, "exactly one reboot");
 }
+
+/// Finding 16: `unlock` of a holder whose reboot is on its way (its record says `rebooting`:
+/// logind asked, or about to be) would put one node more than `max` down, so it is refused
+/// without `--force`, naming the node, its phase and since when; the slot stays held. With
+/// `--force` it goes through.
+#[tokio::test]
+async fn unlock_of_a_holder_whose_reboot_is_on_its_way_is_refused_without_force() {
+    let (_etcd, config) = etcd_lock().await;
+    unlock_refused_while_rebooting("unlock16", &config).await;
+}
+
+/// The same on etcd's v2 keys API (locksmith's document, rebootd's records beside it).
+#[tokio::test]
+async fn unlock_of_a_holder_whose_reboot_is_on_its_way_is_refused_without_force_on_v2() {
+    let v = *EtcdVersion::available()
+        .iter()
+        .find(|v| v.has_v2_api())
+        .expect("an etcd with the v2 API (3.4 or 3.5)");
+    let etcd = rebootd_lab::etcd::EtcdServer::start_with(v, rebootd_lab::etcd::EtcdOptions::v2())
+        .await
+        .expect("etcd");
+    let config = etcd_config(&etcd).replace("[lock.etcd]\n", "[lock.etcd]\napi = \"v2\"\n");
+    assert!(config.contains("api = \"v2\""), "{config}");
+    unlock_refused_while_rebooting("unlock16v2", &config).await;
+}
+
+async fn unlock_refused_while_rebooting(name: &str, config: &str) {
+    let node = node(name, config).await;
+    node.wait_ready(WAIT).await.unwrap();
+    let mut reboots = node.logind.subscribe();
+    let (code, _, err) = rebootctl(&node, &["reboot"]).await;
+    assert_eq!(code, 0, "{err}");
+    reboot_accepted(&node, &mut reboots).await;
+    let st = status_json(&node).await;
+    assert_eq!(st["semaphore"]["holders"][0]["phase"], "rebooting", "{st}");
+
+    for args in [&["unlock"][..], &["unlock", node.machine_id.as_str()][..]] {
+        let (code, out, err) = rebootctl(&node, args).await;
+        assert_eq!(code, 1, "{args:?} must be refused: {out}{err}");
+        for words in [name, "rebooting", "since", "--force"] {
+            assert!(
+                err.contains(words),
+                "{args:?}: {err:?} should say {words:?}"
+            );
+        }
+        assert_eq!(holders(&node).await, std::slice::from_ref(&node.machine_id));
+    }
+
+    let (code, out, err) = rebootctl(&node, &["unlock", "--force"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("released the slot"), "{out}");
+    assert!(holders(&node).await.is_empty());
+}

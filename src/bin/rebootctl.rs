@@ -64,8 +64,16 @@ enum Command {
     /// the slot back, undoing only the cordon rebootd made. A trigger that says so again starts
     /// a new one (use `pause` to hold reboots off).
     Cancel,
-    /// Release a slot of the semaphore (default: this machine's).
-    Unlock { id: Option<String> },
+    /// Release a slot of the semaphore (default: this machine's). Refused, without --force,
+    /// for a holder whose record says its reboot is on its way (phase `rebooting`: logind was
+    /// asked, or is about to be once inhibitors and its last checks let it): a node that
+    /// reboots goes down anyway, and the slot given away lets one more node down than max.
+    Unlock {
+        id: Option<String>,
+        /// Release it even if its holder's reboot is on its way.
+        #[arg(long)]
+        force: bool,
+    },
     /// Set the number of slots.
     SetMax {
         max: u64,
@@ -424,7 +432,7 @@ async fn run(args: Args) -> Result<(), Failure> {
             }
             request(&store, control::Request::Cancel).await
         }
-        Command::Unlock { id } => {
+        Command::Unlock { id, force } => {
             let id = match id {
                 Some(id) => id,
                 None => runtime::holder_id(&config).map_err(op)?,
@@ -438,6 +446,12 @@ async fn run(args: Args) -> Result<(), Failure> {
                 sem.release(&me).await.map_err(op)?;
             } else {
                 let admin = lock::open::open_admin(&config).await.map_err(op)?;
+                if !force {
+                    let status = admin.status().await.map_err(op)?;
+                    if let Some(why) = reboot_on_its_way(&status.holders, &id) {
+                        return Err(op(why));
+                    }
+                }
                 admin.unlock(&id).await.map_err(op)?;
             }
             println!("released the slot of {id} (if it held one)");
@@ -472,4 +486,27 @@ async fn run(args: Args) -> Result<(), Failure> {
         }
         Command::Import { .. } => Ok(()),
     }
+}
+
+/// Why `unlock` of `id` is refused without `--force`: its holder's record says its reboot is on
+/// its way (phase `rebooting`: rebootd proved its slot and asked logind, or is about to). The
+/// node goes down whatever the document says; giving its slot away lets another node down
+/// beside it, one more than `max` (RELIABILITY.md, finding 16). The record is read just before
+/// the unlock: a holder that reaches `rebooting` in between is not caught.
+fn reboot_on_its_way(holders: &[lock::Holder], id: &str) -> Option<String> {
+    let h = holders.iter().find(|h| h.id == id)?;
+    if h.phase.as_deref() != Some(rebootd::state::Phase::Rebooting.as_str()) {
+        return None;
+    }
+    let node = h.node.as_deref().unwrap_or(id);
+    let since = h
+        .since
+        .map_or("an unknown time".to_string(), |t| t.to_string());
+    Some(format!(
+        "refusing to unlock {node} ({id}): its reboot is on its way (phase rebooting since \
+         {since}: logind was asked, or is about to be once inhibitors and its last checks let \
+         it); a node that reboots goes down anyway, and its slot given to another node would put \
+         one node more than max down. Wait until it is back and gives the slot back, or use \
+         --force"
+    ))
 }

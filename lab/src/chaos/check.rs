@@ -3,6 +3,7 @@
 //! reads it makes at the end; the tests below fill it with synthetic histories that break each
 //! invariant, to show that [`violations`] reports every one.
 
+use super::two_docs::{self, DocSeen, DocsEnd};
 use rebootd::lock::document::SemaphoreDoc;
 use rebootd::state::{Phase, State};
 use std::collections::{BTreeMap, BTreeSet};
@@ -104,6 +105,12 @@ pub struct Observed {
     pub windows: BTreeMap<String, Vec<(Duration, Duration)>>,
     /// Every run of the nodes' flapping gate (`--gates`), with its time-out; `None`: no gate.
     pub gate_runs: Option<(Vec<GateRun>, Duration)>,
+    /// Every query of the nodes' Prometheus alert gate (`--gates`), as gate runs (exit 0: no
+    /// firing alert), with its time-out; `None`: no alert gate.
+    pub alert_runs: Option<(Vec<GateRun>, Duration)>,
+    /// With `rebootctl migrate` mid-rollout (`--migrate`): the v2 and the v3 document as their
+    /// watchers saw them, and as read at the end ([`super::two_docs`]).
+    pub docs: Option<(Vec<DocSeen>, DocsEnd)>,
 }
 
 /// One run of a node's gate command: when it started, the answer it read, and when it ended
@@ -125,9 +132,29 @@ pub const GATE_SLACK: Duration = Duration::from_millis(500);
 /// must have ended before the call, with exit 0 (`go`), within the gate's time-out (a run past
 /// it is killed and says wait). None at all is a reboot that never asked its gate.
 pub fn gate_violations(o: &Observed) -> Vec<String> {
-    let Some((runs, timeout)) = &o.gate_runs else {
-        return Vec::new();
-    };
+    let mut v = Vec::new();
+    if let Some((runs, timeout)) = &o.gate_runs {
+        v.extend(passed_wait(o, runs, *timeout, ("a gate", "gate")));
+    }
+    if let Some((runs, timeout)) = &o.alert_runs {
+        v.extend(passed_wait(
+            o,
+            runs,
+            *timeout,
+            ("the alert gate", "alert gate"),
+        ));
+    }
+    v
+}
+
+/// [`gate_violations`] for one gate's runs (`what`: how the messages name it).
+fn passed_wait(
+    o: &Observed,
+    runs: &[GateRun],
+    timeout: Duration,
+    (a, what): (&str, &str),
+) -> Vec<String> {
+    let timeout = &timeout;
     let mut v = Vec::new();
     let secs = |d: Duration| format!("{:.2}s", d.as_secs_f64());
     for (n, call, down) in first_calls(o) {
@@ -144,7 +171,7 @@ pub fn gate_violations(o: &Observed) -> Vec<String> {
             .max_by_key(|r| r.start);
         let Some(r) = last else {
             v.push(format!(
-                "{n} asked logind to reboot at {} without asking its gate",
+                "{n} asked logind to reboot at {} without asking its {what}",
                 secs(call)
             ));
             continue;
@@ -163,7 +190,7 @@ pub fn gate_violations(o: &Observed) -> Vec<String> {
         };
         if let Some(why) = why {
             v.push(format!(
-                "{n} asked logind to reboot at {} past a gate that said wait: its last gate run, at {} (answer {}), {why}",
+                "{n} asked logind to reboot at {} past {a} that said wait: its last {what} run, at {} (answer {}), {why}",
                 secs(call),
                 secs(r.start),
                 r.answer
@@ -699,6 +726,9 @@ pub fn violations(o: &Observed) -> Vec<String> {
         operator_violations(o, ops, &mut v);
     }
     v.extend(gate_violations(o));
+    if let Some((seen, end)) = &o.docs {
+        v.extend(two_docs::violations(seen, end));
+    }
     for (n, call, how) in outside_windows(o) {
         v.push(format!(
             "{n} asked logind to reboot at {:.2}s outside its maintenance windows ({how})",
@@ -897,7 +927,109 @@ mod tests {
             store: Vec::new(),
             windows: BTreeMap::new(),
             gate_runs: None,
+            alert_runs: None,
+            docs: None,
         }
+    }
+
+    /// [`clean`] with node c a locksmithd node: no state file, its reboot seen only through
+    /// its holder in the document and its call to logind.
+    fn mixed() -> Observed {
+        let mut o = clean();
+        let ls = "locksmith-1";
+        let rename = |t: &mut Timeline| {
+            for (_, set) in t.iter_mut() {
+                if set.remove("c") {
+                    set.insert(ls.into());
+                }
+            }
+        };
+        rename(&mut o.holders);
+        o.cordoned.retain(|(_, c)| !c.contains("c"));
+        o.ends.remove("c");
+        for n in o
+            .nodes
+            .iter_mut()
+            .chain(o.downs.iter_mut().map(|d| &mut d.node))
+        {
+            if n == "c" {
+                *n = ls.into();
+            }
+        }
+        for (n, _) in o.calls.iter_mut().chain(o.ups.iter_mut()) {
+            if n == "c" {
+                *n = ls.into();
+            }
+        }
+        o
+    }
+
+    #[test]
+    fn a_mixed_fleet_that_keeps_max_passes() {
+        assert_eq!(violations(&mixed()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_locksmithd_node_down_beside_max_rebootd_nodes_is_reported() {
+        let mut o = mixed();
+        // locksmith-1 takes a slot and goes down while a and b are still down: the document
+        // shows three holders, and three nodes are down at once across both kinds.
+        o.holders
+            .insert(2, (s(2.15), set(&["a", "b", "locksmith-1"])));
+        o.downs.push(Down {
+            at: s(2.2),
+            node: "locksmith-1".into(),
+            held: None,
+            pods_left: Vec::new(),
+        });
+        o.downs
+            .retain(|d| d.node != "locksmith-1" || d.at == s(2.2));
+        o.calls.push(("locksmith-1".into(), s(2.16)));
+        o.ups.retain(|(n, _)| n != "locksmith-1");
+        o.ups.push(("locksmith-1".into(), s(2.5)));
+        let v = violations(&o);
+        assert!(
+            v.iter()
+                .any(|m| m.contains("3 nodes down at once (max 2): 2.20s")),
+            "{v:#?}"
+        );
+        assert!(v.iter().any(|m| m.contains("3 holders at once")), "{v:#?}");
+    }
+
+    #[test]
+    fn a_locksmithd_node_that_never_rebooted_is_reported() {
+        let mut o = mixed();
+        o.downs.retain(|d| d.node != "locksmith-1");
+        reports(&o, "locksmith-1 rebooted 0 times");
+    }
+
+    #[test]
+    fn a_migration_with_a_take_in_v3_while_v2_is_open_is_reported() {
+        use super::two_docs::{Api, DocSeen, DocsEnd};
+        let mut o = clean();
+        let doc = |at: f64, api: Api, h: &[&str]| DocSeen {
+            at: s(at),
+            api,
+            holders: Some(set(h)),
+        };
+        o.docs = Some((
+            vec![
+                doc(1.0, Api::V2, &["a"]),
+                doc(1.5, Api::V3, &["a"]),
+                doc(3.0, Api::V3, &["a", "b"]),
+            ],
+            DocsEnd {
+                v2_open: true,
+                v3_exists: true,
+            },
+        ));
+        let v = violations(&o);
+        assert!(v.iter().any(|m| m.contains("took a slot in v3")), "{v:#?}");
+        assert!(
+            v.iter()
+                .any(|m| m.contains("two live semaphores at the end")),
+            "{v:#?}"
+        );
     }
 
     /// `o` breaks exactly one invariant, reported with `words`.
@@ -1465,5 +1597,38 @@ mod tests {
             &o,
             "b asked logind to reboot at 2.00s without asking its gate",
         );
+    }
+
+    #[test]
+    fn a_reboot_while_the_prometheus_alert_fired_is_reported() {
+        let run = |node: &str, start: f64, answer: &str, end: Option<(f64, i32)>| GateRun {
+            node: node.into(),
+            start: s(start),
+            answer: answer.into(),
+            end: end.map(|(t, c)| (s(t), c)),
+        };
+        let mut o = clean();
+        let good = vec![
+            run("a", 1.0, "firing", Some((1.01, 1))),
+            run("a", 1.8, "none", Some((1.82, 0))),
+            run("b", 1.9, "none", Some((1.91, 0))),
+            run("c", 3.8, "none", Some((3.85, 0))),
+        ];
+        o.alert_runs = Some((good.clone(), s(2.0)));
+        assert_eq!(violations(&o), Vec::<String>::new());
+        // b's last query found the alert firing.
+        let mut runs = good.clone();
+        runs[2] = run("b", 1.9, "firing", Some((1.91, 1)));
+        o.alert_runs = Some((runs, s(2.0)));
+        reports(&o, "b asked logind to reboot at 2.00s past the alert gate that said wait: its last alert gate run, at 1.90s (answer firing), it said wait (exit 1)");
+        // c's last query got no answer (rebootd gave up at its time-out).
+        let mut runs = good;
+        runs[3] = run("c", 3.8, "no answer", None);
+        o.alert_runs = Some((runs, s(2.0)));
+        reports(&o, "(answer no answer), it never ended");
+        // Both gates are checked: a command gate that said go does not excuse the alert.
+        o.gate_runs = Some((vec![run("c", 3.7, "go", Some((3.71, 0)))], s(1.0)));
+        let v = violations(&o);
+        assert!(v.iter().any(|m| m.contains("alert gate")), "{v:#?}");
     }
 }

@@ -94,6 +94,14 @@ struct Cli {
     /// flips every 0.2-1.5 s: go, wait, or hang past the time-out.
     #[arg(long)]
     gates: bool,
+    /// N of the --nodes run the real locksmithd (../shared/peers) instead of rebootd, on the
+    /// same v2 semaphore (--backend etcd-v2); the chaos kills them too.
+    #[arg(long, default_value_t = 0)]
+    mixed: usize,
+    /// Mid-rollout, once the locksmithd nodes are done, the operator runs `rebootctl migrate`
+    /// (--backend etcd-v2); the checker watches the v2 and the v3 document.
+    #[arg(long)]
+    migrate: bool,
     /// Checker self-test: the lab itself adds a holder (`holder`) or cordons a node
     /// (`cordon`) beyond max mid-trial; every trial must then fail.
     #[arg(long, hide = true)]
@@ -279,6 +287,8 @@ fn options(cli: Cli) -> Result<ChaosOptions, String> {
         operators: cli.operators,
         windows: cli.windows,
         gates: cli.gates,
+        mixed: cli.mixed,
+        migrate: cli.migrate,
         ..ChaosOptions::new(rebootd)
     })
     .and_then(|o: ChaosOptions| o.check().map(|()| o))
@@ -307,6 +317,12 @@ fn extras(opts: &ChaosOptions) -> String {
     }
     if opts.gates {
         out.push_str(", a flapping gate before the reboot");
+    }
+    if opts.mixed > 0 {
+        out.push_str(&format!(", {} of the nodes running locksmithd", opts.mixed));
+    }
+    if opts.migrate {
+        out.push_str(", rebootctl migrate mid-rollout");
     }
     if opts.etcd_members > 1 {
         let faults: Vec<String> = opts.member_faults.iter().map(|f| f.to_string()).collect();

@@ -148,6 +148,28 @@ pub(super) fn shows_skew(
     off.abs() < jiff::SignedDuration::from_mins(30)
 }
 
+/// What the node cut off did at its fences, as its log says (`fenced` in the stats).
+pub(super) fn count_fenced(n: &ChaosNode, shared: &Shared) {
+    let log = std::fs::read_to_string(&n.log_path).unwrap_or_default();
+    let fenced = log
+        .matches("this node no longer holds its slot; backing out")
+        .count() as u32;
+    shared.stats(|s| s.fenced = fenced);
+}
+
+/// The skewed node's own records show its clock `by` off (else libfaketime did not take: a
+/// problem of the harness).
+pub(super) fn check_skew(n: &ChaosNode, by: &str, shared: &Shared) {
+    match n.store.load() {
+        Ok(Some(st)) if shows_skew(st.since, jiff::Timestamp::now(), skew_of(by)) => {}
+        Ok(Some(st)) => shared.problem(format!(
+            "{}: its clock should be {by} off, but its state says since {}",
+            n.name, st.since
+        )),
+        _ => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -121,3 +121,24 @@ pub fn runs(dir: &Path, started: jiff::Timestamp) -> Vec<GateRun> {
     }
     out.into_iter().map(|(_, r)| r).collect()
 }
+
+/// The gate's runs at the end of a trial (with its time-out), counted in the stats with what
+/// the nodes' logs say (`said wait`).
+pub(super) fn observe(
+    dir: &Path,
+    nodes: &[Arc<super::trial::ChaosNode>],
+    shared: &Shared,
+) -> (Vec<GateRun>, Duration) {
+    let runs = runs(dir, shared.started_wall);
+    for n in nodes {
+        let log = std::fs::read_to_string(&n.log_path).unwrap_or_default();
+        let said_wait = log.matches("waiting for gate").count() as u32;
+        shared.stats(|s| *s.gates.entry("said wait".into()).or_default() += said_wait);
+    }
+    let hung = runs.iter().filter(|r| r.end.is_none()).count() as u32;
+    shared.stats(|s| {
+        *s.gates.entry("runs".into()).or_default() += runs.len() as u32;
+        *s.gates.entry("runs killed".into()).or_default() += hung;
+    });
+    (runs, TIMEOUT)
+}

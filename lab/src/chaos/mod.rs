@@ -21,6 +21,7 @@
 //! and the API stand-in) rather than [`crate::fleet::Fleet`], because it needs the reboot to be
 //! delayed and rebootd to be killed while a reboot is pending.
 
+mod alert_gate;
 pub mod check;
 mod cli;
 pub mod cutoff;
@@ -28,11 +29,14 @@ mod disrupt;
 pub mod gates;
 mod inject;
 mod members;
+mod mixed;
 mod operator;
 mod report;
 mod rng;
+mod stats;
 mod store;
 mod trial;
+pub mod two_docs;
 mod watch;
 pub mod windows;
 mod workload;
@@ -41,10 +45,10 @@ pub use cli::command;
 pub use inject::Violation;
 pub use members::MemberFault;
 pub use rng::Rng;
+pub use stats::Stats;
 pub use trial::trial;
 
 use crate::etcd::EtcdVersion;
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -163,6 +167,12 @@ pub struct ChaosOptions {
     /// Every node has a command gate before the reboot whose answer the lab flips (go, wait,
     /// hang past its time-out).
     pub gates: bool,
+    /// How many of the `nodes` run the real locksmithd instead of rebootd, on the same v2
+    /// semaphore (`--backend etcd-v2`); they are named `locksmith-1`, ...
+    pub mixed: usize,
+    /// Mid-rollout, once the locksmithd nodes are done, the operator runs `rebootctl migrate`
+    /// (the semaphore moves to v3; the rebootd nodes, on `api = "v2"`, follow it).
+    pub migrate: bool,
 }
 
 /// The default `kubernetes.drain_timeout` and `ready_timeout` of a trial.
@@ -196,6 +206,8 @@ impl ChaosOptions {
             operators: false,
             windows: false,
             gates: false,
+            mixed: 0,
+            migrate: false,
         }
     }
 
@@ -224,6 +236,25 @@ impl ChaosOptions {
                 "--operators: only with the semaphore in etcd (--backend etcd or etcd-v2)".into(),
             );
         }
+        if (self.mixed > 0 || self.migrate) && self.backend != Backend::EtcdV2 {
+            return Err(
+                "--mixed, --migrate: locksmithd's semaphore is in etcd v2 (--backend etcd-v2)"
+                    .into(),
+            );
+        }
+        if (self.mixed > 0 || self.migrate)
+            && (self.etcd_members > 1 || self.operators || self.cut_off || self.max_hold.is_some())
+        {
+            return Err(
+                "--mixed, --migrate: not with --etcd-members, --operators, --cut-off or --max-hold yet".into(),
+            );
+        }
+        if self.mixed >= self.nodes {
+            return Err(format!(
+                "--mixed {}: at least one of the {} nodes must run rebootd",
+                self.mixed, self.nodes
+            ));
+        }
         if self.etcd_members == 0 || self.etcd_members.is_multiple_of(2) {
             return Err(format!(
                 "--etcd-members {}: expected an odd number (1, 3, 5)",
@@ -240,162 +271,6 @@ impl ChaosOptions {
                 "--max-hold {max_hold:?} is shorter than --drain-timeout {:?} + --reboot-timeout {:?} + --reboot-time {:?} + --ready-timeout {:?} = {total:?}: rebootd refuses such a lock.max_hold",
                 self.drain_timeout, self.reboot_timeout, self.reboot_time, self.ready_timeout
             ));
-        }
-        Ok(())
-    }
-}
-
-/// What the chaos did in one trial.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Stats {
-    /// rebootd killed (SIGKILL) at a random moment and restarted.
-    pub kills: u32,
-    /// rebootd killed right after the state file said this phase.
-    pub phase_kills: BTreeMap<String, u32>,
-    /// rebootd killed after asking logind to reboot, before the reboot happened.
-    pub pending_reboot_kills: u32,
-    /// Simulated reboots that were delayed after the request.
-    pub delayed_reboots: u32,
-    pub etcd_stops: u32,
-    pub etcd_pauses: u32,
-    /// API stand-in faults injected, by answer (`500`, `429`, `409`, `hang`).
-    pub api_faults: BTreeMap<String, u32>,
-    /// Of those, the ones aimed at `/eviction`.
-    pub eviction_faults: u32,
-    /// Reboot calls logind accepted (several may lead to one reboot).
-    pub reboot_calls: u32,
-    /// Evictions the API stand-in granted.
-    pub evictions: u32,
-    /// Evictions answered 429 (a PodDisruptionBudget refusing, or an injected fault).
-    pub evictions_refused: u32,
-    /// What the lab broke itself (`--inject-violation`).
-    pub injected: Vec<String>,
-    /// Times a node was cut off from the store, and of those, cuts longer than `max_hold`.
-    pub cut_offs: u32,
-    pub long_cut_offs: u32,
-    /// Slots reclaimed (a holder replaced by another in one change), as the outside watcher saw.
-    pub reclaims: u32,
-    /// Nodes run with their clock off (libfaketime), as `node-3 +3h`.
-    pub skewed: Vec<String>,
-    /// Times the node cut off found, at a fence (before a cordon or the reboot call), that its
-    /// slot was gone, and backed out (its log says so).
-    pub fenced: u32,
-    /// airlock killed (SIGKILL) and started again (`--backend fleetlock`).
-    pub airlock_kills: u32,
-    /// Faults of a multi-member etcd, by kind (`leader`, `follower`, `partition`, `partition
-    /// (leader)`, `isolate (connected)`, `isolate (first endpoint)`).
-    pub member_faults: BTreeMap<String, u32>,
-    /// The operator's commands, by what came of them (`pause`, `cancel refused`, ...).
-    pub operator: BTreeMap<String, u32>,
-    /// With windows: what the nodes' logs say the windows did (`left the queue`: closed while
-    /// waiting for a slot; `backed out`: closed before the reboot), and `reboots`.
-    pub windows: BTreeMap<String, u32>,
-    /// With the flapping gate: the answers set (`set go`, ...) and what the nodes' logs say
-    /// (`said wait`: a check that said wait).
-    pub gates: BTreeMap<String, u32>,
-}
-
-impl Stats {
-    fn add(&mut self, o: &Stats) {
-        self.kills += o.kills;
-        for (k, v) in &o.phase_kills {
-            *self.phase_kills.entry(k.clone()).or_default() += v;
-        }
-        self.pending_reboot_kills += o.pending_reboot_kills;
-        self.delayed_reboots += o.delayed_reboots;
-        self.etcd_stops += o.etcd_stops;
-        self.etcd_pauses += o.etcd_pauses;
-        for (k, v) in &o.api_faults {
-            *self.api_faults.entry(k.clone()).or_default() += v;
-        }
-        self.eviction_faults += o.eviction_faults;
-        self.reboot_calls += o.reboot_calls;
-        self.evictions += o.evictions;
-        self.evictions_refused += o.evictions_refused;
-        self.injected.extend(o.injected.iter().cloned());
-        self.cut_offs += o.cut_offs;
-        self.long_cut_offs += o.long_cut_offs;
-        self.reclaims += o.reclaims;
-        self.skewed.extend(o.skewed.iter().cloned());
-        self.fenced += o.fenced;
-        self.airlock_kills += o.airlock_kills;
-        for (k, v) in &o.member_faults {
-            *self.member_faults.entry(k.clone()).or_default() += v;
-        }
-        for (k, v) in &o.operator {
-            *self.operator.entry(k.clone()).or_default() += v;
-        }
-        for (k, v) in &o.windows {
-            *self.windows.entry(k.clone()).or_default() += v;
-        }
-        for (k, v) in &o.gates {
-            *self.gates.entry(k.clone()).or_default() += v;
-        }
-    }
-}
-
-impl std::fmt::Display for Stats {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let phase: u32 = self.phase_kills.values().sum();
-        let api: u32 = self.api_faults.values().sum();
-        write!(
-            f,
-            "kills {} (at a phase {}, reboot pending {}), delayed reboots {}, etcd stops {} pauses {}, api faults {} (eviction {}), evictions {} (429 {}), reboot calls {}",
-            self.kills,
-            phase,
-            self.pending_reboot_kills,
-            self.delayed_reboots,
-            self.etcd_stops,
-            self.etcd_pauses,
-            api,
-            self.eviction_faults,
-            self.evictions,
-            self.evictions_refused,
-            self.reboot_calls
-        )?;
-        if self.cut_offs > 0 {
-            write!(
-                f,
-                ", cut-offs {} (longer than max_hold {}), reclaims {}, fenced back-outs {}",
-                self.cut_offs, self.long_cut_offs, self.reclaims, self.fenced
-            )?;
-        }
-        if !self.skewed.is_empty() {
-            write!(f, ", clocks off: {}", self.skewed.len())?;
-        }
-        if self.airlock_kills > 0 {
-            write!(f, ", airlock kills {}", self.airlock_kills)?;
-        }
-        if !self.member_faults.is_empty() {
-            let faults: Vec<String> = self
-                .member_faults
-                .iter()
-                .map(|(k, v)| format!("{k} {v}"))
-                .collect();
-            write!(f, ", member faults: {}", faults.join(", "))?;
-        }
-        if !self.operator.is_empty() {
-            let ops: Vec<String> = self
-                .operator
-                .iter()
-                .map(|(k, v)| format!("{k} {v}"))
-                .collect();
-            write!(f, ", operator: {}", ops.join(", "))?;
-        }
-        if !self.windows.is_empty() {
-            let w: Vec<String> = self
-                .windows
-                .iter()
-                .map(|(k, v)| format!("{k} {v}"))
-                .collect();
-            write!(f, ", windows: {}", w.join(", "))?;
-        }
-        if !self.gates.is_empty() {
-            let g: Vec<String> = self.gates.iter().map(|(k, v)| format!("{k} {v}")).collect();
-            write!(f, ", gate: {}", g.join(", "))?;
-        }
-        if !self.injected.is_empty() {
-            write!(f, "; injected: {}", self.injected.join(", "))?;
         }
         Ok(())
     }
@@ -553,6 +428,12 @@ pub fn replay_command(opts: &ChaosOptions, seed: u64) -> String {
     }
     if opts.gates {
         cmd.push_str(" --gates");
+    }
+    if opts.mixed > 0 {
+        cmd.push_str(&format!(" --mixed {}", opts.mixed));
+    }
+    if opts.migrate {
+        cmd.push_str(" --migrate");
     }
     if opts.trial_timeout != DEFAULT_TRIAL_TIMEOUT {
         cmd.push_str(&format!(

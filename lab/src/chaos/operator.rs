@@ -298,6 +298,9 @@ impl Operator {
                 to,
             });
             self.count("unlock");
+        } else if ran.out.contains("its reboot is on its way") {
+            // Finding 16: refused without --force (the node goes down anyway).
+            self.count("unlock refused: reboot on its way");
         } else {
             self.count("unlock failed");
         }

@@ -121,7 +121,7 @@ pub(super) fn node_config(
 }
 
 /// A client of etcd's v2 keys API at `endpoint` (plain http).
-fn v2_client(endpoint: &str) -> Result<rebootd::clients::etcd_v2::KeysClient, String> {
+pub(super) fn v2_client(endpoint: &str) -> Result<rebootd::clients::etcd_v2::KeysClient, String> {
     use rebootd::clients::etcd_v2::{KeysClient, Settings, Timeouts};
     KeysClient::new(&Settings {
         endpoints: vec![endpoint.to_owned()],

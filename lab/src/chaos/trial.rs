@@ -8,9 +8,10 @@ use super::check::{
     self, CutOff, Down, Observed, Operations, SemaphoreEnd, StoreChange, StoreEvent, Timeline,
 };
 use super::members::{self, EtcdAt};
+use super::two_docs::{self, Api, DocSeen};
 use super::{
-    cutoff, disrupt, gates, inject, operator, report, store, watch, windows, workload, Backend,
-    ChaosOptions, Rng, Stats, Stop, TrialReport,
+    alert_gate, cutoff, disrupt, gates, inject, mixed, operator, report, store, watch, windows,
+    workload, Backend, ChaosOptions, Rng, Stats, Stop, TrialReport,
 };
 use crate::cut_proxy::CutProxy;
 use crate::etcd::EtcdServer;
@@ -67,6 +68,12 @@ pub(super) struct Shared {
     pub ops: Mutex<Operations>,
     /// The document's and the holder records' changes, with the store's revisions.
     pub store: Mutex<Vec<StoreEvent>>,
+    /// With `--migrate`: the v2 and the v3 document as their watchers saw them; the holders'
+    /// timeline is then their union.
+    pub docs: Mutex<Vec<DocSeen>>,
+    pub two_docs: AtomicBool,
+    /// `rebootctl migrate` succeeded (`--migrate`: the rollout is not complete before).
+    pub migrated: AtomicBool,
     /// The rollout is over (or the trial is being torn down): the chaos stops.
     pub stop: AtomicBool,
 }
@@ -76,7 +83,7 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Shared {
-    fn new() -> Shared {
+    pub(super) fn new() -> Shared {
         Shared {
             started: Instant::now(),
             started_wall: jiff::Timestamp::now(),
@@ -91,6 +98,9 @@ impl Shared {
             maxes: Mutex::new(Vec::new()),
             ops: Mutex::new(Operations::default()),
             store: Mutex::new(Vec::new()),
+            docs: Mutex::new(Vec::new()),
+            two_docs: AtomicBool::new(false),
+            migrated: AtomicBool::new(false),
             stop: AtomicBool::new(false),
         }
     }
@@ -109,6 +119,30 @@ impl Shared {
 
     pub fn record_holders(&self, holders: BTreeSet<String>) {
         lock(&self.holders).push((self.started.elapsed(), holders));
+    }
+
+    /// A version of the semaphore document (`None`: removed) in `api`. With one document
+    /// watched, its holders; with two (`--migrate`), the holders of both that count.
+    pub fn record_doc(&self, api: Api, holders: Option<BTreeSet<String>>) {
+        if !self.two_docs.load(Ordering::SeqCst) {
+            match holders {
+                Some(h) => self.record_holders(h),
+                None => {
+                    self.problem(format!("the semaphore document ({api:?}) was removed"));
+                    self.record_holders(BTreeSet::new());
+                }
+            }
+            return;
+        }
+        let mut docs = lock(&self.docs);
+        docs.push(DocSeen {
+            at: self.started.elapsed(),
+            api,
+            holders,
+        });
+        if let Some((_, all)) = two_docs::union(&docs).pop() {
+            self.record_holders(all);
+        }
     }
 
     pub fn record_cordoned(&self, cordoned: BTreeSet<String>) {
@@ -169,6 +203,8 @@ struct Rig {
     /// The FleetLock server (`--backend fleetlock`).
     airlock: Option<Arc<tokio::sync::Mutex<crate::airlock::Airlock>>>,
     nodes: Vec<Arc<ChaosNode>>,
+    /// The locksmithd nodes (`--mixed`).
+    locksmiths: Vec<Arc<mixed::LsNode>>,
     /// Every task that holds a node or etcd.
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -189,8 +225,12 @@ impl Rig {
         for n in &self.nodes {
             n.node.lock().await.kill_daemon().await;
         }
+        for n in &self.locksmiths {
+            n.node.lock().await.kill_daemon().await;
+        }
         // The last references: dropping a Node kills and reaps its dbus-daemon.
         self.nodes.clear();
+        self.locksmiths.clear();
         if let Some(mut e) = self.etcd.lock().await.take() {
             let _ = e.stop().await;
         }
@@ -263,7 +303,9 @@ pub async fn trial(opts: &ChaosOptions, seed: u64, stop: &Stop) -> TrialReport {
                         .collect()
                 })
                 .unwrap_or_default();
-            report::keep_logs(opts, seed, &rig.nodes, etcd_logs, &shared)
+            let kept = report::keep_logs(opts, seed, &rig.nodes, etcd_logs, &shared);
+            mixed::keep_logs(kept.as_deref(), &rig.locksmiths, &shared);
+            kept
         }
     };
     rig.teardown(&shared).await;
@@ -307,7 +349,9 @@ async fn run_trial(
         .map_err(|e| format!("temp dir: {e}"))?;
     let kubeconfig = dir.path().join("kubeconfig");
     rig.dir = Some(dir);
-    let names: Vec<String> = (1..=opts.nodes).map(|i| format!("node-{i}")).collect();
+    let names: Vec<String> = (1..=opts.nodes - opts.mixed)
+        .map(|i| format!("node-{i}"))
+        .collect();
     // The API stand-in: one Node per lab node, and the workload on them.
     let kube = KubeApi::start(KubeOptions {
         time_scale: workload::TIME_SCALE,
@@ -438,6 +482,15 @@ async fn run_trial(
     } else {
         None
     };
+    // And the flapping Prometheus alert (`--gates`).
+    let alert_gate = if opts.gates {
+        let started = shared.started;
+        Some(Arc::new(
+            or_stop(stop, alert_gate::AlertGate::start(started)).await??,
+        ))
+    } else {
+        None
+    };
     let proxy_url = rig.proxy.as_ref().map(|p| p.url());
     let config_for = |i: usize| -> String {
         let via = proxy_url.as_deref().filter(|_| cut_node == Some(i));
@@ -455,6 +508,9 @@ async fn run_trial(
         }
         if let Some(g) = &gate_script {
             config.push_str(&gates::toml(g, &names[i]));
+        }
+        if let Some(a) = &alert_gate {
+            config.push_str(&a.toml(&names[i]));
         }
         config
     };
@@ -527,11 +583,37 @@ async fn run_trial(
             shared.clone(),
         )));
     }
+    // The locksmithd nodes (`--mixed`), on the same v2 document.
+    if opts.mixed > 0 {
+        let ep = etcd_endpoint.as_deref().unwrap_or_default();
+        rig.locksmiths = or_stop(stop, mixed::start(opts.mixed, ep)).await??;
+        rig.tasks.extend(mixed::simulated_reboots(
+            opts,
+            seed,
+            &rig.locksmiths,
+            shared,
+        ));
+        rig.tasks.extend(mixed::supervise(&rig.locksmiths, shared));
+    }
     let ids: Vec<(String, String)> = rig
         .nodes
         .iter()
         .map(|n| (n.machine_id.clone(), n.name.clone()))
+        .chain(
+            rig.locksmiths
+                .iter()
+                .map(|n| (n.machine_id.clone(), n.name.clone())),
+        )
         .collect();
+    // With `rebootctl migrate`, the v3 document beside the v2 one.
+    if let (Some(at), true) = (&etcd_at, opts.migrate) {
+        shared.two_docs.store(true, Ordering::SeqCst);
+        rig.tasks.push(tokio::spawn(watch::etcd(
+            at.clone(),
+            ids.clone(),
+            shared.clone(),
+        )));
+    }
     // With an operator, rebootd's holder records too (an unlock is judged by them).
     if opts.operators {
         if let Some(at) = &etcd_at {
@@ -562,8 +644,12 @@ async fn run_trial(
     // Give the watchers a moment to have their streams open before faults are injected.
     or_stop(stop, tokio::time::sleep(Duration::from_millis(200))).await?;
 
-    // The rollout, and the chaos meanwhile.
-    for n in &rig.nodes {
+    // The rollout, and the chaos meanwhile (with `--migrate`, the later half of the rebootd
+    // nodes get their update once the locksmithd nodes are through: see `mixed::migrate`).
+    let late = if opts.migrate { rig.nodes.len() / 2 } else { 0 };
+    let (now, later) = rig.nodes.split_at(rig.nodes.len() - late);
+    mixed::trigger(&rig.locksmiths).await?;
+    for n in now {
         n.node
             .lock()
             .await
@@ -572,6 +658,7 @@ async fn run_trial(
             .await
             .map_err(|e| format!("update_engine: {e}"))?;
     }
+    let mixed_chaos = mixed::chaos(opts, seed, &rig.nodes, later, &rig.locksmiths, shared);
     let chaos = tokio::spawn(disrupt::chaos_loop(
         Rng::fork(rng.next_u64(), 1),
         opts.actions,
@@ -627,11 +714,16 @@ async fn run_trial(
         ))
     });
     let flapping = opts.gates.then(|| {
-        tokio::spawn(gates::flap(
-            Rng::fork(seed, 12),
-            gate_dir.clone(),
-            shared.clone(),
-        ))
+        let (dir, sh, alert) = (gate_dir.clone(), shared.clone(), alert_gate.clone());
+        tokio::spawn(async move {
+            let command = gates::flap(Rng::fork(seed, 12), dir, sh.clone());
+            match alert {
+                Some(a) => {
+                    tokio::join!(command, a.flap(Rng::fork(seed, 14), sh));
+                }
+                None => command.await,
+            }
+        })
     });
     let injection = opts.inject.map(|v| {
         tokio::spawn(inject::run(
@@ -656,6 +748,7 @@ async fn run_trial(
             rig.tasks.extend(operating);
             rig.tasks.extend(flapping);
             rig.tasks.extend(airlock_chaos);
+            rig.tasks.extend(mixed_chaos);
             return Err(Cut::Stopped);
         }
         let all_done = rig.nodes.iter().all(|n| {
@@ -664,7 +757,8 @@ async fn run_trial(
                 .ok()
                 .flatten()
                 .is_some_and(|s| check::done(&s))
-        });
+        }) && rig.locksmiths.iter().all(|n| mixed::done(n, shared))
+            && (!opts.migrate || shared.migrated.load(Ordering::SeqCst));
         if all_done {
             break;
         }
@@ -687,6 +781,7 @@ async fn run_trial(
     heal.extend(operating);
     heal.extend(flapping);
     heal.extend(airlock_chaos);
+    heal.extend(mixed_chaos);
     let healed = or_stop(stop, async {
         for h in heal.iter_mut() {
             let _ = h.await;
@@ -737,7 +832,15 @@ async fn run_trial(
         })
         .cloned()
         .collect();
+    let docs = match (&etcd_at, opts.migrate) {
+        (Some(at), true) => {
+            let (end, doc) = or_stop(stop, mixed::read_docs(&at.healthy().1)).await?;
+            Some((lock(&shared.docs).clone(), end, doc))
+        }
+        _ => None,
+    };
     let semaphore_end = match &etcd_at {
+        Some(_) if docs.is_some() => docs.as_ref().map(|d| d.2.clone()).expect("docs"),
         Some(at) if opts.backend == Backend::FleetLock => {
             match or_stop(stop, store::read_airlock(&at.healthy().1, opts.max)).await? {
                 Ok(doc) => SemaphoreEnd::Etcd(doc),
@@ -767,46 +870,14 @@ async fn run_trial(
         s.evictions_refused = refused;
         s.reclaims = reclaims;
     });
-    // What the node cut off did at its fences.
     if let Some(i) = cut_node {
-        let log = std::fs::read_to_string(&rig.nodes[i].log_path).unwrap_or_default();
-        let fenced = log
-            .matches("this node no longer holds its slot; backing out")
-            .count() as u32;
-        shared.stats(|s| s.fenced = fenced);
+        cutoff::count_fenced(&rig.nodes[i], shared);
     }
-    // The skewed node's own records show its clock off (else libfaketime did not take).
     if let Some((i, by, _)) = &skew {
-        let n = &rig.nodes[*i];
-        match n.store.load() {
-            Ok(Some(st))
-                if cutoff::shows_skew(st.since, jiff::Timestamp::now(), cutoff::skew_of(by)) => {}
-            Ok(Some(st)) => shared.problem(format!(
-                "{}: its clock should be {by} off, but its state says since {}",
-                n.name, st.since
-            )),
-            _ => {}
-        }
+        cutoff::check_skew(&rig.nodes[*i], by, shared);
     }
-    // What the windows did, as the nodes' logs say.
     if opts.windows {
-        for n in &rig.nodes {
-            let log = std::fs::read_to_string(&n.log_path).unwrap_or_default();
-            let left = log
-                .matches("while waiting for a slot; leaving the queue")
-                .count() as u32;
-            let backed = log
-                .matches("the maintenance window closed before the reboot; backing out")
-                .count() as u32;
-            let waited = log
-                .matches("outside the maintenance window; next opens")
-                .count() as u32;
-            shared.stats(|s| {
-                *s.windows.entry("left the queue".into()).or_default() += left;
-                *s.windows.entry("backed out".into()).or_default() += backed;
-                *s.windows.entry("waited for one".into()).or_default() += waited;
-            });
-        }
+        windows::observe(&rig.nodes, shared);
     }
     let window_spans = names
         .iter()
@@ -816,26 +887,21 @@ async fn run_trial(
                 .map(|p| (n.clone(), windows::spans(p, shared.started_wall)))
         })
         .collect();
-    let gate_runs = opts.gates.then(|| {
-        let runs = gates::runs(&gate_dir, shared.started_wall);
-        for n in &rig.nodes {
-            let log = std::fs::read_to_string(&n.log_path).unwrap_or_default();
-            let said_wait = log.matches("waiting for gate").count() as u32;
-            shared.stats(|s| *s.gates.entry("said wait".into()).or_default() += said_wait);
-        }
-        let hung = runs.iter().filter(|r| r.end.is_none()).count() as u32;
-        shared.stats(|s| {
-            *s.gates.entry("runs".into()).or_default() += runs.len() as u32;
-            *s.gates.entry("runs killed".into()).or_default() += hung;
-        });
-        (runs, gates::TIMEOUT)
-    });
+    let gate_runs = opts
+        .gates
+        .then(|| gates::observe(&gate_dir, &rig.nodes, shared));
+    let alert_runs = alert_gate.as_ref().map(|a| a.observe(shared));
     let observed = Observed {
         gate_runs,
+        alert_runs,
         max: opts.max,
         store: lock(&shared.store).clone(),
         windows: window_spans,
-        nodes: names,
+        nodes: names
+            .into_iter()
+            .chain(rig.locksmiths.iter().map(|n| n.name.clone()))
+            .collect(),
+        docs: docs.map(|(seen, end, _)| (seen, end)),
         holders: shared.holders(),
         cordoned: shared.cordoned(),
         downs: lock(&shared.downs).clone(),

@@ -5,6 +5,7 @@
 use super::check::StoreChange;
 use super::members::EtcdAt;
 use super::trial::Shared;
+use super::two_docs::{Api as DocApi, MOVED_HOLDER};
 use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node as KubeNode;
@@ -92,6 +93,10 @@ async fn etcd_key(at: EtcdAt, ids: Vec<(String, String)>, shared: Arc<Shared>, w
             for e in resp.events() {
                 let Some(kv) = e.kv() else { continue };
                 next_rev = next_rev.max(kv.mod_revision() + 1);
+                if what == Watched::Doc && e.event_type() == etcd_client::EventType::Delete {
+                    shared.record_doc(DocApi::V3, None);
+                    continue;
+                }
                 if records {
                     let id = kv.key_str().unwrap_or("").trim_start_matches(key.as_str());
                     let put = e.event_type() == etcd_client::EventType::Put;
@@ -122,7 +127,11 @@ async fn etcd_key(at: EtcdAt, ids: Vec<(String, String)>, shared: Arc<Shared>, w
                     holder_names(kv.value(), &ids, &shared)
                 };
                 shared.record_store(kv.mod_revision(), StoreChange::Holders(holders.clone()));
-                shared.record_holders(holders);
+                if what == Watched::Doc {
+                    shared.record_doc(DocApi::V3, Some(holders));
+                } else {
+                    shared.record_holders(holders);
+                }
             }
         }
     }
@@ -149,6 +158,8 @@ fn holder_names(value: &[u8], ids: &[(String, String)], shared: &Shared) -> BTre
                 })
                 .collect()
         }
+        // `rebootctl migrate`'s closed v2 document is inconsistent on purpose.
+        Err(_) if closed_by_migrate(value) => BTreeSet::from([MOVED_HOLDER.to_owned()]),
         Err(err) => {
             shared.problem(format!("semaphore document does not parse: {err}"));
             BTreeSet::new()
@@ -216,7 +227,7 @@ async fn v2_watch_on(
                             r.node.modified_index as i64,
                             StoreChange::Holders(holders.clone()),
                         );
-                        shared.record_holders(holders);
+                        shared.record_doc(DocApi::V2, Some(holders));
                     }
                     *next_index = r.etcd_index + 1;
                 }
@@ -229,20 +240,14 @@ async fn v2_watch_on(
             Ok(Some(event)) => {
                 *next_index = event.node.modified_index + 1;
                 let holders = match (&event.node.value, event.action.removes()) {
-                    (Some(v), false) => holder_names(v.as_bytes(), ids, shared),
-                    _ => {
-                        shared.problem(format!(
-                            "the v2 semaphore document was removed at index {}",
-                            event.node.modified_index
-                        ));
-                        BTreeSet::new()
-                    }
+                    (Some(v), false) => Some(holder_names(v.as_bytes(), ids, shared)),
+                    _ => None,
                 };
                 shared.record_store(
                     event.node.modified_index as i64,
-                    StoreChange::Holders(holders.clone()),
+                    StoreChange::Holders(holders.clone().unwrap_or_default()),
                 );
-                shared.record_holders(holders);
+                shared.record_doc(DocApi::V2, holders);
             }
             Err(e) if e.is_index_cleared() => {
                 shared.problem(format!(
@@ -404,4 +409,13 @@ pub(super) async fn etcd_v2_records(at: EtcdAt, ids: Vec<(String, String)>, shar
             _ = at.disrupted(member) => {}
         }
     }
+}
+
+/// Whether a v2 document is the one `rebootctl migrate` closed: its only holder the marker.
+fn closed_by_migrate(value: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(value).is_ok_and(|v| {
+        v["holders"]
+            .as_array()
+            .is_some_and(|h| h.len() == 1 && h[0].as_str() == Some(MOVED_HOLDER))
+    })
 }

@@ -72,6 +72,25 @@ pub fn spans(plan: &Plan, started: Timestamp) -> Vec<(Duration, Duration)> {
         .collect()
 }
 
+/// What the windows did, as the nodes' logs say (`windows` in the stats).
+pub(super) fn observe(
+    nodes: &[std::sync::Arc<super::trial::ChaosNode>],
+    shared: &super::trial::Shared,
+) {
+    for n in nodes {
+        let log = std::fs::read_to_string(&n.log_path).unwrap_or_default();
+        let count = |what: &str| log.matches(what).count() as u32;
+        let left = count("while waiting for a slot; leaving the queue");
+        let backed = count("the maintenance window closed before the reboot; backing out");
+        let waited = count("outside the maintenance window; next opens");
+        shared.stats(|s| {
+            *s.windows.entry("left the queue".into()).or_default() += left;
+            *s.windows.entry("backed out".into()).or_default() += backed;
+            *s.windows.entry("waited for one".into()).or_default() += waited;
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
