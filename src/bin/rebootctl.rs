@@ -415,48 +415,8 @@ async fn run(args: Args) -> Result<(), Failure> {
             group: false,
         } => request(&store, control::Request::Pause { reason }).await,
         Command::Resume { group: false } => request(&store, control::Request::Resume).await,
-        Command::Cancel => {
-            // A `rebootctl reboot` the daemon has not taken up yet is dropped here.
-            match std::fs::remove_file(store.request_path()) {
-                Ok(()) => println!(
-                    "dropped the reboot request {}",
-                    store.request_path().display()
-                ),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(op(format!(
-                        "cannot remove {}: {e}",
-                        store.request_path().display()
-                    )))
-                }
-            }
-            request(&store, control::Request::Cancel).await
-        }
-        Command::Unlock { id, force } => {
-            let id = match id {
-                Some(id) => id,
-                None => runtime::holder_id(&config).map_err(op)?,
-            };
-            let own = runtime::holder_id(&config).map_err(op)?;
-            if let (LockBackend::FleetLock(_), true) = (&config.lock.backend, id == own) {
-                // The server owns the semaphore, but this node may give back its own slot, as
-                // the agent does.
-                let me = runtime::identity(&config, &store).map_err(op)?;
-                let sem = runtime::open_semaphore(&config).await.map_err(op)?;
-                sem.release(&me).await.map_err(op)?;
-            } else {
-                let admin = lock::open::open_admin(&config).await.map_err(op)?;
-                if !force {
-                    let status = admin.status().await.map_err(op)?;
-                    if let Some(why) = reboot_on_its_way(&status.holders, &id) {
-                        return Err(op(why));
-                    }
-                }
-                admin.unlock(&id).await.map_err(op)?;
-            }
-            println!("released the slot of {id} (if it held one)");
-            Ok(())
-        }
+        Command::Cancel => cancel(&store).await,
+        Command::Unlock { id, force } => unlock(&config, &store, id, force).await,
         Command::SetMax { max, force } => {
             let admin = lock::open::open_admin(&config).await.map_err(op)?;
             admin.set_max(max, force).await.map_err(op)?;
@@ -486,6 +446,54 @@ async fn run(args: Args) -> Result<(), Failure> {
         }
         Command::Import { .. } => Ok(()),
     }
+}
+
+/// `rebootctl cancel`: a `rebootctl reboot` the daemon has not taken up yet is dropped here,
+/// then the daemon is asked to end its cycle.
+async fn cancel(store: &StateStore) -> Result<(), Failure> {
+    match std::fs::remove_file(store.request_path()) {
+        Ok(()) => println!(
+            "dropped the reboot request {}",
+            store.request_path().display()
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(op(format!(
+                "cannot remove {}: {e}",
+                store.request_path().display()
+            )))
+        }
+    }
+    request(store, control::Request::Cancel).await
+}
+
+/// `rebootctl unlock [ID] [--force]`: give back the slot of `id` (default: this machine's).
+async fn unlock(
+    config: &Config,
+    store: &StateStore,
+    id: Option<String>,
+    force: bool,
+) -> Result<(), Failure> {
+    let own = runtime::holder_id(config).map_err(op)?;
+    let id = id.unwrap_or_else(|| own.clone());
+    if let (LockBackend::FleetLock(_), true) = (&config.lock.backend, id == own) {
+        // The server owns the semaphore, but this node may give back its own slot, as the
+        // agent does.
+        let me = runtime::identity(config, store).map_err(op)?;
+        let sem = runtime::open_semaphore(config).await.map_err(op)?;
+        sem.release(&me).await.map_err(op)?;
+    } else {
+        let admin = lock::open::open_admin(config).await.map_err(op)?;
+        if !force {
+            let status = admin.status().await.map_err(op)?;
+            if let Some(why) = reboot_on_its_way(&status.holders, &id) {
+                return Err(op(why));
+            }
+        }
+        admin.unlock(&id).await.map_err(op)?;
+    }
+    println!("released the slot of {id} (if it held one)");
+    Ok(())
 }
 
 /// Why `unlock` of `id` is refused without `--force`: its holder's record says its reboot is on

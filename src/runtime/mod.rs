@@ -13,6 +13,7 @@ mod executor;
 mod heartbeat;
 mod observers;
 mod seams;
+mod slot;
 mod wiring;
 
 pub use seams::{HostSeams, NodeSeams};
