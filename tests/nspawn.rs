@@ -6,13 +6,15 @@
 //! cached under ~/.cache/rebootd-lab), the static binaries and the .deb (packaging/build-static.sh,
 //! packaging/build-deb.sh) and the lab binary (the fake update_engine). Needs root.
 
+mod common;
+use common::{lab_binary, repo};
 use rebootd_lab::etcd::{EtcdServer, EtcdVersion};
 use rebootd_lab::nspawn::host::{Host, Lines};
 use rebootd_lab::nspawn::image;
 use rebootd_lab::nspawn::install::{self, Artifacts};
 use rebootd_lab::nspawn::watch::HolderWatch;
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -21,31 +23,6 @@ const BOOT: Duration = Duration::from_secs(180);
 /// The exposure README and docs/install.md state for the shipped unit.
 const DOCUMENTED_EXPOSURE: &str = "1.4";
 const NEED: &str = "UPDATE_STATUS_UPDATED_NEED_REBOOT";
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The lab binary, built by cargo now (so it is the tree's) unless `REBOOTD_LAB_BIN` names one.
-fn lab_binary() -> Result<PathBuf, String> {
-    if let Some(p) = std::env::var_os("REBOOTD_LAB_BIN") {
-        return Ok(PathBuf::from(p));
-    }
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = std::process::Command::new(cargo)
-        .args(["build", "-p", "rebootd-lab", "--bin", "rebootd-lab"])
-        .current_dir(repo())
-        .output()
-        .map_err(|e| format!("cargo build -p rebootd-lab: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "cargo build -p rebootd-lab: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    // Beside this test's rebootd: the same target directory and profile.
-    Ok(Path::new(env!("CARGO_BIN_EXE_rebootd")).with_file_name("rebootd-lab"))
-}
 
 /// The image and the artifacts, made once for all tests of this binary.
 fn setup() -> &'static (PathBuf, Artifacts) {

@@ -4,42 +4,20 @@
 //! `rebootd_lab::nspawn`); the trixie image is built by `debootstrap trixie` beside the
 //! bookworm one and cached the same way. Needs root.
 
+mod common;
+use common::{lab_binary, repo};
 use rebootd_lab::etcd::{EtcdServer, EtcdVersion};
 use rebootd_lab::nspawn::host::{Host, Lines};
 use rebootd_lab::nspawn::image::{self, Suite};
 use rebootd_lab::nspawn::install::{self, Artifacts};
 use rebootd_lab::nspawn::watch::HolderWatch;
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 /// A boot, a reboot, a unit's start: generous for a loaded 2-core machine.
 const BOOT: Duration = Duration::from_secs(240);
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The lab binary (the fake update_engine is bound into every host), built by cargo now.
-fn lab_binary() -> Result<PathBuf, String> {
-    if let Some(p) = std::env::var_os("REBOOTD_LAB_BIN") {
-        return Ok(PathBuf::from(p));
-    }
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = std::process::Command::new(cargo)
-        .args(["build", "-p", "rebootd-lab", "--bin", "rebootd-lab"])
-        .current_dir(repo())
-        .output()
-        .map_err(|e| format!("cargo build -p rebootd-lab: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "cargo build -p rebootd-lab: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    Ok(Path::new(env!("CARGO_BIN_EXE_rebootd")).with_file_name("rebootd-lab"))
-}
 
 /// The static binaries, built once for all tests of this binary.
 fn artifacts() -> &'static Artifacts {

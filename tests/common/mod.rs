@@ -17,6 +17,33 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 
 pub const REBOOTD: &str = env!("CARGO_BIN_EXE_rebootd");
+
+/// The repository's root (this package's manifest directory).
+pub fn repo() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The lab binary, built by cargo now (so it is the tree's) unless `REBOOTD_LAB_BIN` names one:
+/// the container lab binds it into every host (the fake update_engine).
+pub fn lab_binary() -> Result<std::path::PathBuf, String> {
+    if let Some(p) = std::env::var_os("REBOOTD_LAB_BIN") {
+        return Ok(std::path::PathBuf::from(p));
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args(["build", "-p", "rebootd-lab", "--bin", "rebootd-lab"])
+        .current_dir(repo())
+        .output()
+        .map_err(|e| format!("cargo build -p rebootd-lab: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "cargo build -p rebootd-lab: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    // Beside this test's rebootd: the same target directory and profile.
+    Ok(Path::new(REBOOTD).with_file_name("rebootd-lab"))
+}
 pub const REBOOTCTL: &str = env!("CARGO_BIN_EXE_rebootctl");
 
 /// Upper bound for anything a test awaits; generous for a loaded 2-core CI machine.

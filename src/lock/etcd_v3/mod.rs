@@ -437,7 +437,7 @@ impl Semaphore for EtcdSemaphore {
     }
 
     /// The pause is read and watched with the semaphore: no request of its own.
-    #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
+    #[tracing::instrument(skip(self, me, first), fields(key = %self.keys.doc, id = %me.id))]
     async fn acquire_unless_paused(
         &self,
         me: &Identity,

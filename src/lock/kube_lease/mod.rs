@@ -415,7 +415,7 @@ impl Semaphore for KubeLeaseSemaphore {
     }
 
     /// The pause Lease is listed and watched with the semaphore: no request of its own.
-    #[tracing::instrument(skip(self, me), fields(namespace = %self.namespace, semaphore = %self.name, id = %me.id))]
+    #[tracing::instrument(skip(self, me, first), fields(namespace = %self.namespace, semaphore = %self.name, id = %me.id))]
     async fn acquire_unless_paused(
         &self,
         me: &Identity,
