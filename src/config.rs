@@ -10,6 +10,8 @@ mod input;
 mod marks;
 mod validate;
 mod values;
+mod zones;
+pub use zones::{is_zone, DEFAULT_ZONE_LABEL};
 
 pub use gates::{GateCheck, GateSpec, Gates};
 use input::ConfigInput;
@@ -144,6 +146,19 @@ pub struct Lock {
     /// A holder that shows no sign of life (no heartbeat) for this long may be reclaimed. Off
     /// when `None`.
     pub max_hold: Option<Duration>,
+    /// The zone cap and the proportional `max` (`max_per_zone`, `zone`, `max = "N%"`).
+    pub limits: Limits,
+}
+
+/// `[lock]`'s bounds by the fleet's shape, beside the store's `max`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// At most this many holders in one zone (`max_per_zone`).
+    pub max_per_zone: Option<u64>,
+    /// This node's zone on etcd (`zone`); on Leases it is read from the Node.
+    pub zone: Option<String>,
+    /// `max = "N%"`: the slots are this share of the nodes the store knows.
+    pub max_percent: Option<u8>,
 }
 
 /// A FleetLock server (Zincati's protocol: airlock, poseidon/fleetlock).
@@ -191,6 +206,10 @@ pub struct KubeLease {
     pub name: String,
     /// Kubeconfig for the Lease objects; default `[kubernetes].kubeconfig`, else inferred.
     pub kubeconfig: Option<PathBuf>,
+    /// The Node label that names its zone (`zone_label`), for `lock.max_per_zone`.
+    pub zone_label: String,
+    /// The Nodes `lock.max = "N%"` is a share of (a label selector; `None`: all).
+    pub node_selector: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

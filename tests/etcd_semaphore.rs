@@ -195,6 +195,7 @@ async fn hand_queue_entry(etcd: &EtcdServer, id: &str, ttl_secs: i64) -> i64 {
         boot_id: format!("old-boot-{id}"),
         token: Some(format!("t-{id}")),
         since: jiff::Timestamp::now(),
+        zone: None,
     };
     let resp = c
         .put(
@@ -553,6 +554,7 @@ async fn stale_holders_are_reclaimed_only_with_max_hold(mut env: Env) {
         acquired: two_hours_ago,
         token: Some("t-dead".into()),
         reclaimed_by: None,
+        zone: None,
     };
     let dead_key = document::holder_record_key("default", "dead");
     ctl_put(etcd, &dead_key, &record.to_json());

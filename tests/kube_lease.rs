@@ -120,6 +120,8 @@ fn settings() -> config::KubeLease {
         namespace: NS.into(),
         name: NAME.into(),
         kubeconfig: None,
+        zone_label: rebootd::config::DEFAULT_ZONE_LABEL.into(),
+        node_selector: None,
     }
 }
 
@@ -1381,6 +1383,8 @@ mod scenarios {
                 namespace: NS.into(),
                 name: slot(0),
                 kubeconfig: None,
+                zone_label: rebootd::config::DEFAULT_ZONE_LABEL.into(),
+                node_selector: None,
             },
             None,
         )
@@ -1675,6 +1679,7 @@ mod scenarios {
             node: "3".into(),
             boot_id: "boot-3".into(),
             token: "t-3".into(),
+            zone: None,
         };
         let s3 = sem(&env, "3").await;
         let mut waiting_3 = Box::pin(s3.acquire(&digits));

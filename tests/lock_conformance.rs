@@ -135,6 +135,8 @@ impl World {
                     namespace: "rebootd".into(),
                     name: "reboot".into(),
                     kubeconfig: None,
+                    zone_label: rebootd::config::DEFAULT_ZONE_LABEL.into(),
+                    node_selector: None,
                 };
                 let t = rebootd::lock::kube_lease::Timeouts {
                     request: Duration::from_secs(3),

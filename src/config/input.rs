@@ -87,6 +87,9 @@ pub(super) enum BackendInput {
 pub(super) struct LockInput {
     pub backend: Option<BackendInput>,
     pub max_hold: Option<HumanDuration>,
+    pub max: Option<super::zones::MaxInput>,
+    pub max_per_zone: Option<i64>,
+    pub zone: Option<String>,
     pub etcd: Option<EtcdInput>,
     pub kubernetes: Option<KubeLeaseInput>,
     pub fleetlock: Option<FleetLockInput>,
@@ -125,6 +128,8 @@ pub(super) struct KubeLeaseInput {
     pub namespace: Option<String>,
     pub name: Option<String>,
     pub kubeconfig: Option<PathBuf>,
+    pub zone_label: Option<String>,
+    pub node_selector: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]

@@ -355,6 +355,8 @@ fn validate_lock(
                 kubeconfig: k
                     .kubeconfig
                     .or_else(|| kubernetes.as_ref().and_then(|k| k.kubeconfig.clone())),
+                zone_label: super::zones::zone_label(k.zone_label, origin)?,
+                node_selector: super::zones::node_selector(k.node_selector, origin)?,
             })
         }
         input::BackendInput::Fleetlock => LockBackend::FleetLock(validate_fleetlock(
@@ -363,9 +365,19 @@ fn validate_lock(
             &backend_file,
         )?),
     };
+    let limits = super::zones::validate(
+        super::zones::LimitsInput {
+            max: lock_in.max,
+            max_per_zone: lock_in.max_per_zone,
+            zone: lock_in.zone,
+        },
+        &backend,
+        origin,
+    )?;
     Ok(Lock {
         backend,
         max_hold: lock_in.max_hold.map(|d| d.0),
+        limits,
     })
 }
 

@@ -119,6 +119,7 @@ impl Settings {
             policy: Policy {
                 max_hold,
                 waiter_timeout: queue_ttl,
+                max_per_zone: None,
             },
             backoff_min: backoff.0,
             backoff_max: backoff.1,
@@ -126,8 +127,8 @@ impl Settings {
     }
 }
 
-/// What a waiter last said it waits for: free slots, holders, waiters ahead.
-type Logged = (i64, Vec<String>, usize);
+/// What a waiter last said it waits for: free slots, holders, waiters ahead, its zone full.
+type Logged = (i64, Vec<String>, usize, bool);
 
 /// How one [`round`] ended.
 enum RoundEnd {
@@ -224,6 +225,7 @@ fn empty_view() -> View {
         holders: Vec::new(),
         waiters: Vec::new(),
         node_is_identity: false,
+        my_zone: None,
     }
 }
 
@@ -305,7 +307,8 @@ async fn round(
         w.enqueue().await?;
         // Said once in the queue, so that the position logged is one others see.
         if let Some(behind) = behind {
-            log_waiting(settings, me, &view, behind, until, logged);
+            let zone_full = arbiter::zone_full(&view, &who, observations, &settings.policy, now);
+            log_waiting(settings, me, &view, (behind, zone_full), until, logged);
         }
         w.placed(behind);
         // After a lost race too: the watch brings the change that beat us.
@@ -340,12 +343,12 @@ fn log_waiting(
     settings: &Settings,
     me: &Identity,
     view: &View,
-    behind: usize,
+    (behind, zone_full): (usize, bool),
     until: Option<Instant>,
     logged: &mut Option<Logged>,
 ) {
     let ids: Vec<String> = view.holders.iter().map(|h| h.id.clone()).collect();
-    let state = (view.free(), ids, behind);
+    let state = (view.free(), ids, behind, zone_full);
     if logged.as_ref() == Some(&state) {
         return;
     }
@@ -368,8 +371,14 @@ fn log_waiting(
         waiters_ahead = behind,
         position = behind + 1,
         reclaim_check_in = ?until.map(|u| u.saturating_duration_since(Instant::now())),
-        "waiting for a free slot: position {} in the queue",
-        behind + 1
+        zone_full,
+        "waiting for a free slot: position {} in the queue{}",
+        behind + 1,
+        if zone_full {
+            ", and this node's zone holds lock.max_per_zone"
+        } else {
+            ""
+        }
     );
     *logged = Some(state);
 }

@@ -15,14 +15,16 @@
 //!   id: [`Decision::Duplicate`], reported and never admitted while it holds.
 //! - **Queue.** Waiters are served in ticket order. A waiter that is also a holder, or whose
 //!   beat is a revision unchanged for `waiter_timeout` (as this observer saw it), does not
-//!   count. `behind` = the live waiters ahead of me (all of them while I have no entry).
-//! - **Take** when the free slots outnumber the waiters ahead of me: I go for the
+//!   count; with `max_per_zone`, neither does one whose zone is full ([`zones`]: passed over,
+//!   not dropped). `behind` = the live waiters ahead of me (all of them while I have no entry).
+//! - **Take** when the free slots outnumber the waiters ahead of me and my zone has room
+//!   (beside its holders and the eligible waiters ahead of me in it): I go for the
 //!   `behind`-th free slot, so the waiters a release lets in do not race for one.
 //! - **Reclaim** only as the head of the queue (nobody ahead) with no free slot, and only a
 //!   holder the store knows is gone ([`HolderView::gone`]) or, with `max_hold`, one whose beat
 //!   did not change for `max_hold` of this observer's clock. Gone holders first, then the one
 //!   silent longest. When the holders exceed `max` (a forced shrink), the slot is freed, not
-//!   taken over.
+//!   taken over; a slot is taken over only if my zone has room once its holder is out.
 //! - Otherwise **wait**: for a change, or until the first holder would pass `max_hold` (head
 //!   only) or a waiter ahead would time out.
 
@@ -38,6 +40,8 @@ pub struct Policy {
     pub max_hold: Option<Duration>,
     /// A waiter whose beat is a revision, silent this long, no longer holds its place.
     pub waiter_timeout: Duration,
+    /// At most this many holders in one zone (`lock.max_per_zone`); `None`: no zone rule.
+    pub max_per_zone: Option<u64>,
 }
 
 /// Why a holder may be reclaimed.
@@ -100,13 +104,15 @@ pub fn decide(
     if let Some(d) = mine(view, me) {
         return d;
     }
-    let (behind, next_expiry) = place(view, me, observations, policy, now);
+    let place = place(view, me, observations, policy, now);
+    let behind = place.behind;
     let free = view.free();
-    if free > i64::try_from(behind).unwrap_or(i64::MAX) {
+    if place.room && free > i64::try_from(behind).unwrap_or(i64::MAX) {
         return Decision::Take { rank: behind };
     }
-    let mut until = next_expiry;
-    if behind == 0 {
+    let mut until = place.expiry;
+    if behind == 0 && free <= 0 {
+        let take_over = view.holders.len() as u64 <= view.max;
         let mut best: Option<(&HolderView, ReclaimWhy, Duration)> = None;
         for h in &view.holders {
             let silent = observations.holder_silent_for(&h.id, &h.beat, now);
@@ -127,7 +133,9 @@ pub fn decide(
                 }
                 _ => None,
             };
-            if let Some((why, rank)) = why {
+            // Taking its slot over puts me in my zone in its place.
+            let fits = !take_over || place.zones.has_room(view.my_zone.as_deref(), Some(h));
+            if let Some((why, rank)) = why.filter(|_| fits) {
                 if best.as_ref().is_none_or(|(_, _, r)| rank > *r) {
                     best = Some((h, why, rank));
                 }
@@ -137,11 +145,23 @@ pub fn decide(
             return Decision::Reclaim {
                 holder: h.id.clone(),
                 why,
-                take_over: view.holders.len() as u64 <= view.max,
+                take_over,
             };
         }
     }
     Decision::Wait { until, behind }
+}
+
+/// Whether the zone rule alone keeps me waiting: `max_per_zone` is set and my zone is full
+/// (beside the eligible waiters ahead of me), as [`decide`] counts it.
+pub fn zone_full(
+    view: &View,
+    me: &Me<'_>,
+    observations: &Observations,
+    policy: &Policy,
+    now: Instant,
+) -> bool {
+    policy.max_per_zone.is_some() && !place(view, me, observations, policy, now).room
 }
 
 /// Whether I hold (or should adopt) a slot, or another host holds one under my id. Only holders
@@ -221,23 +241,43 @@ fn is_holder(view: &View, w: &WaiterView) -> bool {
     })
 }
 
-/// The live waiters ahead of me, and when the first of them would time out.
-fn place(
-    view: &View,
+/// Where I stand in the queue.
+struct Place<'a> {
+    /// The live, eligible waiters ahead of me.
+    behind: usize,
+    /// When the first of them would time out.
+    expiry: Option<Instant>,
+    /// The zone rule's count: the holders and the eligible waiters ahead of me.
+    zones: zones::ZoneRoom<'a>,
+    /// Whether my zone has room for me.
+    room: bool,
+}
+
+/// The live waiters ahead of me that could use a slot (their zone has room), and when the
+/// first of them would time out.
+fn place<'a>(
+    view: &'a View,
     me: &Me<'_>,
     observations: &Observations,
     policy: &Policy,
     now: Instant,
-) -> (usize, Option<Instant>) {
+) -> Place<'a> {
     let mine = view.my_ticket();
     let mut behind = 0;
     let mut expiry: Option<Instant> = None;
-    for w in &view.waiters {
+    let mut zones = zones::ZoneRoom::new(policy.max_per_zone, &view.holders);
+    // Stores list the queue in ticket order; the zone rule walks it so whatever the list.
+    let mut queue: Vec<&WaiterView> = view.waiters.iter().collect();
+    if !queue.is_sorted_by_key(|w| &w.ticket) {
+        queue.sort_by_key(|w| &w.ticket);
+    }
+    for w in queue {
         if w.mine
             || w.id.as_deref() == Some(me.id)
             || mine.is_some_and(|t| w.ticket >= *t)
             || is_holder(view, w)
             || !waiter_live(w, observations, policy, now)
+            || !zones.admit(w.zone.as_deref())
         {
             continue;
         }
@@ -248,7 +288,13 @@ fn place(
             expiry = Some(expiry.map_or(at, |e: Instant| e.min(at)));
         }
     }
-    (behind, expiry)
+    let room = zones.has_room(view.my_zone.as_deref(), None);
+    Place {
+        behind,
+        expiry,
+        zones,
+        room,
+    }
 }
 
 /// The waiters (not mine) silent for at least `factor` times the waiter time-out: the entries
@@ -273,3 +319,8 @@ pub mod props;
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod zone_tests;
+
+pub mod zones;

@@ -336,6 +336,10 @@ pub struct HolderRecord {
     /// the document.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reclaimed_by: Option<String>,
+    /// The zone its holder claims (`lock.zone`), for `lock.max_per_zone`; absent from records
+    /// of rebootd before zones, or of a node without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
 }
 
 impl HolderRecord {
@@ -372,6 +376,7 @@ impl HolderRecord {
             acquired: previous.map_or(now, |p| p.acquired),
             token: Some(me.token.clone()),
             reclaimed_by: None,
+            zone: me.zone.clone(),
         }
     }
 
@@ -394,6 +399,7 @@ impl HolderRecord {
             foreign: None,
             claimed_by: None,
             since: record.map(|r| r.since),
+            zone: record.and_then(|r| zone_of(r.zone.as_deref())),
         }
     }
 
@@ -415,6 +421,17 @@ pub struct WaiterRecord {
     pub token: Option<String>,
     /// When it started waiting (kept when a restarted rebootd takes its entry over).
     pub since: jiff::Timestamp,
+    /// The zone it claims (`lock.zone`), as in [`HolderRecord::zone`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+}
+
+/// A zone as a record claims it, for the lock core: one that is not a zone name (any node may
+/// write anything) is unknown, which counts in every zone.
+pub fn zone_of(claimed: Option<&str>) -> Option<String> {
+    claimed
+        .filter(|z| crate::config::is_zone(z))
+        .map(str::to_owned)
 }
 
 impl WaiterRecord {
@@ -644,6 +661,7 @@ mod tests {
             acquired: jiff::Timestamp::from_second(1_699_999_000).unwrap(),
             token: Some("0123abcd".into()),
             reclaimed_by: None,
+            zone: None,
         };
         assert_eq!(HolderRecord::parse(r.to_json().as_bytes()).unwrap(), r);
         assert!(HolderRecord::parse(b"{}").is_err());

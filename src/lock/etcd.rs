@@ -27,6 +27,7 @@ pub struct EtcdStore {
     settings: config::Etcd,
     group: String,
     max_hold: Option<Duration>,
+    max_per_zone: Option<u64>,
     v2: OnceCell<EtcdV2Semaphore>,
     v3: OnceCell<EtcdSemaphore>,
     moved: AtomicBool,
@@ -38,10 +39,17 @@ impl EtcdStore {
             settings: settings.clone(),
             group: group.to_owned(),
             max_hold,
+            max_per_zone: None,
             v2: OnceCell::new(),
             v3: OnceCell::new(),
             moved: AtomicBool::new(settings.api == EtcdApi::V3),
         }
+    }
+
+    /// With at most `max_per_zone` holders in one zone, on either store.
+    pub fn with_max_per_zone(mut self, max_per_zone: Option<u64>) -> Self {
+        self.max_per_zone = max_per_zone;
+        self
     }
 
     /// Whether calls go to the v3 store now (configured so, or followed there).
@@ -51,8 +59,10 @@ impl EtcdStore {
 
     async fn v2(&self) -> Result<&EtcdV2Semaphore, LockError> {
         self.v2
-            .get_or_try_init(|| {
+            .get_or_try_init(|| async {
                 EtcdV2Semaphore::connect(&self.settings, &self.group, self.max_hold)
+                    .await
+                    .map(|s| s.with_max_per_zone(self.max_per_zone))
             })
             .await
     }
@@ -64,7 +74,9 @@ impl EtcdStore {
                     api: EtcdApi::V3,
                     ..self.settings.clone()
                 };
-                EtcdSemaphore::connect(&settings, &self.group, self.max_hold).await
+                EtcdSemaphore::connect(&settings, &self.group, self.max_hold)
+                    .await
+                    .map(|s| s.with_max_per_zone(self.max_per_zone))
             })
             .await
     }

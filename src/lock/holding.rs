@@ -131,6 +131,7 @@ mod tests {
             foreign: None,
             claimed_by: None,
             since: None,
+            zone: None,
         }
     }
 
@@ -140,6 +141,7 @@ mod tests {
             holders,
             waiters: Vec::new(),
             node_is_identity,
+            my_zone: None,
         }
     }
 

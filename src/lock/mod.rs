@@ -91,6 +91,10 @@ pub struct Identity {
     /// holder record, it tells this host from another one with the same machine id, and a
     /// restarted rebootd from a stranger.
     pub token: String,
+    /// This node's zone where the configuration names it (`lock.zone`, etcd), written in its
+    /// holder record and queue entry for `lock.max_per_zone`; on Leases the store reads it from
+    /// the Node instead.
+    pub zone: Option<String>,
 }
 
 impl Identity {

@@ -20,9 +20,12 @@ pub async fn open(config: &Config) -> Result<Box<dyn Semaphore>, LockError> {
             group: group.clone(),
         })),
         LockBackend::Etcd(settings) => Ok(etcd(settings, config)),
-        LockBackend::Kubernetes(settings) => {
-            Ok(Box::new(kubernetes(settings, config.lock.max_hold).await?))
-        }
+        LockBackend::Kubernetes(settings) => Ok(Box::new(
+            kubernetes(settings, config.lock.max_hold)
+                .await?
+                .with_max_per_zone(config.lock.limits.max_per_zone)
+                .with_max_percent(config.lock.limits.max_percent),
+        )),
         LockBackend::FleetLock(settings) => Ok(Box::new(fleetlock(settings, group)?)),
     }
 }
@@ -35,9 +38,12 @@ pub async fn open_admin(config: &Config) -> Result<Box<dyn Admin>, LockError> {
             group: config.identity.group.clone(),
         })),
         LockBackend::Etcd(settings) => Ok(etcd(settings, config)),
-        LockBackend::Kubernetes(settings) => {
-            Ok(Box::new(kubernetes(settings, config.lock.max_hold).await?))
-        }
+        LockBackend::Kubernetes(settings) => Ok(Box::new(
+            kubernetes(settings, config.lock.max_hold)
+                .await?
+                .with_max_per_zone(config.lock.limits.max_per_zone)
+                .with_max_percent(config.lock.limits.max_percent),
+        )),
         LockBackend::FleetLock(settings) => Err(fleetlock_has_no_admin(&settings.url)),
     }
 }
@@ -63,11 +69,10 @@ pub fn fleetlock_has_no_admin(url: &str) -> LockError {
 }
 
 fn etcd(settings: &config::Etcd, config: &Config) -> Box<EtcdStore> {
-    Box::new(EtcdStore::new(
-        settings,
-        &config.identity.group,
-        config.lock.max_hold,
-    ))
+    Box::new(
+        EtcdStore::new(settings, &config.identity.group, config.lock.max_hold)
+            .with_max_per_zone(config.lock.limits.max_per_zone),
+    )
 }
 
 async fn kubernetes(

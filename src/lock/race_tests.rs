@@ -25,6 +25,7 @@ pub(super) fn me(id: &str) -> Identity {
         node: format!("node-{id}"),
         boot_id: format!("boot-{id}"),
         token: format!("t-{id}"),
+        zone: None,
     }
 }
 
@@ -132,6 +133,8 @@ async fn on_leases() -> Option<(
         namespace: "rebootd".into(),
         name: "reboot".into(),
         kubeconfig: None,
+        zone_label: crate::config::DEFAULT_ZONE_LABEL.into(),
+        node_selector: None,
     };
     let mut stores = Vec::new();
     for user in ["node-h", "node-w"] {

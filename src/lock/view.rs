@@ -58,6 +58,9 @@ pub struct HolderView {
     /// store takes a slot back in two steps (etcd v2: no transaction over two keys). A claimed
     /// slot is no longer its holder's to use, only to give back.
     pub claimed_by: Option<String>,
+    /// The zone its record claims (`None`: written by something that names none, such as
+    /// locksmith or an older rebootd; under `max_per_zone` it counts in every zone).
+    pub zone: Option<String>,
 }
 
 /// A waiter's place in the queue. Smaller is earlier. The parts are what the store orders by
@@ -81,6 +84,8 @@ pub struct WaiterView {
     pub beat: Beat,
     /// Whether this is the asker's own entry.
     pub mine: bool,
+    /// The zone its entry claims (`None`: unknown, counted in every zone).
+    pub zone: Option<String>,
 }
 
 /// The semaphore as read, store-neutral.
@@ -95,6 +100,9 @@ pub struct View {
     /// of that node apart, since any node may write them. Elsewhere (etcd) the machine id is
     /// the identity.
     pub node_is_identity: bool,
+    /// The asker's zone, as its store knows it (etcd: `lock.zone`; Leases: its Node's
+    /// `zone_label`). `None`: unknown, so under `max_per_zone` it shares a zone with everyone.
+    pub my_zone: Option<String>,
 }
 
 impl View {
@@ -215,6 +223,7 @@ mod tests {
             foreign: None,
             claimed_by: None,
             since: None,
+            zone: None,
         }
     }
 
@@ -227,6 +236,7 @@ mod tests {
             holders: vec![holder("a", Beat::Revision("5".into()))],
             waiters: Vec::new(),
             node_is_identity: false,
+            my_zone: None,
         };
         let mut o = Observations::default();
         o.update(&view, t0);
@@ -257,6 +267,7 @@ mod tests {
             node: None,
             beat,
             mine: false,
+            zone: None,
         }
     }
 
@@ -273,6 +284,7 @@ mod tests {
                 .map(|i| waiter(&format!("q/{i}"), Beat::Ttl))
                 .collect(),
             node_is_identity: false,
+            my_zone: None,
         };
         let mut o = Observations::default();
         o.update(&view, t0);

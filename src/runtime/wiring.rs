@@ -60,6 +60,7 @@ pub fn identity(config: &Config, store: &StateStore) -> Result<lock::Identity, R
         node: config.identity.node_name.clone(),
         boot_id: read_id("the boot id", &config.identity.boot_id_file)?,
         token: store.holder_token()?,
+        zone: config.lock.limits.zone.clone(),
     })
 }
 

@@ -33,6 +33,7 @@ pub fn machine(id: &str) -> Identity {
         node: format!("node-{id}"),
         boot_id: format!("boot-{id}"),
         token: format!("t-{id}"),
+        zone: None,
     }
 }
 

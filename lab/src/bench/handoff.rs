@@ -53,6 +53,7 @@ pub async fn run(a: Args) -> Result<(), String> {
             node: format!("bench-{i}"),
             boot_id: util::random_id(),
             token: util::random_id(),
+            zone: None,
         })
         .collect();
     let sems: Vec<Arc<dyn Semaphore>>;
@@ -142,6 +143,8 @@ pub async fn run(a: Args) -> Result<(), String> {
                 namespace: "kube-system".into(),
                 name: "bench".into(),
                 kubeconfig: None,
+                zone_label: rebootd::config::DEFAULT_ZONE_LABEL.into(),
+                node_selector: None,
             };
             let (chain, lease_admin) = connections(a.clients, || async {
                 let client = rebootd::kube_client::connect(Some(&kc))

@@ -32,6 +32,14 @@ impl Bytes<'_> {
         of[usize::from(self.next()) % of.len()]
     }
 
+    /// Zones `a` and `b`, or unknown.
+    fn zone(&mut self) -> Option<String> {
+        match self.next() % 3 {
+            0 => None,
+            n => Some(if n == 1 { "a" } else { "b" }.to_owned()),
+        }
+    }
+
     fn beat(&mut self) -> Beat {
         match self.next() % 4 {
             0 => Beat::Ttl,
@@ -53,6 +61,7 @@ pub fn check_bytes(data: &[u8]) {
     );
     check_rules(&case, &Expected::of(&case), &d);
     check_holding(&case.view, &d);
+    check_everyone(&case);
 }
 
 /// A holder's own calls follow the same rule of which slot is mine: the fence says held only
@@ -107,6 +116,7 @@ impl Case {
             holders,
             waiters,
             node_is_identity: b.next().is_multiple_of(2),
+            my_zone: b.zone(),
         };
         let policy = Policy {
             max_hold: b
@@ -114,6 +124,10 @@ impl Case {
                 .is_multiple_of(2)
                 .then(|| Duration::from_secs(u64::from(b.next() % 4))),
             waiter_timeout: Duration::from_secs(u64::from(b.next() % 4 + 1)),
+            max_per_zone: match b.next() % 4 {
+                0 => None,
+                n => Some(u64::from(n)),
+            },
         };
         let t0 = Instant::now();
         let now = t0 + Duration::from_secs(u64::from(b.next() % 6));
@@ -157,6 +171,7 @@ fn holders(b: &mut Bytes) -> Vec<HolderView> {
                 .next()
                 .is_multiple_of(5)
                 .then(|| "a slot past max".to_owned()),
+            zone: b.zone(),
         })
         .collect();
     let mut seen_ids = std::collections::HashSet::new();
@@ -186,6 +201,7 @@ fn waiters(b: &mut Bytes) -> Vec<WaiterView> {
                 node: Some(b.pick(&NODES[1..]).to_owned()),
                 beat: b.beat(),
                 mine,
+                zone: b.zone(),
             }
         })
         .collect()
@@ -200,9 +216,13 @@ struct Expected<'a> {
     mine: bool,
     /// A holder I may adopt: mine without a token, or by node where nodes are identity.
     adoptable: bool,
-    /// Live waiters ahead of me that hold no slot.
+    /// Live waiters ahead of me that hold no slot and whose zone has room.
     ahead: usize,
     free: i64,
+    /// My zone has room for me (beside its holders and the counted waiters ahead of me).
+    room: bool,
+    /// By holder id: my zone would have room with that holder out.
+    room_without: std::collections::HashMap<String, bool>,
 }
 
 impl<'a> Expected<'a> {
@@ -226,7 +246,7 @@ impl<'a> Expected<'a> {
         let adoptable = by_id.iter().any(|h| h.token.is_none())
             || (by_id.is_empty() && view.node_is_identity && !could_be_mine.is_empty());
         let my_ticket = view.my_ticket();
-        let ahead = view
+        let mut candidates: Vec<&WaiterView> = view
             .waiters
             .iter()
             .filter(|w| !w.mine && w.id.as_deref() != Some(ME.id))
@@ -238,13 +258,44 @@ impl<'a> Expected<'a> {
                 })
             })
             .filter(|w| waiter_live(w, &case.seen, &case.policy, case.now))
-            .count();
+            .collect();
+        candidates.sort_by(|a, b| a.ticket.cmp(&b.ticket));
+        // In ticket order, a waiter counts when its zone has room beside the holders and the
+        // counted waiters before it; an unknown zone is in every zone.
+        let cap = case.policy.max_per_zone;
+        let in_zone = |z: Option<&str>, of: Option<&str>| z.is_none() || of.is_none() || z == of;
+        let mut eligible: Vec<Option<&str>> = Vec::new();
+        let fits = |eligible: &[Option<&str>], zone: Option<&str>, except: Option<&str>| {
+            let held = view
+                .holders
+                .iter()
+                .filter(|h| Some(h.id.as_str()) != except)
+                .filter(|h| in_zone(h.zone.as_deref(), zone))
+                .count();
+            let queued = eligible.iter().filter(|z| in_zone(**z, zone)).count();
+            cap.is_none_or(|c| ((held + queued) as u64) < c)
+        };
+        for w in &candidates {
+            if fits(&eligible, w.zone.as_deref(), None) {
+                eligible.push(w.zone.as_deref());
+            }
+        }
+        let my_zone = view.my_zone.as_deref();
+        let room = fits(&eligible, my_zone, None);
+        let room_without = view
+            .holders
+            .iter()
+            .map(|h| (h.id.clone(), fits(&eligible, my_zone, Some(&h.id))))
+            .collect();
+        let ahead = eligible.len();
         Expected {
             by_id,
             mine,
             adoptable,
             ahead,
             free: view.free(),
+            room,
+            room_without,
         }
     }
 }
@@ -285,6 +336,7 @@ fn check_rules(case: &Case, e: &Expected, d: &Decision) {
                 "took without a slot for my place: {}",
                 context()
             );
+            assert!(e.room, "took in a full zone: {}", context());
         }
         Decision::Reclaim {
             holder,
@@ -295,8 +347,8 @@ fn check_rules(case: &Case, e: &Expected, d: &Decision) {
             assert!(e.by_id.is_empty() && !adoptable, "waited: {}", context());
             assert_eq!(*behind, e.ahead, "{}", context());
             assert!(
-                free <= ahead_i,
-                "waited with a slot for my place: {}",
+                free <= ahead_i || !e.room,
+                "waited with a slot for my place and room in my zone: {}",
                 context()
             );
             assert!(until.is_none_or(|u| u >= *now), "{}", context());
@@ -349,6 +401,93 @@ fn check_reclaim(
         view.holders.len() as u64 <= view.max,
         "{}",
         context()
+    );
+    assert!(
+        !take_over || e.room_without[holder],
+        "took a slot over into a full zone: {}",
+        context()
+    );
+}
+
+/// Every live waiter deciding at once on the same view (a release lets them all in): the
+/// slots they take, with the holders, never put more than `max` in all or `max_per_zone` in a
+/// zone, where the holders were within both.
+fn check_everyone(case: &Case) {
+    let view = &case.view;
+    let ids: Vec<Option<&str>> = view.waiters.iter().map(|w| w.id.as_deref()).collect();
+    let distinct = ids.iter().all(|id| id.is_some())
+        && (0..ids.len()).all(|i| !ids[i + 1..].contains(&ids[i]))
+        && view.waiters.iter().all(|w| {
+            !view.holders.iter().any(|h| {
+                w.id.as_deref() == Some(h.id.as_str()) || w.node == h.node || h.id == ME.id
+            })
+        });
+    if !distinct {
+        return;
+    }
+    let zones = [Some("a"), Some("b")];
+    let count = |zones_held: &[Option<&str>], z: Option<&str>| {
+        zones_held
+            .iter()
+            .filter(|h| h.is_none() || **h == z)
+            .count() as u64
+    };
+    let before: Vec<Option<&str>> = view.holders.iter().map(|h| h.zone.as_deref()).collect();
+    let cap = case.policy.max_per_zone;
+    let within =
+        |held: &[Option<&str>]| cap.is_none_or(|c| zones.iter().all(|z| count(held, *z) <= c));
+    if !within(&before) || before.len() as u64 > view.max {
+        return;
+    }
+    let mut after = before.clone();
+    let mut taken = 0;
+    for (i, w) in view.waiters.iter().enumerate() {
+        // A waiter the others count as gone may still take: the store's compare-and-swap, not
+        // the rule, keeps that one apart.
+        if !waiter_live(w, &case.seen, &case.policy, case.now) {
+            continue;
+        }
+        let mut as_w = view.clone();
+        for (j, x) in as_w.waiters.iter_mut().enumerate() {
+            x.mine = i == j;
+        }
+        as_w.my_zone = w.zone.clone();
+        let token = format!("t-{}", w.key);
+        let me = Me {
+            id: w.id.as_deref().unwrap_or_default(),
+            node: w.node.as_deref().unwrap_or_default(),
+            token: &token,
+        };
+        let mut seen = Observations::default();
+        seen.update(&as_w, case.t0);
+        seen.update(&as_w, case.now);
+        match decide(&as_w, &me, &seen, &case.policy, case.now) {
+            Decision::Take { .. } => {
+                taken += 1;
+                after.push(w.zone.as_deref());
+            }
+            Decision::Reclaim {
+                holder,
+                take_over: true,
+                ..
+            } => {
+                let at = view.holders.iter().position(|h| h.id == holder);
+                if let Some(at) = at {
+                    after[at] = w.zone.as_deref();
+                }
+            }
+            _ => {}
+        }
+    }
+    assert!(
+        before.len() as u64 + taken <= view.max,
+        "{taken} took with {} free on {view:?}",
+        view.free()
+    );
+    assert!(
+        within(&after),
+        "zones {after:?} past {cap:?} on {view:?} with {:?}",
+        case.policy
     );
 }
 

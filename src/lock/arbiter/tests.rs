@@ -3,17 +3,17 @@
 use super::*;
 use crate::lock::view::{Ticket, WaiterView};
 
-const ME: Me<'static> = Me {
+pub(super) const ME: Me<'static> = Me {
     id: "m-me",
     node: "node-me",
     token: "t-me",
 };
 
-fn s(secs: u64) -> Duration {
+pub(super) fn s(secs: u64) -> Duration {
     Duration::from_secs(secs)
 }
 
-fn holder(id: &str, token: Option<&str>, beat: &str) -> HolderView {
+pub(super) fn holder(id: &str, token: Option<&str>, beat: &str) -> HolderView {
     HolderView {
         id: id.into(),
         node: Some(format!("node-{id}")),
@@ -29,10 +29,11 @@ fn holder(id: &str, token: Option<&str>, beat: &str) -> HolderView {
         foreign: None,
         claimed_by: None,
         since: None,
+        zone: None,
     }
 }
 
-fn waiter(key: &str, order: i64, beat: Beat, mine: bool) -> WaiterView {
+pub(super) fn waiter(key: &str, order: i64, beat: Beat, mine: bool) -> WaiterView {
     WaiterView {
         key: key.into(),
         ticket: Ticket {
@@ -43,27 +44,30 @@ fn waiter(key: &str, order: i64, beat: Beat, mine: bool) -> WaiterView {
         node: None,
         beat,
         mine,
+        zone: None,
     }
 }
 
-fn view(max: u64, holders: Vec<HolderView>, waiters: Vec<WaiterView>) -> View {
+pub(super) fn view(max: u64, holders: Vec<HolderView>, waiters: Vec<WaiterView>) -> View {
     View {
         max,
         holders,
         waiters,
         node_is_identity: false,
+        my_zone: None,
     }
 }
 
-fn policy(max_hold: Option<u64>) -> Policy {
+pub(super) fn policy(max_hold: Option<u64>) -> Policy {
     Policy {
         max_hold: max_hold.map(s),
         waiter_timeout: s(30),
+        max_per_zone: None,
     }
 }
 
 /// Decide on `v` after observing it once at `t0` and again (unchanged) `after` later.
-fn after(v: &View, p: Policy, after: Duration) -> Decision {
+pub(super) fn after(v: &View, p: Policy, after: Duration) -> Decision {
     let t0 = Instant::now();
     let mut o = Observations::default();
     o.update(v, t0);
@@ -71,7 +75,7 @@ fn after(v: &View, p: Policy, after: Duration) -> Decision {
     decide(v, &ME, &o, &p, t0 + after)
 }
 
-fn at_once(v: &View, p: Policy) -> Decision {
+pub(super) fn at_once(v: &View, p: Policy) -> Decision {
     after(v, p, Duration::ZERO)
 }
 

@@ -68,6 +68,8 @@ pub struct EtcdV2Semaphore {
     client: Arc<KeysClient>,
     keys: Keys,
     max_hold: Option<Duration>,
+    /// `lock.max_per_zone`: at most this many holders in one zone.
+    max_per_zone: Option<u64>,
     timeouts: Timeouts,
     /// The group as the last phase report read it, for the release right after it.
     recent: Recent<Snapshot>,
@@ -91,6 +93,12 @@ impl std::fmt::Debug for EtcdV2Semaphore {
 }
 
 impl EtcdV2Semaphore {
+    /// With at most `max_per_zone` holders in one zone (`lock.max_per_zone`).
+    pub fn with_max_per_zone(mut self, max_per_zone: Option<u64>) -> Self {
+        self.max_per_zone = max_per_zone;
+        self
+    }
+
     /// A store for `group` on the cluster of `settings`, checked with one read: an etcd without
     /// the v2 API is refused at once, naming `--enable-v2`.
     pub async fn connect(
@@ -115,6 +123,7 @@ impl EtcdV2Semaphore {
             client: Arc::new(client),
             keys: Keys::new(group),
             max_hold,
+            max_per_zone: None,
             timeouts,
             recent: Recent::default(),
             before_report: Recent::default(),
@@ -313,6 +322,7 @@ impl EtcdV2Semaphore {
             acquired: now,
             token: None,
             reclaimed_by: None,
+            zone: None,
         });
         record.reclaimed_by = Some(by.to_owned());
         Ok(self.put_record(&key, previous, &record).await?.is_some())

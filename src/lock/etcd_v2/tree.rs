@@ -123,6 +123,9 @@ pub struct QueueRecord {
     pub token: String,
     /// When it started waiting (shown only).
     pub since: jiff::Timestamp,
+    /// The zone it claims (`lock.zone`), for `lock.max_per_zone`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
 }
 
 impl QueueRecord {
@@ -350,6 +353,7 @@ impl Snapshot {
                     node: r.map(|r| r.node.clone()),
                     beat: Beat::Ttl,
                     mine: me.is_some_and(|m| r.is_some_and(|r| r.id == m.id && r.token == m.token)),
+                    zone: super::super::document::zone_of(r.and_then(|r| r.zone.as_deref())),
                 }
             })
             .collect();
@@ -358,6 +362,7 @@ impl Snapshot {
             holders,
             waiters,
             node_is_identity: false,
+            my_zone: None,
         }
     }
 }
@@ -397,6 +402,7 @@ mod tests {
             acquired: jiff::Timestamp::UNIX_EPOCH,
             token: Some(token.into()),
             reclaimed_by: None,
+            zone: None,
         }
         .to_json()
     }
@@ -408,6 +414,7 @@ mod tests {
             boot_id: "b".into(),
             token: token.into(),
             since: jiff::Timestamp::UNIX_EPOCH,
+            zone: None,
         }
         .to_json()
     }

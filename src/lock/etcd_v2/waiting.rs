@@ -52,12 +52,14 @@ pub(super) async fn acquire_unless_paused(
 
 fn settings(store: &EtcdV2Semaphore) -> Settings {
     let t = &store.timeouts;
-    Settings::etcd(
+    let mut settings = Settings::etcd(
         &store.keys.doc,
         store.max_hold,
         t.queue_ttl,
         (t.backoff_min, t.backoff_max),
-    )
+    );
+    settings.policy.max_per_zone = store.max_per_zone;
+    settings
 }
 
 /// A waiter of `me` on `store` that has read nothing yet (the steps of `acquire`; tests drive
@@ -247,7 +249,9 @@ impl Waiting for V2Waiting<'_> {
     fn view(&self) -> Result<View, LockError> {
         let snap = self.snap()?;
         let doc = self.store.document(snap)?;
-        Ok(snap.view(&self.store.keys, &doc, Some(&self.me.as_me())))
+        let mut view = snap.view(&self.store.keys, &doc, Some(&self.me.as_me()));
+        view.my_zone = self.me.zone.clone();
+        Ok(view)
     }
 
     async fn take(&mut self, _rank: usize) -> Result<bool, LockError> {
@@ -410,7 +414,12 @@ impl V2Waiting<'_> {
         let Some(doc) = snap.document() else {
             return false;
         };
-        if snap.pause.is_some() || doc.holds(&self.me.id) || !snap.queue.contains_key(mine) {
+        // With zones, waiters ahead in full zones are passed over: any change may let me act.
+        if snap.pause.is_some()
+            || self.store.max_per_zone.is_some()
+            || doc.holds(&self.me.id)
+            || !snap.queue.contains_key(mine)
+        {
             return false;
         }
         let ahead = snap.queue.range::<String, _>(..mine).count();
@@ -457,6 +466,7 @@ impl V2Waiting<'_> {
             boot_id: self.me.boot_id.clone(),
             token: self.me.token.clone(),
             since: self.started,
+            zone: self.me.zone.clone(),
         };
         let created = self
             .store

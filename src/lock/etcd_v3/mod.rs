@@ -67,6 +67,8 @@ pub struct EtcdSemaphore {
     /// The endpoints, for error messages.
     target: String,
     max_hold: Option<Duration>,
+    /// `lock.max_per_zone`: at most this many holders in one zone.
+    max_per_zone: Option<u64>,
     timeouts: Timeouts,
     /// My record as this process last wrote it (see [`report`]).
     written: report::Written,
@@ -86,6 +88,13 @@ impl std::fmt::Debug for EtcdSemaphore {
 }
 
 impl EtcdSemaphore {
+    /// With at most `max_per_zone` holders in one zone (`lock.max_per_zone`; the zones are
+    /// those the holders' records and the waiters' entries claim, mine is [`Identity::zone`]).
+    pub fn with_max_per_zone(mut self, max_per_zone: Option<u64>) -> Self {
+        self.max_per_zone = max_per_zone;
+        self
+    }
+
     /// Connect to the cluster in `settings` for the semaphore of `group`, with default
     /// [`Timeouts`]. An unreachable cluster is [`LockError::Unreachable`] naming the endpoints.
     pub async fn connect(
@@ -132,6 +141,7 @@ impl EtcdSemaphore {
             keys: Keys::new(group),
             target,
             max_hold,
+            max_per_zone: None,
             timeouts,
             written: report::Written::default(),
             last_pause: super::pause::LastRead::default(),

@@ -277,6 +277,7 @@ impl Snapshot {
                 node: e.record.as_ref().map(|r| r.node.clone()),
                 beat: Beat::Ttl,
                 mine: my_key.as_ref() == Some(key),
+                zone: document::zone_of(e.record.as_ref().and_then(|r| r.zone.as_deref())),
             })
             .collect();
         waiters.sort_by(|a, b| a.ticket.cmp(&b.ticket));
@@ -285,6 +286,7 @@ impl Snapshot {
             holders,
             waiters,
             node_is_identity: false,
+            my_zone: None,
         }
     }
 }
@@ -316,6 +318,7 @@ mod tests {
             acquired: jiff::Timestamp::UNIX_EPOCH,
             token: token.map(Into::into),
             reclaimed_by: None,
+            zone: None,
         }
         .to_json()
     }
@@ -326,6 +329,7 @@ mod tests {
             boot_id: "b".into(),
             token: Some("t".into()),
             since: jiff::Timestamp::UNIX_EPOCH,
+            zone: None,
         }
         .to_json()
     }

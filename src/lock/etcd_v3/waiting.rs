@@ -37,12 +37,14 @@ pub(super) async fn acquire(store: &EtcdSemaphore, me: &Identity) -> Result<(), 
 
 fn settings(store: &EtcdSemaphore) -> Settings {
     let t = &store.timeouts;
-    Settings::etcd(
+    let mut settings = Settings::etcd(
         &store.keys.doc,
         store.max_hold,
         t.queue_ttl,
         (t.backoff_min, t.backoff_max),
-    )
+    );
+    settings.policy.max_per_zone = store.max_per_zone;
+    settings
 }
 
 /// As [`acquire`], unless the group is paused before or while waiting: the pause comes with
@@ -276,6 +278,10 @@ impl V3Waiting<'_> {
         let Some(snap) = &self.snap else {
             return false;
         };
+        // Waiters ahead in full zones are passed over: any change may let me act.
+        if self.store.max_per_zone.is_some() {
+            return false;
+        }
         let Some(mine) = snap.queue.get(&self.queue_key) else {
             return false;
         };
@@ -319,7 +325,9 @@ impl Waiting for V3Waiting<'_> {
     }
 
     fn view(&self) -> Result<View, LockError> {
-        Ok(self.snap()?.view(&self.store.keys, Some(&self.me.as_me())))
+        let mut view = self.snap()?.view(&self.store.keys, Some(&self.me.as_me()));
+        view.my_zone = self.me.zone.clone();
+        Ok(view)
     }
 
     async fn take(&mut self, _rank: usize) -> Result<bool, LockError> {
@@ -406,6 +414,7 @@ impl Waiting for V3Waiting<'_> {
                 .as_ref()
                 .and_then(|e| e.record.as_ref())
                 .map_or(self.started, |r| r.since),
+            zone: self.me.zone.clone(),
         };
         for _ in 0..2 {
             let lease = match self.lease.lease {

@@ -16,7 +16,11 @@ use crate::lock::retry::{cas_loop, Cas};
 
 /// What a GET of a Node said.
 pub(super) enum NodeLookup {
-    Found(String),
+    /// Its uid, and its zone (the `zone_label` label) when it names a valid one.
+    Found {
+        uid: String,
+        zone: Option<String>,
+    },
     Missing,
     /// Could not tell (e.g. 403): never a reason to reclaim.
     Unknown(String),
@@ -118,6 +122,23 @@ impl KubeLeaseSemaphore {
             value: crate::text::clean(value),
             reason,
         }
+    }
+
+    /// Count the Nodes `node_selector` matches (all without one), for `lock.max = "N%"`.
+    pub(super) async fn count_nodes(&self) -> Result<u64, LockError> {
+        let mut lp = ListParams::default();
+        if let Some(selector) = &self.node_selector {
+            lp = lp.labels(selector);
+        }
+        let list = self.call("listing Nodes", self.nodes.list(&lp)).await?;
+        let known = list.items.len() as u64;
+        let before = self
+            .known_nodes
+            .swap(known, std::sync::atomic::Ordering::Relaxed);
+        if before != known {
+            tracing::info!(nodes = known, selector = ?self.node_selector, "counted the Nodes lock.max is a share of");
+        }
+        Ok(known)
     }
 
     /// List the semaphore's Leases. A control Lease whose max does not parse is
@@ -262,7 +283,17 @@ impl KubeLeaseSemaphore {
     #[tracing::instrument(level = "debug", skip(self))]
     pub(super) async fn node_lookup(&self, node: &str) -> Result<NodeLookup, LockError> {
         match self.call("reading a Node", self.nodes.get_opt(node)).await {
-            Ok(Some(n)) => Ok(NodeLookup::Found(n.metadata.uid.unwrap_or_default())),
+            Ok(Some(n)) => {
+                let label = n
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(&self.zone_label));
+                Ok(NodeLookup::Found {
+                    uid: n.metadata.uid.unwrap_or_default(),
+                    zone: crate::lock::document::zone_of(label.map(String::as_str)),
+                })
+            }
             Ok(None) => Ok(NodeLookup::Missing),
             Err(CallError {
                 error: e @ LockError::Unreachable { .. },

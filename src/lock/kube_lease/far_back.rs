@@ -111,6 +111,7 @@ mod tests {
             node: "node-me".into(),
             boot_id: "b".into(),
             token: "t".into(),
+            zone: None,
         }
     }
 
@@ -123,6 +124,7 @@ mod tests {
             since: None,
             node_uid: None,
             token: None,
+            zone: None,
         };
         snap.slots.insert(
             index,

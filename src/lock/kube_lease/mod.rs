@@ -189,8 +189,12 @@ pub const ANNOTATION_SINCE: &str = "rebootd.io/since";
 pub const ANNOTATION_NODE_UID: &str = "rebootd.io/node-uid";
 /// Annotation of a held slot: the holder token of the host that took it.
 pub const ANNOTATION_HOLDER_TOKEN: &str = "rebootd.io/holder-token";
+/// The zone a holder (on its slot Lease) or a waiter (on its waiter Lease) claims: its Node's
+/// `zone_label`, for `lock.max_per_zone`.
+pub const ANNOTATION_ZONE: &str = "rebootd.io/zone";
 /// Annotations rebootd writes on a held slot and removes on release.
-const HOLDER_ANNOTATIONS: [&str; 6] = [
+const HOLDER_ANNOTATIONS: [&str; 7] = [
+    ANNOTATION_ZONE,
     ANNOTATION_MACHINE_ID,
     ANNOTATION_BOOT_ID,
     ANNOTATION_PHASE,
@@ -251,6 +255,15 @@ pub struct KubeLeaseSemaphore {
     /// Why `name` cannot be used, if it cannot.
     invalid: Option<String>,
     max_hold: Option<Duration>,
+    /// `lock.max_per_zone`: at most this many holders in one zone.
+    max_per_zone: Option<u64>,
+    /// The Node label that names a node's zone.
+    zone_label: String,
+    /// `lock.max = "N%"`: the slots are this share of the Nodes `node_selector` matches.
+    max_percent: Option<u8>,
+    node_selector: Option<String>,
+    /// How many Nodes matched, as the last `acquire` listed them (0: not yet).
+    known_nodes: std::sync::atomic::AtomicU64,
     timeouts: Timeouts,
     /// My slot Lease as this process last wrote it (see [`report`]).
     written: report::Written,
@@ -297,11 +310,36 @@ impl KubeLeaseSemaphore {
             namespace,
             name,
             max_hold,
+            max_per_zone: None,
+            zone_label: settings.zone_label.clone(),
+            max_percent: None,
+            node_selector: settings.node_selector.clone(),
+            known_nodes: std::sync::atomic::AtomicU64::new(0),
             timeouts: Timeouts::default(),
             written: report::Written::default(),
             last_pause: super::pause::LastRead::default(),
             known_max: std::sync::atomic::AtomicU64::new(NO_MAX),
         }
+    }
+
+    /// With at most `max_per_zone` holders in one zone: each node's zone is its Node's
+    /// `zone_label`, claimed on its waiter and slot Leases (`rebootd.io/zone`).
+    pub fn with_max_per_zone(mut self, max_per_zone: Option<u64>) -> Self {
+        self.max_per_zone = max_per_zone;
+        self
+    }
+
+    /// With `max` a share of the Nodes (`lock.max = "N%"`, over `node_selector`) instead of
+    /// the control Lease's count.
+    pub fn with_max_percent(mut self, percent: Option<u8>) -> Self {
+        self.max_percent = percent;
+        self
+    }
+
+    /// Count only the Nodes `selector` matches for `lock.max = "N%"`.
+    pub fn with_node_selector(mut self, selector: Option<String>) -> Self {
+        self.node_selector = selector;
+        self
     }
 
     /// Other time limits.

@@ -21,6 +21,8 @@ pub(super) struct SlotHolder {
     pub since: Option<jiff::Timestamp>,
     pub node_uid: Option<String>,
     pub token: Option<String>,
+    /// `rebootd.io/zone`: the zone it claims.
+    pub zone: Option<String>,
 }
 
 impl SlotHolder {
@@ -48,6 +50,7 @@ impl SlotHolder {
             since,
             node_uid: ann(ANNOTATION_NODE_UID),
             token: ann(ANNOTATION_HOLDER_TOKEN),
+            zone: ann(ANNOTATION_ZONE),
         })
     }
 
@@ -275,6 +278,7 @@ mod tests {
             since: None,
             node_uid: None,
             token: None,
+            zone: None,
         };
         assert!(h.is("abc") && h.is("worker-1") && !h.is("worker-2"));
         assert_eq!(h.id(), "abc");
@@ -287,6 +291,7 @@ mod tests {
             node: "n1".into(),
             boot_id: "b1".into(),
             token: "t1".into(),
+            zone: None,
         };
         let mut base = Lease::default();
         base.metadata.annotations = Some(BTreeMap::from([("other".to_owned(), "x".to_owned())]));

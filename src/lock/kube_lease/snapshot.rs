@@ -66,6 +66,7 @@ impl Snapshot {
                 .collect(),
             waiters: Vec::new(),
             node_is_identity: true,
+            my_zone: None,
         }
     }
 
@@ -87,6 +88,7 @@ impl Snapshot {
             foreign: slot.foreign(self.max),
             claimed_by: None,
             since: h.since,
+            zone: crate::lock::document::zone_of(h.zone.as_deref()),
         }
     }
 }
@@ -129,6 +131,20 @@ impl KubeLeaseSemaphore {
     /// The number of slots `snap` says. A control Lease whose max does not parse is reported
     /// by name and the last valid max this process read is used; without one it is
     /// [`LockError::Corrupt`] (wait: the slot count is unknown).
+    /// The number of slots waiters go by: with `lock.max = "N%"`, that share of the Nodes the
+    /// last `acquire` counted ([`arbiter::zones::share_of`]: rounded down, at least one);
+    /// else the control Lease's ([`Self::max_of`]).
+    pub(super) fn effective_max(&self, snap: &Snapshot) -> Result<u64, LockError> {
+        let max = self.max_of(snap)?;
+        Ok(match self.max_percent {
+            Some(p) => {
+                let known = self.known_nodes.load(std::sync::atomic::Ordering::Relaxed);
+                arbiter::zones::share_of(p, known)
+            }
+            None => max,
+        })
+    }
+
     pub(super) fn max_of(&self, snap: &Snapshot) -> Result<u64, LockError> {
         use std::sync::atomic::Ordering::Relaxed;
         let read = match &snap.control {
@@ -227,7 +243,7 @@ impl KubeLeaseSemaphore {
         my_waiter: &str,
         gone: &HashMap<String, (String, String)>,
     ) -> Result<View, LockError> {
-        let max = self.max_of(snap)?;
+        let max = self.effective_max(snap)?;
         let holders = snap
             .held()
             .map(|(slot, h): (&Slot, &SlotHolder)| {
@@ -250,6 +266,7 @@ impl KubeLeaseSemaphore {
                 node: annotation(&w.lease, ANNOTATION_WAITER_NODE).map(str::to_owned),
                 beat: beat(&w.lease),
                 mine: w.name == my_waiter,
+                zone: crate::lock::document::zone_of(annotation(&w.lease, ANNOTATION_ZONE)),
             })
             .collect();
         waiters.sort_by(|a, b| a.ticket.cmp(&b.ticket));
@@ -258,6 +275,7 @@ impl KubeLeaseSemaphore {
             holders,
             waiters,
             node_is_identity: true,
+            my_zone: None,
         })
     }
 }
@@ -312,6 +330,7 @@ mod tests {
             node: format!("node-{x}"),
             boot_id: format!("boot-{x}"),
             token: format!("t-{x}"),
+            zone: None,
         }
     }
 
@@ -328,6 +347,8 @@ mod tests {
             namespace: "ns".into(),
             name: "reboot".into(),
             kubeconfig: None,
+            zone_label: crate::config::DEFAULT_ZONE_LABEL.into(),
+            node_selector: None,
         };
         KubeLeaseSemaphore::new(client, &settings, None)
     }

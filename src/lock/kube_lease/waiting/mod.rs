@@ -88,6 +88,7 @@ fn settings(store: &KubeLeaseSemaphore) -> Settings {
             max_hold: store.max_hold,
             // Renewed every third of its TTL: not renewed for the TTL (plus slack), it is dead.
             waiter_timeout: ttl + WAITER_CLOCK_SLACK,
+            max_per_zone: store.max_per_zone,
         },
         backoff_min: store.timeouts.backoff_min,
         backoff_max: store.timeouts.backoff_max,
@@ -111,6 +112,7 @@ pub(in crate::lock) fn waiting<'a>(
         nodes: NodeWatches::default(),
         gone: HashMap::new(),
         own_node_uid: None,
+        own_zone: None,
         node_access_warned: false,
         reread: false,
         decide_again: false,
@@ -135,6 +137,8 @@ pub(in crate::lock) struct LeaseWaiting<'a> {
     gone: HashMap<String, (String, String)>,
     /// Our own Node's uid, looked up once, when first about to take a slot.
     own_node_uid: Option<Option<String>>,
+    /// My Node's zone (its `zone_label`), read with its uid; `None`: unknown.
+    own_zone: Option<String>,
     node_access_warned: bool,
     /// The view cannot be right (or a waiter Lease of ours exists unseen): read again at once.
     reread: bool,
@@ -163,12 +167,12 @@ impl LeaseWaiting<'_> {
     /// `slot` taken by me at `now`, with the phase I enter with it (the first report).
     fn taken(&self, slot: &Lease, now: jiff::Timestamp, node_uid: Option<&str>) -> Lease {
         let mut lease = KubeLeaseSemaphore::taken(slot, self.me, now, node_uid);
+        let annotations = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
         if let Some(first) = self.first {
-            lease
-                .metadata
-                .annotations
-                .get_or_insert_with(BTreeMap::new)
-                .insert(ANNOTATION_PHASE.to_owned(), first.as_str().to_owned());
+            annotations.insert(ANNOTATION_PHASE.to_owned(), first.as_str().to_owned());
+        }
+        if let Some(zone) = &self.own_zone {
+            annotations.insert(ANNOTATION_ZONE.to_owned(), zone.clone());
         }
         lease
     }
@@ -278,19 +282,28 @@ impl Waiting for LeaseWaiting<'_> {
             }
             self.leases = Some(stream);
             self.snap = Some(snap);
+            if self.store.max_per_zone.is_some() {
+                // My zone is my Node's label: read before the first decision.
+                self.own_node_uid().await?;
+            }
+            if self.store.max_percent.is_some() {
+                self.store.count_nodes().await?;
+            }
             return Ok(());
         }
     }
 
     fn view(&self) -> Result<View, LockError> {
-        self.store.view(self.snap()?, &self.my_waiter, &self.gone)
+        let mut view = self.store.view(self.snap()?, &self.my_waiter, &self.gone)?;
+        view.my_zone = self.own_zone.clone();
+        Ok(view)
     }
 
     async fn take(&mut self, rank: usize) -> Result<bool, LockError> {
         let node_uid = self.own_node_uid().await?;
         let store = self.store;
         let snap = self.snap()?;
-        let max = store.max_of(snap)?;
+        let max = store.effective_max(snap)?;
         let now = jiff::Timestamp::now();
         // The waiters ahead of us go for the first free slots: we take the one after them,
         // so that the eligible waiters do not all race for the same Lease.
@@ -351,7 +364,7 @@ impl Waiting for LeaseWaiting<'_> {
             self.reread = true;
             return Ok(false);
         };
-        let max = self.store.max_of(self.snap()?)?;
+        let max = self.store.effective_max(self.snap()?)?;
         if !take_over || slot.index >= max {
             let freed = self.store.free_slot(&slot, max).await?;
             // Not a take: the watch brings the freed slot.
@@ -367,7 +380,14 @@ impl Waiting for LeaseWaiting<'_> {
         if self.reread || self.snap()?.waiters.contains_key(&self.my_waiter) {
             return Ok(());
         }
-        let lease = self.store.waiter_lease(self.me, jiff::Timestamp::now());
+        let mut lease = self.store.waiter_lease(self.me, jiff::Timestamp::now());
+        if let Some(zone) = &self.own_zone {
+            lease
+                .metadata
+                .annotations
+                .get_or_insert_with(BTreeMap::new)
+                .insert(ANNOTATION_ZONE.to_owned(), zone.clone());
+        }
         match self.store.create_obj("joining the queue", &lease).await? {
             Some(created) => {
                 tracing::debug!(lease = %self.my_waiter, "joined the queue of waiters");
@@ -490,6 +510,10 @@ impl Waiting for LeaseWaiting<'_> {
     }
 
     fn placed(&mut self, behind: Option<usize>) {
+        // With zones, waiters ahead in full zones are passed over, and with a share of the
+        // Nodes the count of slots moves: any change may let me act.
+        let behind = behind
+            .filter(|_| self.store.max_per_zone.is_none() && self.store.max_percent.is_none());
         if self.decide_again {
             // Counted before my Lease went ahead of some: placed at the next decision.
             self.far_back = None;

@@ -33,8 +33,11 @@ impl LeaseWaiting<'_> {
         }
         let node = &self.me.node;
         let uid = match self.store.node_lookup(node).await? {
-            NodeLookup::Found(uid) if !uid.is_empty() => Some(uid),
-            NodeLookup::Found(_) | NodeLookup::Missing => {
+            NodeLookup::Found { uid, zone } if !uid.is_empty() => {
+                self.own_zone = zone;
+                Some(uid)
+            }
+            NodeLookup::Found { .. } | NodeLookup::Missing => {
                 tracing::info!(%node, "no Node object of this name: the slot will carry no node uid, so it is never reclaimed for a missing Node (only by lock.max_hold)");
                 None
             }
@@ -43,6 +46,9 @@ impl LeaseWaiting<'_> {
                 None
             }
         };
+        if self.store.max_per_zone.is_some() && self.own_zone.is_none() {
+            tracing::warn!(%node, label = %self.store.zone_label, "no zone from our own Node's label: under lock.max_per_zone this node counts as in every zone, so it takes a slot only when every zone has room");
+        }
         self.own_node_uid = Some(uid.clone());
         Ok(uid)
     }

@@ -1,0 +1,331 @@
+//! `lock.max_per_zone` end to end on every store: the etcd v3 store and the v2 store on real
+//! etcd (the versions of `tests/common`'s matrix; zones from `lock.zone`, carried in the holder
+//! records and queue entries), and the Lease store on the lab's Kubernetes API stand-in under
+//! the shipped admission policy (zones from each node's own Node label). The contract: never
+//! more than `max_per_zone` holders in a zone beside the group's `max`; a waiter whose zone is
+//! full is passed over, not in the way of the zones with room behind it; a holder whose zone is
+//! unknown (locksmith's, on etcd) counts in every zone.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rebootd::config;
+use rebootd::lock::{Admin, Identity, Semaphore};
+use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
+use rebootd_lab::kube_api::{KubeApi, KubeApiHandle, Options};
+
+#[path = "common/admission.rs"]
+mod admission;
+mod common;
+use common::etcd::etcd_versions;
+use common::in_process::{holder_ids, me, not_within, within};
+use common::logs::{self, Logs};
+
+trait Store: Semaphore + Admin {}
+impl<T: Semaphore + Admin> Store for T {}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    V3(EtcdVersion),
+    V2(EtcdVersion),
+    Lease,
+}
+
+struct World {
+    kind: Kind,
+    etcd: Option<EtcdServer>,
+    api: Option<KubeApiHandle>,
+    dir: tempfile::TempDir,
+    logs: Logs,
+}
+
+/// Machine `x` of `zone` (`None`: a node that names none).
+fn zoned(x: &str, zone: Option<&str>) -> Identity {
+    Identity {
+        zone: zone.map(Into::into),
+        ..me(x)
+    }
+}
+
+impl World {
+    /// A client of the store for node `node-x`, with `max_per_zone`.
+    async fn store(&self, x: &str, max_per_zone: Option<u64>) -> Arc<dyn Store> {
+        let fast = (Duration::from_millis(50), Duration::from_millis(500));
+        match self.kind {
+            Kind::V3(_) => {
+                let t = rebootd::lock::etcd_v3::Timeouts {
+                    backoff_min: fast.0,
+                    backoff_max: fast.1,
+                    ..Default::default()
+                };
+                let settings = self.etcd.as_ref().expect("etcd");
+                let s = rebootd::lock::etcd_v3::EtcdSemaphore::connect_with(
+                    &settings.lock_settings(config::EtcdApi::V3),
+                    "default",
+                    None,
+                    t,
+                )
+                .await
+                .expect("connect v3");
+                Arc::new(s.with_max_per_zone(max_per_zone))
+            }
+            Kind::V2(_) => {
+                let t = rebootd::lock::etcd_v2::Timeouts {
+                    backoff_min: fast.0,
+                    backoff_max: fast.1,
+                    ..Default::default()
+                };
+                let settings = self.etcd.as_ref().expect("etcd");
+                let s = rebootd::lock::etcd_v2::EtcdV2Semaphore::connect_with(
+                    &settings.lock_settings(config::EtcdApi::V2),
+                    "default",
+                    None,
+                    t,
+                )
+                .await
+                .expect("connect v2");
+                Arc::new(s.with_max_per_zone(max_per_zone))
+            }
+            Kind::Lease => Arc::new(self.lease_store(x, max_per_zone).await),
+        }
+    }
+
+    async fn lease_store(
+        &self,
+        x: &str,
+        max_per_zone: Option<u64>,
+    ) -> rebootd::lock::kube_lease::KubeLeaseSemaphore {
+        let api = self.api.as_ref().expect("API stand-in");
+        // Nodes as the admission policy knows them; the administrator sets max.
+        let who = match x {
+            "admin" => "admin".to_owned(),
+            x => format!("rebootd:node:node-{x}"),
+        };
+        let path = self.dir.path().join(format!("kubeconfig-{x}"));
+        api.write_kubeconfig_for(&path, &who).expect("kubeconfig");
+        let kc = kube::config::Kubeconfig::read_from(&path).expect("read kubeconfig");
+        let mut cfg =
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .expect("kube config");
+        cfg.default_retry = false;
+        let client = kube::Client::try_from(cfg).expect("kube client");
+        let settings = config::KubeLease {
+            namespace: "rebootd".into(),
+            name: "reboot".into(),
+            kubeconfig: None,
+            zone_label: config::DEFAULT_ZONE_LABEL.into(),
+            node_selector: None,
+        };
+        let t = rebootd::lock::kube_lease::Timeouts {
+            request: Duration::from_secs(3),
+            backoff_min: Duration::from_millis(50),
+            backoff_max: Duration::from_millis(500),
+            ..Default::default()
+        };
+        rebootd::lock::kube_lease::KubeLeaseSemaphore::new(client, &settings, None)
+            .with_timeouts(t)
+            .with_target(api.base_url())
+            .with_max_per_zone(max_per_zone)
+    }
+
+    /// A Lease client of node `node-x` with `lock.max = "20%"` of the Nodes `selector`
+    /// matches.
+    async fn share(&self, x: &str, selector: Option<&str>) -> Arc<dyn Store> {
+        let s = self.lease_store(x, None).await.with_max_percent(Some(20));
+        Arc::new(s.with_node_selector(selector.map(str::to_owned)))
+    }
+
+    /// Node `node-x` exists, in `zone` by its label (Leases: where the zone comes from).
+    fn node(&self, x: &str, zone: Option<&str>) {
+        let Some(api) = &self.api else {
+            return;
+        };
+        let mut labels = serde_json::Map::new();
+        if let Some(z) = zone {
+            labels.insert(config::DEFAULT_ZONE_LABEL.into(), z.into());
+        }
+        let node = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": format!("node-{x}"), "labels": labels},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+        });
+        api.cluster()
+            .create(rebootd_lab::kube_api::Kind::Node, node)
+            .expect("create the Node");
+    }
+}
+
+async fn run<F, Fut>(kind: Kind, scenario: F)
+where
+    F: FnOnce(World) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let (_guard, logs) = logs::capture_on_this_thread();
+    let (etcd, api) = match kind {
+        Kind::V3(v) | Kind::V2(v) => {
+            if !etcd_versions().contains(&v) {
+                return;
+            }
+            let options = match kind {
+                Kind::V2(_) => EtcdOptions::v2(),
+                _ => EtcdOptions::default(),
+            };
+            let etcd = EtcdServer::start_with(v, options)
+                .await
+                .expect("start etcd");
+            (Some(etcd), None)
+        }
+        Kind::Lease => {
+            let (hook, _) = admission::enforcing();
+            let options = Options {
+                admission: Some(hook),
+                ..Options::default()
+            };
+            let api = KubeApi::start(options)
+                .await
+                .expect("start the API stand-in");
+            (None, Some(api))
+        }
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    scenario(World {
+        kind,
+        etcd,
+        api,
+        dir,
+        logs,
+    })
+    .await;
+}
+
+macro_rules! every_store {
+    ($($name:ident),* $(,)?) => {
+        mod v3_etcd_3_4 {
+            $(#[tokio::test(flavor = "current_thread")]
+            async fn $name() {
+                super::run(super::Kind::V3(super::EtcdVersion::V34), super::$name).await
+            })*
+        }
+        mod v3_etcd_3_5 {
+            $(#[tokio::test(flavor = "current_thread")]
+            async fn $name() {
+                super::run(super::Kind::V3(super::EtcdVersion::V35), super::$name).await
+            })*
+        }
+        mod v2_etcd_3_4 {
+            $(#[tokio::test(flavor = "current_thread")]
+            async fn $name() {
+                super::run(super::Kind::V2(super::EtcdVersion::V34), super::$name).await
+            })*
+        }
+        mod v2_etcd_3_5 {
+            $(#[tokio::test(flavor = "current_thread")]
+            async fn $name() {
+                super::run(super::Kind::V2(super::EtcdVersion::V35), super::$name).await
+            })*
+        }
+        mod leases {
+            $(#[tokio::test(flavor = "current_thread")]
+            async fn $name() {
+                super::run(super::Kind::Lease, super::$name).await
+            })*
+        }
+    };
+}
+
+every_store!(a_full_zone_waits_and_is_passed_over_by_a_zone_with_room);
+
+/// Wait until `x` says it waits (at any place).
+async fn waits(logs: &mut Logs, x: &str) {
+    logs.expect(&["waiting for a free slot", &format!("id=m-{x} ")])
+        .await;
+}
+
+/// `max = 3`, `max_per_zone = 1`: a1 holds in zone a; a2 (zone a) waits although two slots are
+/// free; b1 (zone b), queued behind a2, takes a slot past it; a2 takes once a1 gives its slot
+/// back.
+async fn a_full_zone_waits_and_is_passed_over_by_a_zone_with_room(mut w: World) {
+    let cap = Some(1);
+    for (x, z) in [("a1", "a"), ("a2", "a"), ("b1", "b")] {
+        w.node(x, Some(z));
+    }
+    let admin = w.store("admin", cap).await;
+    admin.set_max(3, false).await.expect("set-max 3");
+    let a1 = w.store("a1", cap).await;
+    within("a1", a1.acquire(&zoned("a1", Some("a"))))
+        .await
+        .expect("a1 takes");
+
+    let a2 = w.store("a2", cap).await;
+    let a2_task = {
+        let a2 = a2.clone();
+        tokio::spawn(async move { a2.acquire(&zoned("a2", Some("a"))).await })
+    };
+    // It says why: its zone is full, not the group.
+    w.logs
+        .expect(&["waiting for a free slot", "id=m-a2 ", "zone_full=true"])
+        .await;
+
+    let b1 = w.store("b1", cap).await;
+    within("b1, past a2", b1.acquire(&zoned("b1", Some("b"))))
+        .await
+        .expect("b1 takes");
+    assert_eq!(holder_ids(&*admin).await, vec!["m-a1", "m-b1"]);
+
+    let mut a2_task = a2_task;
+    not_within(
+        "a2 in a full zone",
+        Duration::from_millis(1500),
+        &mut a2_task,
+    )
+    .await;
+    a1.release(&zoned("a1", Some("a")))
+        .await
+        .expect("a1 releases");
+    within("a2", a2_task)
+        .await
+        .expect("a2 task")
+        .expect("a2 takes");
+    assert_eq!(holder_ids(&*admin).await, vec!["m-a2", "m-b1"]);
+}
+
+/// Leases, `lock.max = "20%"` over ten Nodes (the control Lease says 1): two nodes hold at once
+/// and a third waits until one gives its slot back; with `node_selector` matching five of
+/// them, one.
+#[tokio::test(flavor = "current_thread")]
+async fn leases_max_as_a_share_of_the_nodes() {
+    run(Kind::Lease, |mut w: World| async move {
+        for i in 0..10 {
+            w.node(&i.to_string(), Some(if i < 5 { "a" } else { "b" }));
+        }
+        let n0 = w.share("0", None).await;
+        let n1 = w.share("1", None).await;
+        within("0", n0.acquire(&me("0"))).await.expect("0 takes");
+        within("1, the second of 20% of ten", n1.acquire(&me("1")))
+            .await
+            .expect("1 takes");
+        let n2 = w.share("2", None).await;
+        let mut third = tokio::spawn(async move { n2.acquire(&me("2")).await });
+        waits(&mut w.logs, "2").await;
+        not_within("a third", Duration::from_millis(1500), &mut third).await;
+        n1.release(&me("1")).await.expect("release 1");
+        within("2", third).await.expect("task").expect("2 takes");
+        let zone_a = format!("{}=a", config::DEFAULT_ZONE_LABEL);
+        let n3 = w.share("3", Some(&zone_a)).await;
+        let mut fourth = tokio::spawn(async move { n3.acquire(&me("3")).await });
+        waits(&mut w.logs, "3").await;
+        n0.release(&me("0")).await.expect("release 0");
+        not_within(
+            "20% of five is one, and 2 holds",
+            Duration::from_millis(1500),
+            &mut fourth,
+        )
+        .await;
+        let n2 = w.share("2", None).await;
+        n2.release(&me("2")).await.expect("release 2");
+        within("3", fourth).await.expect("task").expect("3 takes");
+    })
+    .await;
+}
