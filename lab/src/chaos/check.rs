@@ -111,6 +111,8 @@ pub struct Observed {
     /// With `rebootctl migrate` mid-rollout (`--migrate`): the v2 and the v3 document as their
     /// watchers saw them, and as read at the end ([`super::two_docs`]).
     pub docs: Option<(Vec<DocSeen>, DocsEnd)>,
+    /// The nodes' zones and `max_per_zone` (`--zones`); `None`: no zones.
+    pub zoning: Option<super::zones::Zoning>,
 }
 
 /// One run of a node's gate command: when it started, the answer it read, and when it ended
@@ -670,7 +672,7 @@ fn describe(name: &str, s: &State) -> String {
 
 /// Every invariant that does not hold, in words (empty: the trial passed).
 pub fn violations(o: &Observed) -> Vec<String> {
-    let mut v = Vec::new();
+    let mut v = super::zones::violations(o);
     // Liveness.
     if let Some(limit) = o.timed_out {
         let stuck: Vec<String> = o
@@ -848,7 +850,7 @@ pub fn violations(o: &Observed) -> Vec<String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     fn set(names: &[&str]) -> BTreeSet<String> {
@@ -867,7 +869,7 @@ mod tests {
     }
 
     /// A clean trial of 3 nodes with max 2: a, b together, then c.
-    fn clean() -> Observed {
+    pub(in crate::chaos) fn clean() -> Observed {
         let nodes: Vec<String> = ["a", "b", "c"].iter().map(|n| n.to_string()).collect();
         let down = |at: f64, node: &str| Down {
             at: s(at),
@@ -929,6 +931,7 @@ mod tests {
             gate_runs: None,
             alert_runs: None,
             docs: None,
+            zoning: None,
         }
     }
 

@@ -94,6 +94,14 @@ struct Cli {
     /// flips every 0.2-1.5 s: go, wait, or hang past the time-out.
     #[arg(long)]
     gates: bool,
+    /// The nodes spread over K zones (node i in z<i mod K>: etcd's lock.zone, the Node's
+    /// topology.kubernetes.io/zone on Leases), rebootd with lock.max_per_zone; checked: never
+    /// more than --max-per-zone holders or nodes down in a zone.
+    #[arg(long, default_value_t = 0)]
+    zones: usize,
+    /// rebootd's lock.max_per_zone with --zones.
+    #[arg(long, default_value_t = 1)]
+    max_per_zone: u64,
     /// N of the --nodes run the real locksmithd (../shared/peers) instead of rebootd, on the
     /// same v2 semaphore (--backend etcd-v2); the chaos kills them too.
     #[arg(long, default_value_t = 0)]
@@ -289,6 +297,8 @@ fn options(cli: Cli) -> Result<ChaosOptions, String> {
         gates: cli.gates,
         mixed: cli.mixed,
         migrate: cli.migrate,
+        zones: cli.zones,
+        max_per_zone: cli.max_per_zone,
         ..ChaosOptions::new(rebootd)
     })
     .and_then(|o: ChaosOptions| o.check().map(|()| o))

@@ -40,6 +40,7 @@ pub mod two_docs;
 mod watch;
 pub mod windows;
 mod workload;
+pub mod zones;
 
 pub use cli::command;
 pub use inject::Violation;
@@ -173,6 +174,11 @@ pub struct ChaosOptions {
     /// Mid-rollout, once the locksmithd nodes are done, the operator runs `rebootctl migrate`
     /// (the semaphore moves to v3; the rebootd nodes, on `api = "v2"`, follow it).
     pub migrate: bool,
+    /// `--zones K`: the nodes spread over K zones, rebootd with `lock.max_per_zone`
+    /// ([`zones`]); 0: no zones.
+    pub zones: usize,
+    /// rebootd's `lock.max_per_zone` with `zones`.
+    pub max_per_zone: u64,
 }
 
 /// The default `kubernetes.drain_timeout` and `ready_timeout` of a trial.
@@ -208,6 +214,8 @@ impl ChaosOptions {
             gates: false,
             mixed: 0,
             migrate: false,
+            zones: 0,
+            max_per_zone: 1,
         }
     }
 
@@ -422,6 +430,12 @@ pub fn replay_command(opts: &ChaosOptions, seed: u64) -> String {
     }
     if opts.operators {
         cmd.push_str(" --operators");
+    }
+    if opts.zones > 0 {
+        cmd.push_str(&format!(
+            " --zones {} --max-per-zone {}",
+            opts.zones, opts.max_per_zone
+        ));
     }
     if opts.windows {
         cmd.push_str(" --windows");

@@ -11,7 +11,7 @@ use super::members::{self, EtcdAt};
 use super::two_docs::{self, Api, DocSeen};
 use super::{
     alert_gate, cutoff, disrupt, gates, inject, mixed, operator, report, store, watch, windows,
-    workload, Backend, ChaosOptions, Rng, Stats, Stop, TrialReport,
+    workload, zones, Backend, ChaosOptions, Rng, Stats, Stop, TrialReport,
 };
 use crate::cut_proxy::CutProxy;
 use crate::etcd::EtcdServer;
@@ -362,9 +362,16 @@ async fn run_trial(
     .map_err(|e| format!("kube API stand-in: {e}"))?;
     let cluster = kube.cluster().clone();
     rig.kube = Some(kube);
-    for name in &names {
+    for (i, name) in names.iter().enumerate() {
+        let mut node = NodeBuilder::new(name);
+        if opts.zones > 0 {
+            node = node.label(
+                rebootd::config::DEFAULT_ZONE_LABEL,
+                &zones::zone_of(i, opts.zones),
+            );
+        }
         cluster
-            .add(&NodeBuilder::new(name))
+            .add(&node)
             .map_err(|e| format!("add node {name}: {e}"))?;
     }
     workload::add(&cluster, &names, opts.max)?;
@@ -512,7 +519,7 @@ async fn run_trial(
         if let Some(a) = &alert_gate {
             config.push_str(&a.toml(&names[i]));
         }
-        config
+        zones::configure(opts, i, config)
     };
 
     // The outside watchers, started (and their requests made) before anything else happens.
@@ -891,6 +898,7 @@ async fn run_trial(
         .gates
         .then(|| gates::observe(&gate_dir, &rig.nodes, shared));
     let alert_runs = alert_gate.as_ref().map(|a| a.observe(shared));
+    let zoning = zones::zoning(opts, &names);
     let observed = Observed {
         gate_runs,
         alert_runs,
@@ -919,6 +927,7 @@ async fn run_trial(
         ups: lock(&shared.ups).clone(),
         maxes: lock(&shared.maxes).clone(),
         ops: opts.operators.then(|| lock(&shared.ops).clone()),
+        zoning,
     };
     let on_its_way = check::unlocked_on_its_way(&observed).len() as u32;
     if on_its_way > 0 {
