@@ -235,7 +235,10 @@ macro_rules! every_store {
     };
 }
 
-every_store!(a_full_zone_waits_and_is_passed_over_by_a_zone_with_room);
+every_store!(
+    a_full_zone_waits_and_is_passed_over_by_a_zone_with_room,
+    a_holder_of_unknown_zone_counts_in_every_zone,
+);
 
 /// Wait until `x` says it waits (at any place).
 async fn waits(logs: &mut Logs, x: &str) {
@@ -289,6 +292,37 @@ async fn a_full_zone_waits_and_is_passed_over_by_a_zone_with_room(mut w: World) 
         .expect("a2 task")
         .expect("a2 takes");
     assert_eq!(holder_ids(&*admin).await, vec!["m-a2", "m-b1"]);
+}
+
+/// `max = 3`, `max_per_zone = 1`: a holder that names no zone (a rebootd before zones, whose
+/// record or Lease has none; on Leases a Node without the label) fills every zone, so a1 waits
+/// with two slots free, and takes once it is gone.
+async fn a_holder_of_unknown_zone_counts_in_every_zone(mut w: World) {
+    w.node("x", None);
+    w.node("a1", Some("a"));
+    let admin = w.store("admin", None).await;
+    admin.set_max(3, false).await.expect("set-max 3");
+    let x = w.store("x", None).await;
+    within("x", x.acquire(&zoned("x", None)))
+        .await
+        .expect("x takes");
+    let a1 = w.store("a1", Some(1)).await;
+    let mut a1_task = tokio::spawn(async move { a1.acquire(&zoned("a1", Some("a"))).await });
+    w.logs
+        .expect(&["waiting for a free slot", "id=m-a1 ", "zone_full=true"])
+        .await;
+    not_within(
+        "a1 beside a zoneless holder",
+        Duration::from_millis(1500),
+        &mut a1_task,
+    )
+    .await;
+    x.release(&zoned("x", None)).await.expect("x releases");
+    within("a1", a1_task)
+        .await
+        .expect("task")
+        .expect("a1 takes");
+    assert_eq!(holder_ids(&*admin).await, vec!["m-a1"]);
 }
 
 /// Leases, `lock.max = "20%"` over ten Nodes (the control Lease says 1): two nodes hold at once
