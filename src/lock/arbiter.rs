@@ -20,7 +20,8 @@
 //! - **Take** when the free slots outnumber the waiters ahead of me and my zone has room
 //!   (beside its holders and the eligible waiters ahead of me in it): I go for the
 //!   `behind`-th free slot, so the waiters a release lets in do not race for one.
-//! - **Reclaim** only as the head of the queue (nobody ahead) with no free slot, and only a
+//! - **Reclaim** only as the head of the queue (nobody ahead) with no free slot (or with my
+//!   zone full, where a free slot elsewhere cannot serve me), and only a
 //!   holder the store knows is gone ([`HolderView::gone`]) or, with `max_hold`, one whose beat
 //!   did not change for `max_hold` of this observer's clock. Gone holders first, then the one
 //!   silent longest. When the holders exceed `max` (a forced shrink), the slot is freed, not
@@ -111,7 +112,9 @@ pub fn decide(
         return Decision::Take { rank: behind };
     }
     let mut until = place.expiry;
-    if behind == 0 && free <= 0 {
+    // With no free slot, or with my zone full: a dead holder in my zone frees room for nobody
+    // else, and a free slot elsewhere does not help me.
+    if behind == 0 && (free <= 0 || !place.room) {
         let take_over = view.holders.len() as u64 <= view.max;
         let mut best: Option<(&HolderView, ReclaimWhy, Duration)> = None;
         for h in &view.holders {

@@ -182,3 +182,33 @@ fn a_reclaim_into_a_full_zone_is_left_to_a_waiter_it_fits() {
         }
     ));
 }
+
+/// A dead holder in my full zone is taken over although the group has free slots: they cannot
+/// serve my zone, and it would hold my zone up until it came back.
+#[test]
+fn a_dead_holder_of_my_full_zone_is_reclaimed_beside_free_slots() {
+    let v = View {
+        my_zone: Some("a".into()),
+        ..view(
+            3,
+            vec![HolderView {
+                zone: Some("a".into()),
+                gone: Some("its Node is gone".into()),
+                ..holder("m-a", Some("t"), "3")
+            }],
+            vec![waiter("m-me", 1, Beat::Ttl, true)],
+        )
+    };
+    let p = Policy {
+        max_per_zone: Some(1),
+        ..policy(None)
+    };
+    assert_eq!(
+        at_once(&v, p),
+        Decision::Reclaim {
+            holder: "m-a".into(),
+            why: ReclaimWhy::Gone("its Node is gone".into()),
+            take_over: true,
+        }
+    );
+}
