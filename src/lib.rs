@@ -23,6 +23,7 @@ pub mod kube_client;
 pub mod lock;
 pub mod logging;
 pub mod metrics;
+pub mod migrate;
 pub mod need;
 pub mod notify;
 pub mod notify_webhook;

@@ -438,7 +438,7 @@ async fn run(args: Args) -> Result<(), Failure> {
                     config.lock.backend.name()
                 )));
             };
-            let done = lock::etcd_v2::migrate::migrate(settings, &config.identity.group)
+            let done = rebootd::migrate::migrate(settings, &config.identity.group)
                 .await
                 .map_err(op)?;
             println!("{done}");

@@ -270,7 +270,7 @@ pub trait Semaphore: Pauses {
 }
 
 /// What `rebootctl` does to a semaphore beside the agent's calls. Not every store has it: a
-/// FleetLock server owns its semaphore. (`migrate` between stores belongs here too.)
+/// FleetLock server owns its semaphore.
 #[async_trait]
 pub trait Admin: Pauses {
     /// The semaphore as it stands.

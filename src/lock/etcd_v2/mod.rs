@@ -14,7 +14,6 @@
 //! answers [`LockError::Moved`]; [`super::etcd::EtcdStore`] then goes on in v3.
 
 mod connect;
-pub mod migrate;
 mod pause;
 pub mod tree;
 pub(in crate::lock) mod waiting;
@@ -65,8 +64,8 @@ impl Default for Timeouts {
 
 /// locksmith's semaphore in etcd v2, plus rebootd's records and waiter queue beside it.
 pub struct EtcdV2Semaphore {
-    client: Arc<KeysClient>,
-    keys: Keys,
+    pub(crate) client: Arc<KeysClient>,
+    pub(crate) keys: Keys,
     max_hold: Option<Duration>,
     timeouts: Timeouts,
     /// The group as the last phase report read it, for the release right after it.
@@ -142,7 +141,7 @@ impl EtcdV2Semaphore {
     }
 
     /// Read the group's keys (one recursive read).
-    async fn read(&self, quorum: bool) -> Result<Snapshot, LockError> {
+    pub(crate) async fn read(&self, quorum: bool) -> Result<Snapshot, LockError> {
         let get = Get {
             recursive: true,
             sorted: true,
@@ -160,7 +159,7 @@ impl EtcdV2Semaphore {
     }
 
     /// locksmith's document in `snap`, or why it cannot be used.
-    fn document(&self, snap: &Snapshot) -> Result<SemaphoreDoc, LockError> {
+    pub(crate) fn document(&self, snap: &Snapshot) -> Result<SemaphoreDoc, LockError> {
         match &snap.doc {
             DocState::Absent => Ok(SemaphoreDoc::default()),
             DocState::Doc { doc, .. } => Ok(doc.clone()),
