@@ -33,6 +33,17 @@ pub fn far_back(max: u64, entries_ahead: usize, uncertain: usize) -> bool {
     entries_ahead >= FAR_BACK && entries_ahead.saturating_sub(uncertain) >= max
 }
 
+/// When a waiter's queue entry, kept alive by a time to live `ttl` and last kept alive at
+/// `kept`, is due for its next beat: a third of the TTL later near the front, two thirds while
+/// [`far_back`]. Near the front a beat may fail once and the entry still lives; far back a
+/// beat costs half the requests of the longest part of a long wait, and the TTL (so the time
+/// a dead waiter's entry holds the queue up) is the same. A waiter that moves up is due at
+/// once when more than a third has passed.
+pub fn beat_due(kept: Instant, ttl: Duration, far_back: bool) -> Instant {
+    let thirds = if far_back { 2 } else { 1 };
+    kept + (ttl * thirds / 3).max(Duration::from_millis(300))
+}
+
 /// How many entries ahead [`far_back`] needs: a store may count no further.
 pub fn far_back_at(max: u64, uncertain: usize) -> usize {
     usize::try_from(max)

@@ -46,8 +46,9 @@ pub struct Timeouts {
     /// First pause after a transient error inside `acquire`, doubled up to `backoff_max`.
     pub backoff_min: Duration,
     pub backoff_max: Duration,
-    /// Time to live of a waiter's queue entry, refreshed every third of it while it waits: the
-    /// longest a waiter that died without a word holds up the queue.
+    /// Time to live of a waiter's queue entry, refreshed every third of it while it waits (two
+    /// thirds far back, `lock::acquire::beat_due`): the longest a waiter that died without a
+    /// word holds up the queue.
     pub queue_ttl: Duration,
 }
 

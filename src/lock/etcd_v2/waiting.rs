@@ -1,6 +1,6 @@
 //! `acquire` on the v2 store: the lock core's loop over [`V2Waiting`]. A waiter queues as an
-//! in-order key with a TTL under `rebootd/waiters/` (refreshed every third of the TTL without
-//! waking anyone), and waits on a watch of the group's directory: each change is applied to the
+//! in-order key with a TTL under `rebootd/waiters/` (refreshed every third of the TTL, two
+//! thirds far back, without waking anyone), and waits on a watch of the group's directory: each change is applied to the
 //! snapshot, and the arbiter decides again. A release by locksmith or rebootd therefore reaches
 //! the head of the queue as one watch event, never by polling. A cancelled `acquire` deletes its entry (from a spawned task); a dead one's entry
 //! expires with its TTL.
@@ -15,7 +15,7 @@
 //! event and closes); events the read already has are skipped by their index.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use async_trait::async_trait;
 
@@ -69,7 +69,7 @@ pub(in crate::lock) fn waiting<'a>(store: &'a EtcdV2Semaphore, me: &'a Identity)
         first: None,
         snap: None,
         started: jiff::Timestamp::now(),
-        refresh_at: None,
+        refreshed_at: None,
         entry: EntryGuard {
             client: store.client.clone(),
             key: None,
@@ -114,8 +114,9 @@ pub(in crate::lock) struct V2Waiting<'a> {
     snap: Option<Snapshot>,
     /// When this `acquire` started (written in the queue entry).
     started: jiff::Timestamp,
-    /// When my entry's TTL is due for a refresh.
-    refresh_at: Option<Instant>,
+    /// When my entry was put or its TTL last refreshed (`None` with an entry: adopted after a
+    /// restart, due at once).
+    refreshed_at: Option<Instant>,
     entry: EntryGuard,
     /// The streaming watch of the group's keys, kept across waits, and the index after the last
     /// event it brought.
@@ -141,8 +142,15 @@ impl V2Waiting<'_> {
         self.snap.as_ref().ok_or(LockError::NotRead(BACKEND))
     }
 
-    fn refresh_every(&self) -> Duration {
-        self.store.timeouts.queue_ttl / 3
+    /// When my entry's TTL is due for a refresh ([`acquire::beat_due`]: sparser far back);
+    /// `None` without an entry.
+    fn refresh_at(&self) -> Option<Instant> {
+        self.entry.key.as_ref()?;
+        let Some(at) = self.refreshed_at else {
+            return Some(Instant::now());
+        };
+        let ttl = self.store.timeouts.queue_ttl;
+        Some(acquire::beat_due(at, ttl, self.far_back()))
     }
 
     /// Note a write of mine in the snapshot (without moving its index: the watch still has to
@@ -188,7 +196,7 @@ impl V2Waiting<'_> {
                 }
             }
         }
-        self.refresh_at = None;
+        self.refreshed_at = None;
     }
 
     /// Refresh my entry's TTL; `Ok(false)` when it is gone (expired).
@@ -203,7 +211,7 @@ impl V2Waiting<'_> {
             .await
         {
             Ok(_) => {
-                self.refresh_at = Some(Instant::now() + self.refresh_every());
+                self.refreshed_at = Some(Instant::now());
                 Ok(true)
             }
             Err(e) if e.is_key_not_found() => {
@@ -237,7 +245,7 @@ impl Waiting for V2Waiting<'_> {
         if self.entry.key.is_none() {
             if let Some((key, _)) = snap.my_entry(&self.me.id, &self.me.token) {
                 self.entry.key = Some(key.clone());
-                self.refresh_at = Some(Instant::now());
+                self.refreshed_at = None;
             }
         }
         self.snap = Some(snap);
@@ -313,7 +321,7 @@ impl Waiting for V2Waiting<'_> {
 
     async fn enqueue(&mut self) -> Result<(), LockError> {
         if self.entry.key.is_some() {
-            if self.refresh_at.is_none_or(|at| Instant::now() >= at) && !self.refresh().await? {
+            if self.refresh_at().is_none_or(|at| Instant::now() >= at) && !self.refresh().await? {
                 return self.enqueue_new().await;
             }
             return Ok(());
@@ -327,7 +335,7 @@ impl Waiting for V2Waiting<'_> {
             let Some(mut stream) = self.open_stream().await? else {
                 return Ok(Wake::Reread);
             };
-            let refresh_at = self.refresh_at;
+            let refresh_at = self.refresh_at();
             let lost_by = self.lost.deadline();
             let got = tokio::select! {
                 answer = stream.next() => Got::Event(Box::new(answer)),
@@ -470,7 +478,7 @@ impl V2Waiting<'_> {
             .map_err(lock_error)?;
         tracing::debug!(key = %created.node.key, "queued for a slot");
         self.entry.key = Some(created.node.key.clone());
-        self.refresh_at = Some(Instant::now() + self.refresh_every());
+        self.refreshed_at = Some(Instant::now());
         self.note(&created);
         Ok(())
     }

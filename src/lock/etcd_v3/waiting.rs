@@ -80,7 +80,7 @@ pub(in crate::lock) fn waiting<'a>(store: &'a EtcdSemaphore, me: &'a Identity) -
         },
         watch: None,
         keep_alive: None,
-        keep_alive_at: None,
+        kept_alive_at: None,
         left: false,
     }
 }
@@ -152,8 +152,8 @@ pub(in crate::lock) struct V3Waiting<'a> {
     /// The watch from the last read on; opened at the first wait after it.
     watch: Option<WatchStream>,
     keep_alive: Option<KeepAlive>,
-    /// When my lease needs its next keep-alive.
-    keep_alive_at: Option<Instant>,
+    /// When my lease was granted or last kept alive.
+    kept_alive_at: Option<Instant>,
     /// My queue entry went with the transaction that made me a holder.
     left: bool,
 }
@@ -176,13 +176,10 @@ impl V3Waiting<'_> {
         HolderRecord::after(None, self.me, Some(self.first.map(Phase::as_str)))
     }
 
-    /// When my lease needs its next keep-alive: a third of its time to live from now.
-    fn keep_alive_due(&self) -> Instant {
-        let ttl = self
-            .lease
-            .lease
-            .map_or(self.store.timeouts.queue_ttl, |(_, ttl)| ttl);
-        Instant::now() + (ttl / 3).max(Duration::from_millis(300))
+    /// When my lease needs its next keep-alive ([`acquire::beat_due`]: sparser far back).
+    fn keep_alive_due(&self) -> Option<Instant> {
+        let (_, ttl) = self.lease.lease?;
+        Some(acquire::beat_due(self.kept_alive_at?, ttl, self.far_back()))
     }
 
     /// Grant the lease of my queue entry.
@@ -198,7 +195,7 @@ impl V3Waiting<'_> {
         let granted = Duration::from_secs(u64::try_from(resp.ttl()).unwrap_or(1).max(1));
         self.lease.lease = Some((resp.id(), granted));
         self.keep_alive = None;
-        self.keep_alive_at = Some(self.keep_alive_due());
+        self.kept_alive_at = Some(Instant::now());
         Ok(resp.id())
     }
 
@@ -235,7 +232,7 @@ impl V3Waiting<'_> {
         tracing::warn!(key = %self.queue_key, lease = ?self.lease.lease.map(|(id, _)| id), "the lease of my queue entry expired; queueing again");
         self.lease.lease = None;
         self.keep_alive = None;
-        self.keep_alive_at = None;
+        self.kept_alive_at = None;
     }
 
     /// Open the watch of the group's pause, the holder records, the queue and the document (one
@@ -452,7 +449,7 @@ impl Waiting for V3Waiting<'_> {
             self.watch = Some(self.open_watch(from).await?);
         }
         loop {
-            let keep_alive_at = self.keep_alive_at.filter(|_| self.lease.lease.is_some());
+            let keep_alive_at = self.keep_alive_due();
             let Some(watch) = self.watch.as_mut() else {
                 return Ok(Wake::Reread);
             };
@@ -470,7 +467,7 @@ impl Waiting for V3Waiting<'_> {
                         self.lease_lost();
                         return Ok(Wake::Changed);
                     }
-                    self.keep_alive_at = Some(self.keep_alive_due());
+                    self.kept_alive_at = Some(Instant::now());
                 }
                 Woken::KeepAlive(Ok(Some(r))) if r.ttl() <= 0 => {
                     self.lease_lost();
