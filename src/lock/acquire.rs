@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use super::arbiter::{self, Decision, Policy};
+use super::contact::Contact;
 use super::retry;
 use super::view::{HolderView, Observations, View};
 use super::{Acquired, GroupPause, Identity, LockError};
@@ -98,6 +99,9 @@ pub trait Waiting: Send {
     fn paused(&self) -> Option<GroupPause> {
         None
     }
+    /// When the store last answered this waiter, and how often it went quiet for longer than
+    /// the entry's time to live ([`Contact`]): silence counts only over time in touch.
+    fn contact(&self) -> &Contact;
 }
 
 /// What the loop needs to know besides the store.
@@ -258,6 +262,9 @@ async fn round(
         }
         let view = w.view()?;
         let now = Instant::now();
+        if observations.in_touch(w.contact()) {
+            tracing::info!(target = %settings.target, id = %me.id, "{} did not answer for longer than a queue entry lives: every holder's silence is counted afresh from now", settings.label);
+        }
         observations.update(&view, now);
         let decision = arbiter::decide(&view, &who, observations, &settings.policy, now);
         let (until, head, behind) = match decision {
@@ -283,6 +290,10 @@ async fn round(
                     return Ok(RoundEnd::Held);
                 }
                 (None, false, None)
+            }
+            Decision::Reclaim { .. } if !w.contact().fresh(Instant::now()) => {
+                tracing::debug!(target = %settings.target, id = %me.id, "a reclaim is due, but {} has not answered lately: reading again first", settings.label);
+                return Ok(RoundEnd::Reread);
             }
             Decision::Reclaim {
                 holder,

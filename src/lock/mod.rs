@@ -19,6 +19,7 @@
 
 pub mod acquire;
 pub mod arbiter;
+pub mod contact;
 pub mod document;
 pub mod etcd;
 pub mod etcd_v2;

@@ -20,6 +20,7 @@ use std::time::Instant;
 use async_trait::async_trait;
 
 use super::super::acquire::{self, Settings, Waiting, Wake};
+use super::super::contact::Contact;
 use super::super::lost_race::LostRace;
 use super::super::view::View;
 use super::super::{Acquired, GroupPause, Identity, LockError};
@@ -78,6 +79,7 @@ pub(in crate::lock) fn waiting<'a>(store: &'a EtcdV2Semaphore, me: &'a Identity)
         next_index: None,
         behind: false,
         lost: LostRace::default(),
+        contact: Contact::new(store.timeouts.queue_ttl),
     }
 }
 
@@ -127,6 +129,8 @@ pub(in crate::lock) struct V2Waiting<'a> {
     behind: bool,
     /// The key a compare-and-swap of mine lost on, until the watch brings its change.
     lost: LostRace,
+    /// When etcd last answered: reads, watch events and ends, refreshes, queueing.
+    contact: Contact,
 }
 
 /// What ended one step of a wait.
@@ -212,6 +216,7 @@ impl V2Waiting<'_> {
         {
             Ok(_) => {
                 self.refreshed_at = Some(Instant::now());
+                self.contact.answered(Instant::now());
                 Ok(true)
             }
             Err(e) if e.is_key_not_found() => {
@@ -239,6 +244,7 @@ impl Waiting for V2Waiting<'_> {
             self.stream = Some(stream.map_err(lock_error)?);
         }
         let snap = self.store.read(false).await?;
+        self.contact.answered(Instant::now());
         self.next_index = None;
         self.lost.clear();
         // A restarted rebootd (same token) takes its old entry over, keeping its place.
@@ -366,6 +372,9 @@ impl Waiting for V2Waiting<'_> {
                     return Ok(Wake::Changed);
                 }
             };
+            if answer.is_ok() {
+                self.contact.answered(Instant::now());
+            }
             match answer {
                 Ok(Some(event)) => {
                     self.behind = stream.ended() && event.node.modified_index < stream.opened_at();
@@ -392,6 +401,10 @@ impl Waiting for V2Waiting<'_> {
 
     fn paused(&self) -> Option<GroupPause> {
         self.snap.as_ref().and_then(|s| s.pause.clone())
+    }
+
+    fn contact(&self) -> &Contact {
+        &self.contact
     }
 
     async fn leave(&mut self, _dead: Vec<String>) {

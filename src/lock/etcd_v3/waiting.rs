@@ -19,6 +19,7 @@ use etcd_client::{
 };
 
 use super::super::acquire::{self, Settings, Waiting, Wake};
+use super::super::contact::Contact;
 use super::super::document::{HolderRecord, WaiterRecord};
 use super::super::view::View;
 use super::super::{Acquired, GroupPause, Identity, LockError};
@@ -82,6 +83,7 @@ pub(in crate::lock) fn waiting<'a>(store: &'a EtcdSemaphore, me: &'a Identity) -
         keep_alive: None,
         kept_alive_at: None,
         left: false,
+        contact: Contact::new(store.timeouts.queue_ttl),
     }
 }
 
@@ -156,6 +158,8 @@ pub(in crate::lock) struct V3Waiting<'a> {
     kept_alive_at: Option<Instant>,
     /// My queue entry went with the transaction that made me a holder.
     left: bool,
+    /// When etcd last answered: reads, watch events, keep-alives.
+    contact: Contact,
 }
 
 /// What ended one wait of the `select!` in [`V3Waiting::wait`].
@@ -312,6 +316,7 @@ impl Waiting for V3Waiting<'_> {
         self.watch = None;
         self.keep_alive = None;
         self.snap = Some(self.store.read(true).await?);
+        self.contact.answered(Instant::now());
         Ok(())
     }
 
@@ -473,7 +478,7 @@ impl Waiting for V3Waiting<'_> {
                     self.lease_lost();
                     return Ok(Wake::Changed);
                 }
-                Woken::KeepAlive(Ok(Some(_))) => {}
+                Woken::KeepAlive(Ok(Some(_))) => self.contact.answered(Instant::now()),
                 Woken::KeepAlive(Ok(None)) => {
                     return Err(self
                         .store
@@ -481,6 +486,7 @@ impl Waiting for V3Waiting<'_> {
                 }
                 Woken::KeepAlive(Err(e)) => return Err(self.store.classify(e)),
                 Woken::Watch(Ok(Some(resp))) => {
+                    self.contact.answered(Instant::now());
                     if resp.compact_revision() > 0 {
                         tracing::debug!(
                             compact_revision = resp.compact_revision(),
@@ -527,6 +533,10 @@ impl Waiting for V3Waiting<'_> {
 
     fn paused(&self) -> Option<GroupPause> {
         self.snap.as_ref().and_then(|s| s.pause.clone())
+    }
+
+    fn contact(&self) -> &Contact {
+        &self.contact
     }
 
     async fn leave(&mut self, _dead: Vec<String>) {

@@ -45,6 +45,7 @@ impl LeaseWaiting<'_> {
         let replace = self.store.leases.replace(&self.my_waiter, &pp, &lease);
         match self.store.call("renewing the waiter Lease", replace).await {
             Ok(l) => {
+                self.contact.answered(Instant::now());
                 if let Some(snap) = self.snap.as_mut() {
                     self.store.put_lease(snap, l);
                 }
