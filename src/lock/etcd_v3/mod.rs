@@ -34,6 +34,7 @@
 //! that beats at the last moment keeps its slot.
 
 mod import;
+pub mod members;
 mod pause;
 mod report;
 pub mod snapshot;
@@ -500,6 +501,10 @@ impl Semaphore for EtcdSemaphore {
     async fn report_phase(&self, me: &Identity, phase: Phase) -> Result<Reported, LockError> {
         self.report(me, phase.as_str()).await
     }
+
+    fn fleet(&self) -> Option<&dyn crate::fleet::FleetStore> {
+        Some(self)
+    }
 }
 
 #[async_trait]
@@ -510,6 +515,10 @@ impl Admin for EtcdSemaphore {
 
     async fn resume_group(&self) -> Result<(), LockError> {
         self.delete_pause().await
+    }
+
+    fn fleet(&self) -> Option<&dyn crate::fleet::FleetStore> {
+        Some(self)
     }
 
     #[tracing::instrument(skip(self), fields(key = %self.keys.doc))]

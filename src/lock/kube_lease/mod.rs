@@ -138,6 +138,7 @@
 mod calls;
 mod far_back;
 mod marker;
+pub mod members;
 mod objects;
 mod pause;
 mod queue;
@@ -406,6 +407,10 @@ impl Semaphore for KubeLeaseSemaphore {
         BACKEND
     }
 
+    fn fleet(&self) -> Option<&dyn crate::fleet::FleetStore> {
+        Some(self)
+    }
+
     /// The lock core's acquire loop over this store (see the module documentation): waits by
     /// watch; retries an unreachable or overloaded API server with capped exponential backoff;
     /// returns at once on anything else (a corrupt control Lease, permission denied).
@@ -486,6 +491,10 @@ impl Semaphore for KubeLeaseSemaphore {
 impl Admin for KubeLeaseSemaphore {
     async fn pause_group(&self, pause: &GroupPause) -> Result<(), LockError> {
         self.put_pause(pause).await
+    }
+
+    fn fleet(&self) -> Option<&dyn crate::fleet::FleetStore> {
+        Some(self)
     }
 
     async fn resume_group(&self) -> Result<(), LockError> {
