@@ -120,6 +120,19 @@ async fn scenario(store: &dyn Store, a: &mut Node, b: &Node, c: &Node, c_window:
         "{text}"
     );
 
+    if c_window {
+        // c's pending reboot cancelled: shown until its next need.
+        let (code, _, err) = rebootctl(c, &["cancel"]).await;
+        assert_eq!(code, 0, "{err}");
+        let view = watch_until(b, "c's cancel", |v| {
+            entry(v, &c_name)["cancelled"].is_string()
+        })
+        .await;
+        assert_eq!(entry(&view, &c_name)["waiting"], Value::Null, "{view:#}");
+        let (_, text, _) = rebootctl(b, &["fleet"]).await;
+        assert!(text.contains("reboot cancelled"), "{text}");
+    }
+
     // c's record, made unreadable: shown so, and c does not write over it when it changes.
     let c_id = ec["id"].as_str().unwrap().to_owned();
     store.corrupt(&c_id, &c_name);
@@ -143,8 +156,8 @@ async fn scenario(store: &dyn Store, a: &mut Node, b: &Node, c: &Node, c_window:
             .contains("\\u{1b}"),
         "escaped: {view:#}"
     );
-    // A change of what c shows: its need cancelled, or its pause ended.
-    let change = if c_window { "cancel" } else { "resume" };
+    // A change of what c shows: a pause, or the end of its pause.
+    let change = if c_window { "pause" } else { "resume" };
     let (code, _, err) = rebootctl(c, &[change]).await;
     assert_eq!(code, 0, "{err}");
     log_line(c, &["does not parse", "not writing over it"], WAIT).await;
