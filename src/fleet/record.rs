@@ -51,9 +51,11 @@ pub struct Unreadable {
 }
 
 impl NodeRecord {
-    /// The record of a node in `state` at `now`, or `None` while it holds a slot (its holder
-    /// record says its phase then). `cancelled`: when its last need was cancelled, if it has
-    /// none since.
+    /// The record of a node in `state` at `now`, or `None` when there is nothing new to show:
+    /// while it holds a slot (its holder record says its phase then), and while it works on a
+    /// need without waiting for anything (the moment between the need and the window check:
+    /// the record moves at the next wait). `cancelled`: when its last need was cancelled, if it
+    /// has none since.
     pub fn of(
         node: &str,
         id: &str,
@@ -65,6 +67,9 @@ impl NodeRecord {
             return None;
         }
         let why = waiting(state, now);
+        if why.is_none() && state.reason.is_some() {
+            return None;
+        }
         let detail = match why {
             None | Some(Waiting::Slot) => None,
             Some(_) => state
@@ -173,6 +178,9 @@ mod tests {
         assert_eq!(r.cancelled, None, "a need since the cancel");
         let held = after(vec![Event::WindowOpen, Event::SlotAcquired]);
         assert_eq!(NodeRecord::of("n", "m", &held, t(10), None), None);
+        let needed = after(vec![]);
+        assert_eq!(needed.phase, crate::state::Phase::RebootNeeded);
+        assert_eq!(NodeRecord::of("n", "m", &needed, t(10), None), None, "at work");
         let idle = State::new("b", t(0));
         let r = NodeRecord::of("n", "m", &idle, t(10), Some(t(5))).unwrap();
         assert_eq!((r.waiting, r.cancelled), (None, Some(t(5))));
