@@ -180,7 +180,11 @@ mod tests {
         assert_eq!(NodeRecord::of("n", "m", &held, t(10), None), None);
         let needed = after(vec![]);
         assert_eq!(needed.phase, crate::state::Phase::RebootNeeded);
-        assert_eq!(NodeRecord::of("n", "m", &needed, t(10), None), None, "at work");
+        assert_eq!(
+            NodeRecord::of("n", "m", &needed, t(10), None),
+            None,
+            "at work"
+        );
         let idle = State::new("b", t(0));
         let r = NodeRecord::of("n", "m", &idle, t(10), Some(t(5))).unwrap();
         assert_eq!((r.waiting, r.cancelled), (None, Some(t(5))));
