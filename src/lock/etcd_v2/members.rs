@@ -25,7 +25,7 @@ impl EtcdV2Semaphore {
 
 #[async_trait]
 impl FleetStore for EtcdV2Semaphore {
-    #[tracing::instrument(level = "debug", skip(self, me, record))]
+    #[tracing::instrument(level = "debug", skip_all)]
     async fn publish(
         &self,
         me: &Identity,
@@ -76,7 +76,7 @@ impl FleetStore for EtcdV2Semaphore {
         })
     }
 
-    #[tracing::instrument(level = "debug", skip(self))]
+    #[tracing::instrument(level = "debug", skip_all)]
     async fn read_fleet(&self) -> Result<FleetRead, LockError> {
         let get = Get {
             recursive: true,

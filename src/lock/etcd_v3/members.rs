@@ -60,7 +60,7 @@ impl EtcdSemaphore {
 
 #[async_trait]
 impl FleetStore for EtcdSemaphore {
-    #[tracing::instrument(level = "debug", skip(self, me, record))]
+    #[tracing::instrument(level = "debug", skip_all)]
     async fn publish(
         &self,
         me: &Identity,
@@ -89,7 +89,7 @@ impl FleetStore for EtcdSemaphore {
         Err(self.unreachable(format!("the fleet record at {key} kept changing")))
     }
 
-    #[tracing::instrument(level = "debug", skip(self))]
+    #[tracing::instrument(level = "debug", skip_all)]
     async fn read_fleet(&self) -> Result<FleetRead, LockError> {
         let prefix = prefix(&self.keys.group);
         let mut gets = self.read_ops(true);

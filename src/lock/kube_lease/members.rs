@@ -99,7 +99,7 @@ fn record_of(lease: &Lease) -> Result<NodeRecord, Unreadable> {
 
 #[async_trait]
 impl FleetStore for KubeLeaseSemaphore {
-    #[tracing::instrument(level = "debug", skip(self, me, record))]
+    #[tracing::instrument(level = "debug", skip_all)]
     async fn publish(
         &self,
         me: &Identity,
@@ -132,7 +132,7 @@ impl FleetStore for KubeLeaseSemaphore {
         Err(self.unreachable("this node's fleet record kept changing".into()))
     }
 
-    #[tracing::instrument(level = "debug", skip(self))]
+    #[tracing::instrument(level = "debug", skip_all)]
     async fn read_fleet(&self) -> Result<FleetRead, LockError> {
         self.check()?;
         let lp = ListParams::default().labels(&self.selector);
