@@ -10,7 +10,7 @@
 mod admission;
 mod common;
 
-use common::etcd::{per_etcd_version, start_etcd};
+use common::etcd::{self as etcd, per_etcd_version, start_etcd};
 use common::*;
 use rebootd::state::Phase;
 use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
@@ -389,4 +389,52 @@ async fn a_fleetlock_server_or_no_lock_keeps_no_fleet_view() {
         assert_eq!(code, 1, "{config}: {err}");
         assert!(err.contains("the store keeps no fleet view"), "{err}");
     }
+}
+
+/// `--watch` asks the store nothing while nothing changes (a long poll, here on etcd v2, where
+/// etcd counts every request), and draws again at the first change: the group's pause.
+#[tokio::test]
+async fn watch_waits_on_the_store_and_redraws_at_a_change() {
+    let Some(v) = EtcdVersion::available()
+        .into_iter()
+        .find(|v| v.has_v2_api())
+    else {
+        assert!(!etcd::in_ci(), "CI has an etcd with the v2 API");
+        return;
+    };
+    let etcd = EtcdServer::start_with(v, EtcdOptions::v2()).await.unwrap();
+    let config = format!("{}api = \"v2\"\n", etcd_config(&etcd));
+    let n = stopped_node("fvw", &config).await;
+    let mut child = n
+        .command(std::path::Path::new(REBOOTCTL))
+        .args(["fleet", "--watch", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = next_view(&mut lines).await;
+    assert_eq!(first["group_paused"], Value::Null, "{first}");
+    // Nothing changes for 3 s of etcd's own time (the clock costs 2 requests, outside the
+    // group's directory).
+    let before = etcd.v2_requests().unwrap();
+    rebootd_lab::v2_watcher::etcd_clock(&etcd.endpoint(), std::time::Duration::from_secs(3))
+        .await
+        .unwrap();
+    let quiet = etcd.v2_requests().unwrap().saturating_sub(before);
+    assert!(quiet <= 2, "{quiet} v2 requests while nothing changed");
+    let (code, _, err) = rebootctl(&n, &["pause", "--group", "--reason", "freeze"]).await;
+    assert_eq!(code, 0, "{err}");
+    let view = next_view(&mut lines).await;
+    assert_eq!(view["group_paused"]["reason"], "freeze", "{view}");
+}
+
+/// The next view `--watch --json` draws, within [`WAIT`].
+async fn next_view<R: tokio::io::AsyncBufRead + Unpin>(lines: &mut tokio::io::Lines<R>) -> Value {
+    let line = tokio::time::timeout(WAIT, lines.next_line())
+        .await
+        .expect("a view in time")
+        .unwrap()
+        .expect("a line");
+    serde_json::from_str(&line).unwrap()
 }
