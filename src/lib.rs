@@ -15,6 +15,7 @@ pub mod config;
 pub mod control;
 pub mod coordinator;
 pub mod drain;
+pub mod fleet;
 pub mod gate;
 pub mod http;
 pub mod import;

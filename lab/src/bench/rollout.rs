@@ -468,6 +468,10 @@ impl Semaphore for Counted {
         self.calls.report_phase.fetch_add(1, Ordering::Relaxed);
         self.inner.report_phase(me, phase).await
     }
+    // The fleet records go to the store as the daemon's do (their requests are counted there).
+    fn fleet(&self) -> Option<&dyn rebootd::fleet::FleetStore> {
+        self.inner.fleet()
+    }
 }
 
 // The pause is read and followed before every wait for a slot, as the daemon does.

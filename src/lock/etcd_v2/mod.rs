@@ -14,6 +14,7 @@
 //! answers [`LockError::Moved`]; [`super::etcd::EtcdStore`] then goes on in v3.
 
 mod connect;
+mod members;
 mod pause;
 pub mod tree;
 pub(in crate::lock) mod waiting;
@@ -515,12 +516,20 @@ impl Semaphore for EtcdV2Semaphore {
             self.try_report_phase(me, phase.as_str()).await
         )
     }
+
+    fn fleet(&self) -> Option<&dyn crate::fleet::FleetStore> {
+        Some(self)
+    }
 }
 
 #[async_trait]
 impl Admin for EtcdV2Semaphore {
     async fn pause_group(&self, pause: &GroupPause) -> Result<(), LockError> {
         self.put_pause(pause).await
+    }
+
+    fn fleet(&self) -> Option<&dyn crate::fleet::FleetStore> {
+        Some(self)
     }
 
     async fn resume_group(&self) -> Result<(), LockError> {

@@ -11,6 +11,7 @@
 //! revision too, so a holder that beats at the last moment keeps its slot.
 
 mod import;
+pub mod members;
 mod pause;
 mod report;
 pub mod snapshot;
@@ -477,6 +478,10 @@ impl Semaphore for EtcdSemaphore {
     async fn report_phase(&self, me: &Identity, phase: Phase) -> Result<Reported, LockError> {
         self.report(me, phase.as_str()).await
     }
+
+    fn fleet(&self) -> Option<&dyn crate::fleet::FleetStore> {
+        Some(self)
+    }
 }
 
 #[async_trait]
@@ -487,6 +492,10 @@ impl Admin for EtcdSemaphore {
 
     async fn resume_group(&self) -> Result<(), LockError> {
         self.delete_pause().await
+    }
+
+    fn fleet(&self) -> Option<&dyn crate::fleet::FleetStore> {
+        Some(self)
     }
 
     #[tracing::instrument(skip(self), fields(key = %self.keys.doc))]

@@ -8,6 +8,7 @@
 mod calls;
 mod far_back;
 mod marker;
+pub mod members;
 mod objects;
 mod pause;
 mod queue;
@@ -276,6 +277,10 @@ impl Semaphore for KubeLeaseSemaphore {
         BACKEND
     }
 
+    fn fleet(&self) -> Option<&dyn crate::fleet::FleetStore> {
+        Some(self)
+    }
+
     /// The lock core's acquire loop over this store (docs/lease-semaphore.md, "Waiting"): waits by
     /// watch; retries an unreachable or overloaded API server with capped exponential backoff;
     /// returns at once on anything else (a corrupt control Lease, permission denied).
@@ -356,6 +361,10 @@ impl Semaphore for KubeLeaseSemaphore {
 impl Admin for KubeLeaseSemaphore {
     async fn pause_group(&self, pause: &GroupPause) -> Result<(), LockError> {
         self.put_pause(pause).await
+    }
+
+    fn fleet(&self) -> Option<&dyn crate::fleet::FleetStore> {
+        Some(self)
     }
 
     async fn resume_group(&self) -> Result<(), LockError> {
