@@ -922,7 +922,7 @@ pub async fn run(a: Args) -> Result<(), String> {
 
 /// API requests by kind: method, and for Leases whether on one object or the collection (list,
 /// watch), per `per`.
-fn api_kinds(records: &[crate::kube_api::RequestRecord], per: f64) -> String {
+pub(super) fn api_kinds(records: &[crate::kube_api::RequestRecord], per: f64) -> String {
     let mut by: std::collections::BTreeMap<String, usize> = Default::default();
     for r in records {
         let watch = r

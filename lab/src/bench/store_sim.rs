@@ -46,7 +46,7 @@ pub struct Args {
     #[arg(long)]
     direct: bool,
     /// Worker threads of the nodes' runtime.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 2)]
     workers: usize,
     /// Give up after this long (and print how far it got); default 3 x the ideal + 120 s.
     #[arg(long, value_parser = rebootd::config::parse_duration)]
@@ -59,9 +59,11 @@ enum Store {
 }
 
 /// What is counted, read at once.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 struct Reading {
     requests: f64,
+    /// etcd's counters by method (etcd only).
+    by_method: Option<util::EtcdCounters>,
     proxy: Counts,
     /// etcd v3 watch events and gRPC bytes sent (etcd only).
     etcd: usage::EtcdSent,
@@ -69,6 +71,7 @@ struct Reading {
     api_events: u64,
     node_cpu: Duration,
     own_cpu: Duration,
+    at: Option<std::time::SystemTime>,
     store_cpu: Duration,
 }
 
@@ -184,11 +187,14 @@ impl Sim {
                 .unwrap_or_default(),
             node_cpu: nodes.cpu(),
             own_cpu: usage::own_cpu(),
+            at: Some(std::time::SystemTime::now()),
             ..Reading::default()
         };
         match &self.store {
             Store::Etcd(s) => {
-                r.requests = util::etcd_counters(&s.endpoint()).await?.requests();
+                let c = util::etcd_counters(&s.endpoint()).await?;
+                r.requests = c.requests();
+                r.by_method = Some(c);
                 r.etcd = usage::etcd_sent(&s.endpoint()).await?;
                 r.store_cpu = s.pid().map(usage::process_cpu).unwrap_or_default();
             }
@@ -365,8 +371,22 @@ fn report(
         stats(&gaps)
     );
     println!("per node per reboot ({released} reboots):");
+    let kinds = match (&after.by_method, &before.by_method, &sim.store, before.at) {
+        (Some(x), Some(b), _, _) => x.minus(b).describe(per),
+        (_, _, Store::Lease(api), Some(since)) => {
+            let all: Vec<_> = api
+                .cluster()
+                .requests()
+                .all()
+                .into_iter()
+                .filter(|r| r.at >= since)
+                .collect();
+            super::rollout::api_kinds(&all, per)
+        }
+        _ => String::new(),
+    };
     println!(
-        "  store requests:           {:.2}",
+        "  store requests:           {:.2} [{kinds}]",
         (after.requests - before.requests) / per
     );
     if sim.proxy.is_some() {
