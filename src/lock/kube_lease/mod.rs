@@ -36,7 +36,8 @@
 //!   node part is the node name as is when that is a valid name part, not all digits and short
 //!   enough; else escaped to `[a-z0-9-]`, shortened, with `-h<hash>` appended, so a waiter Lease
 //!   never reads as a slot `<name>-<digits>`. `status()`, `set-max`, `release` and reclaim
-//!   look at the control and slot Leases only.
+//!   look at the control and slot Leases only; the holder's and the administrator's lists
+//!   leave the waiter Leases out (`rebootd.io/role!=waiter`), so they cost O(max).
 //! - **Pause Lease `<name>-paused`** (label `rebootd.io/role=pause`): there while the group is
 //!   paused (`rebootctl pause --group`); its annotation `rebootd.io/paused` says why, since when
 //!   and by whom (see [`pause`]). Labelled as the semaphore's, so the waiters' one list and
