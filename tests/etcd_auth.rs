@@ -145,6 +145,17 @@ async fn per_node_users_under_the_documented_v3_role_reboot_in_turn() {
             let (code, out, err) = rebootctl(&n1, &["status"]).await;
             assert_eq!(code, 0, "{v}: status as a node user: {err}");
             assert!(out.contains("1 of 1 slots free"), "{v}: {out}");
+            // The fleet view, as a node user: each node's record, written under the role.
+            let (code, out, err) = rebootctl(&n1, &["fleet", "--json"]).await;
+            assert_eq!(code, 0, "{v}: fleet as a node user: {err}");
+            let view: serde_json::Value = serde_json::from_str(&out).unwrap();
+            let rebooted = view["nodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|n| n["record"] == "ok" && n["last_reboot"].is_string())
+                .count();
+            assert_eq!(rebooted, 3, "{v}: {view:#}");
         }
 
         // Still allowed, the residual risk the document states: the document itself (every
@@ -159,6 +170,11 @@ async fn per_node_users_under_the_documented_v3_role_reboot_in_turn() {
             node(&["put", &record, "{}"]),
         );
         allowed("delete another holder's record", node(&["del", &record]));
+        let fleet_record = rebootd::lock::etcd_v3::members::key("default", &other_id);
+        allowed(
+            "forge another node's fleet record",
+            node(&["put", &fleet_record, "{}"]),
+        );
     }
 }
 

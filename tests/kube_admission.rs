@@ -558,6 +558,64 @@ fn a_node_queues_only_as_itself() {
     );
 }
 
+fn member(name_node: &str, says: &str) -> Value {
+    let mut v = lease(&format!("rebootd-node-{name_node}"), "member");
+    v["metadata"]["annotations"] = json!({"rebootd.io/member-node": says,
+        "rebootd.io/node-record": "{\"node\":\"x\"}"});
+    v
+}
+
+/// The fleet view's node Lease: a node writes the one named after it, saying itself, and
+/// nothing else; another node's credential cannot write, take over, squat or delete it.
+#[test]
+fn a_node_writes_only_its_own_node_lease() {
+    let p = Policy::load();
+    let mine = member("worker-1", "worker-1");
+    allowed(&p, &create(me(), LEASES, &mine));
+    let newer = with(
+        mine.clone(),
+        "/metadata/annotations/rebootd.io~1node-record",
+        json!("{}"),
+    );
+    allowed(&p, &update(me(), LEASES, &mine, &newer));
+    allowed(&p, &delete(me(), LEASES, &mine));
+    let says = "may write only its own node Lease rebootd-node-worker-1";
+    let theirs = member("worker-2", "worker-2");
+    denied(&p, &create(me(), LEASES, &theirs), says);
+    let forged = with(
+        theirs.clone(),
+        "/metadata/annotations/rebootd.io~1node-record",
+        json!("{\"waiting\":\"gate\"}"),
+    );
+    denied(&p, &update(me(), LEASES, &theirs, &forged), says);
+    denied(&p, &delete(me(), LEASES, &theirs), says);
+    // Squatting another node's name, or saying another node under its own name.
+    denied(
+        &p,
+        &create(me(), LEASES, &member("worker-2", "worker-1")),
+        says,
+    );
+    denied(
+        &p,
+        &create(me(), LEASES, &member("worker-1", "worker-2")),
+        says,
+    );
+    // Taking over a node Lease another node created under my name (a squatter's) is refused
+    // too: only what says my node may be changed.
+    let squatted = member("worker-1", "worker-2");
+    denied(&p, &update(me(), LEASES, &squatted, &mine), says);
+    // A node Lease with a holder would be read as a held lock.
+    denied(
+        &p,
+        &create(
+            me(),
+            LEASES,
+            &with(mine.clone(), "/spec/holderIdentity", json!("worker-1")),
+        ),
+        says,
+    );
+}
+
 #[test]
 fn events_and_pod_deletes_only_about_its_own_node() {
     let p = Policy::load();
@@ -686,6 +744,9 @@ async fn a_fleet_of_node_identities_rolls_a_reboot_through_the_policy() {
             && op(r) == "CREATE"
             && r["object"]["metadata"]["labels"]["rebootd.io/role"] == "waiter"
     });
+    let members = count(&|r| {
+        res(r) == "leases" && r["object"]["metadata"]["labels"]["rebootd.io/role"] == "member"
+    });
     let events = count(&|r| res(r) == "events");
     let evictions = reviewed
         .iter()
@@ -705,6 +766,7 @@ async fn a_fleet_of_node_identities_rolls_a_reboot_through_the_policy() {
         "takes {takes}, releases {releases}"
     );
     assert!(waiters >= 1, "with max 1, somebody queued");
+    assert!(members >= 3, "each node wrote its fleet record: {members}");
     assert!(
         events >= 3 && evictions >= 3,
         "events {events}, evictions {evictions}"

@@ -93,6 +93,7 @@ scenarios!(
     a_marker_watch_gone_410_watches_from_now_without_a_read,
     a_far_waiter_renews_half_as_often,
     a_read_of_a_long_queue_is_one_request,
+    a_holders_reads_leave_the_waiter_leases_out,
     a_waiter_queued_ahead_of_fast_clocks_takes_the_free_slot_at_once,
     dead_waiters_ahead_hold_back_no_live_waiter,
 );
@@ -1847,6 +1848,44 @@ mod scenarios {
             .collect();
         assert_eq!(lists.len(), 1, "one list: {lists:?}");
         assert!(!lists[0].contains("limit="), "{lists:?}");
+    }
+
+    /// What a holder lists (the report after its boot, the release) and `status` are the
+    /// control, slot and pause Leases only: their size does not grow with the queue.
+    pub async fn a_holders_reads_leave_the_waiter_leases_out(env: Env) {
+        add_node(&env, "a");
+        let a = sem(&env, "a").await;
+        within("a", a.acquire(&me("a"))).await.unwrap();
+        for i in 0..20 {
+            fast_clock_waiter(&env, &format!("w{i:02}"));
+        }
+        assert_eq!(waiter_leases(&env).len(), 20);
+        let from = env.api.cluster().requests().all().len();
+        // After the boot: a new process reports, shows the status and releases.
+        let a = sem(&env, "a").await;
+        a.report_phase(&me("a"), Phase::WaitingForHealthy)
+            .await
+            .unwrap();
+        let status = a.status().await.unwrap();
+        assert_eq!(status.holders.len(), 1, "{status:?}");
+        a.release(&me("a")).await.unwrap();
+        assert!(!holders(&env).values().any(|h| h == "node-a"));
+        let lists: Vec<String> = env.api.cluster().requests().all()[from..]
+            .iter()
+            .filter(|r| r.user.as_deref() == Some("node-a") && is_lease_list(r))
+            .map(|r| {
+                r.query
+                    .replace("%2F", "/")
+                    .replace("%3D", "=")
+                    .replace("%21", "!")
+                    .replace("%2C", ",")
+            })
+            .collect();
+        assert!(!lists.is_empty());
+        assert!(
+            lists.iter().all(|q| q.contains("rebootd.io/role!=waiter")),
+            "{lists:?}"
+        );
     }
 
     /// A marker's watch whose history no longer reaches the marker's `resourceVersion` (410

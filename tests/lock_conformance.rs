@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use rebootd::config;
 use rebootd::lock::{Acquired, Admin, Fence, Identity, LockError, Reported, Semaphore};
+use rebootd_lab::cut_proxy::{CutMode, CutProxy};
 use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
 use rebootd_lab::kube_api::{KubeApi, KubeApiHandle, Options};
 
@@ -85,15 +86,51 @@ impl World {
 
     /// A new client of the store (its own connection), as `who` (the API stand-in's user).
     async fn store(&self, who: &str, max_hold: Option<Duration>) -> Arc<dyn Store> {
+        self.store_via(who, max_hold, None).await
+    }
+
+    /// Where the store listens (what a [`CutProxy`] forwards to).
+    fn upstream(&self) -> std::net::SocketAddr {
+        let url = match self.kind {
+            Kind::V3(_) | Kind::V2(_) => self.etcd.as_ref().expect("etcd").endpoint(),
+            Kind::Lease => self.api.as_ref().expect("API stand-in").base_url(),
+        };
+        let addr = url
+            .trim_start_matches("http://")
+            .trim_start_matches("https://");
+        addr.parse().expect("host:port")
+    }
+
+    /// [`World::store`], through `proxy` when given: then with a queue entry that lives 2 s and
+    /// requests that give up after 1 s, so that a cut is a break in contact and shows as errors.
+    async fn store_via(
+        &self,
+        who: &str,
+        max_hold: Option<Duration>,
+        proxy: Option<&CutProxy>,
+    ) -> Arc<dyn Store> {
+        let (ttl, request) = match proxy {
+            Some(_) => (Duration::from_secs(2), Duration::from_secs(1)),
+            None => (Duration::from_secs(30), Duration::from_secs(10)),
+        };
+        let etcd = |api| {
+            let mut settings = self.etcd_settings(api);
+            if let Some(p) = proxy {
+                settings.endpoints = vec![p.url()];
+            }
+            settings
+        };
         match self.kind {
             Kind::V3(_) => {
                 let t = rebootd::lock::etcd_v3::Timeouts {
                     backoff_min: Duration::from_millis(50),
                     backoff_max: Duration::from_millis(500),
+                    queue_ttl: ttl,
+                    request,
                     ..Default::default()
                 };
                 let s = rebootd::lock::etcd_v3::EtcdSemaphore::connect_with(
-                    &self.etcd_settings(config::EtcdApi::V3),
+                    &etcd(config::EtcdApi::V3),
                     "default",
                     max_hold,
                     t,
@@ -103,13 +140,15 @@ impl World {
                 Arc::new(s)
             }
             Kind::V2(_) => {
-                let t = rebootd::lock::etcd_v2::Timeouts {
+                let mut t = rebootd::lock::etcd_v2::Timeouts {
                     backoff_min: Duration::from_millis(50),
                     backoff_max: Duration::from_millis(500),
+                    queue_ttl: ttl,
                     ..Default::default()
                 };
+                t.client.request = request;
                 let s = rebootd::lock::etcd_v2::EtcdV2Semaphore::connect_with(
-                    &self.etcd_settings(config::EtcdApi::V2),
+                    &etcd(config::EtcdApi::V2),
                     "default",
                     max_hold,
                     t,
@@ -122,6 +161,11 @@ impl World {
                 let api = self.api.as_ref().expect("API stand-in");
                 let path = self.dir.path().join(format!("kubeconfig-{who}"));
                 api.write_kubeconfig_for(&path, who).expect("kubeconfig");
+                if let Some(p) = proxy {
+                    let text = std::fs::read_to_string(&path).expect("kubeconfig");
+                    let text = text.replace(&api.base_url(), &p.url());
+                    std::fs::write(&path, text).expect("kubeconfig through the proxy");
+                }
                 let kc = kube::config::Kubeconfig::read_from(&path).expect("read kubeconfig");
                 let mut cfg = kube::Config::from_custom_kubeconfig(
                     kc,
@@ -139,9 +183,10 @@ impl World {
                     node_selector: None,
                 };
                 let t = rebootd::lock::kube_lease::Timeouts {
-                    request: Duration::from_secs(3),
+                    request: request.min(Duration::from_secs(3)),
                     backoff_min: Duration::from_millis(50),
                     backoff_max: Duration::from_millis(500),
+                    waiter_ttl: ttl,
                     ..Default::default()
                 };
                 let s =
@@ -235,6 +280,7 @@ every_store!(
     a_new_max_is_seen_by_a_waiting_client,
     a_restarted_holder_keeps_its_slot_and_a_stranger_with_its_id_is_not_admitted,
     max_hold_reclaims_only_holders_that_stopped_beating,
+    a_waiter_cut_off_from_the_store_counts_silence_afresh,
     set_max_below_the_holders_needs_force,
     taking_twice_and_giving_back_twice_write_nothing,
     the_take_writes_the_first_phase_so_its_report_writes_nothing,
@@ -482,6 +528,44 @@ async fn max_hold_reclaims_only_holders_that_stopped_beating(mut w: World) {
         .await
         .expect("task")
         .expect("acquire");
+}
+
+/// A waiter cut off from the store for longer than its queue entry lives does not count the
+/// holder's silence through the cut (RELIABILITY.md, finding 9): once the store answers it again,
+/// the holder gets `max_hold` anew to show a sign of life, as if just seen. Before, the first
+/// read after the cut found the holder silent past `max_hold` and took its slot over at once,
+/// although the holder could not have written either.
+async fn a_waiter_cut_off_from_the_store_counts_silence_afresh(mut w: World) {
+    let max_hold = Duration::from_secs(3);
+    let h = w.store("node-h", None).await;
+    within("h", h.acquire(&me("h"))).await.expect("h");
+    let proxy = CutProxy::start(w.upstream()).await.expect("proxy");
+    let r = w.store_via("node-r", Some(max_hold), Some(&proxy)).await;
+    let (r2, id) = (r.clone(), me("r"));
+    let mut waiting = tokio::spawn(async move { r2.acquire(&id).await });
+    waits_at(&mut w.logs, "r", 1).await;
+    proxy.cut(CutMode::Blackhole);
+    // Longer than max_hold and than r's entry lives: r's reclaim check falls in the cut.
+    not_within(
+        "r while cut off",
+        max_hold + Duration::from_secs(2),
+        &mut waiting,
+    )
+    .await;
+    proxy.restore();
+    let back = Instant::now();
+    within("r reclaims", &mut waiting)
+        .await
+        .expect("task")
+        .expect("acquire");
+    let after = back.elapsed();
+    assert!(
+        after >= max_hold - Duration::from_millis(300),
+        "the slot was taken over {after:?} after the store answered again: silence counted \
+         through the cut"
+    );
+    w.logs.expect(&["counted afresh"]).await;
+    w.logs.expect(&["RECLAIMING", "m-h"]).await;
 }
 
 /// `set-max` below the number of holders is refused, writing nothing, unless forced; forced, the

@@ -81,6 +81,10 @@ impl Semaphore for MemLock {
         Backend::None
     }
 
+    fn fleet(&self) -> Option<&dyn rebootd::fleet::FleetStore> {
+        None
+    }
+
     async fn acquire(&self, me: &Identity) -> Result<(), LockError> {
         let mut rx = self.0.subscribe();
         self.0.send_modify(|m| m.waiters += 1);

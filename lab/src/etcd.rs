@@ -637,6 +637,24 @@ impl EtcdServer {
             .sum::<f64>() as u64)
     }
 
+    /// How many lease keep-alives this etcd has renewed (`etcd_debugging_lease_renewed_total`),
+    /// as etcd counts them.
+    pub fn lease_renewals(&self) -> Result<u64, EtcdLabError> {
+        let out = std::process::Command::new("curl")
+            .args(["-sS", &format!("{}/metrics", self.endpoint())])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(io("run curl (is it installed?)"))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.lines()
+            .find_map(|l| l.strip_prefix("etcd_debugging_lease_renewed_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map(|v| v as u64)
+            .ok_or_else(|| {
+                EtcdLabError::State("no etcd_debugging_lease_renewed_total in /metrics".into())
+            })
+    }
+
     /// Turn on the v2 API's own authentication (separate from v3's): a v2 `root` user with
     /// `root_password`, and the `guest` role (what requests without credentials get) stripped
     /// of its default read and write access to every key.

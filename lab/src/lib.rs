@@ -4,6 +4,7 @@
 pub mod airlock;
 pub mod bench;
 pub mod chaos;
+pub mod count_proxy;
 pub mod cut_proxy;
 pub mod dbus;
 pub mod etcd;

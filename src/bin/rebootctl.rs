@@ -37,6 +37,17 @@ enum Command {
         #[arg(long)]
         watch: bool,
     },
+    /// Show every node of the group as the lock store has it: holders (phase, since when),
+    /// waiters in queue order, why each node waits (window, gate, inhibitor, pause, queue),
+    /// last reboots, paused and cancelled nodes. Needs etcd or Leases (see docs/fleet-view.md).
+    Fleet {
+        /// Machine-readable output (stable; fields are only added; see docs/fleet-view.md).
+        #[arg(long)]
+        json: bool,
+        /// Follow changes: redraw at each change the store reports (a watch, not a poll).
+        #[arg(long)]
+        watch: bool,
+    },
     /// Ask for a coordinated reboot of this host (in its window, holding a slot).
     Reboot,
     /// Pause this node: it takes no slot and starts no reboot until `resume` (kept in the state
@@ -392,6 +403,9 @@ async fn run(args: Args) -> Result<(), Failure> {
             }
             follow(&config, &store, json).await
         }
+        Command::Fleet { json, watch } => rebootd::fleet::cli::run(&config, json, watch)
+            .await
+            .map_err(op),
         Command::Reboot => {
             let body = serde_json::json!({
                 "requested_at": jiff::Timestamp::now(),
@@ -438,7 +452,7 @@ async fn run(args: Args) -> Result<(), Failure> {
                     config.lock.backend.name()
                 )));
             };
-            let done = lock::etcd_v2::migrate::migrate(settings, &config.identity.group)
+            let done = rebootd::migrate::migrate(settings, &config.identity.group)
                 .await
                 .map_err(op)?;
             println!("{done}");

@@ -27,7 +27,7 @@ pub struct Timeouts {
     pub backoff_min: Duration,
     pub backoff_max: Duration,
     /// Time to live of a waiter's queue entry (its etcd lease, kept alive every third of it
-    /// while `acquire` runs): the longest a waiter that died without a word holds up the queue.
+    /// while `acquire` runs, two thirds far back in a long queue): the longest a waiter that died without a word holds up the queue.
     /// Whole seconds, rounded up; etcd may raise a very short one to its minimum.
     pub queue_ttl: Duration,
 }

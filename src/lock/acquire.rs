@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use super::arbiter::{self, Decision, Policy};
+use super::contact::Contact;
 use super::retry;
 use super::view::{HolderView, Observations, View};
 use super::{Acquired, GroupPause, Identity, LockError};
@@ -31,6 +32,17 @@ pub const FAR_BACK: usize = 16;
 pub fn far_back(max: u64, entries_ahead: usize, uncertain: usize) -> bool {
     let max = usize::try_from(max).unwrap_or(usize::MAX).max(1);
     entries_ahead >= FAR_BACK && entries_ahead.saturating_sub(uncertain) >= max
+}
+
+/// When a waiter's queue entry, kept alive by a time to live `ttl` and last kept alive at
+/// `kept`, is due for its next beat: a third of the TTL later near the front, two thirds while
+/// [`far_back`]. Near the front a beat may fail once and the entry still lives; far back a
+/// beat costs half the requests of the longest part of a long wait, and the TTL (so the time
+/// a dead waiter's entry holds the queue up) is the same. A waiter that moves up is due at
+/// once when more than a third has passed.
+pub fn beat_due(kept: Instant, ttl: Duration, far_back: bool) -> Instant {
+    let thirds = if far_back { 2 } else { 1 };
+    kept + (ttl * thirds / 3).max(Duration::from_millis(300))
 }
 
 /// How many entries ahead [`far_back`] needs: a store may count no further.
@@ -87,6 +99,9 @@ pub trait Waiting: Send {
     fn paused(&self) -> Option<GroupPause> {
         None
     }
+    /// When the store last answered this waiter, and how often it went quiet for longer than
+    /// the entry's time to live ([`Contact`]): silence counts only over time in touch.
+    fn contact(&self) -> &Contact;
 }
 
 /// What the loop needs to know besides the store.
@@ -249,6 +264,9 @@ async fn round(
         }
         let view = w.view()?;
         let now = Instant::now();
+        if observations.in_touch(w.contact()) {
+            tracing::info!(target = %settings.target, id = %me.id, "{} did not answer for longer than a queue entry lives: every holder's silence is counted afresh from now", settings.label);
+        }
         observations.update(&view, now);
         let decision = arbiter::decide(&view, &who, observations, &settings.policy, now);
         let (until, head, behind) = match decision {
@@ -274,6 +292,10 @@ async fn round(
                     return Ok(RoundEnd::Held);
                 }
                 (None, false, None)
+            }
+            Decision::Reclaim { .. } if !w.contact().fresh(Instant::now()) => {
+                tracing::debug!(target = %settings.target, id = %me.id, "a reclaim is due, but {} has not answered lately: reading again first", settings.label);
+                return Ok(RoundEnd::Reread);
             }
             Decision::Reclaim {
                 holder,

@@ -140,6 +140,34 @@ impl Semaphore for EtcdStore {
     async fn report_phase(&self, me: &Identity, phase: Phase) -> Result<Reported, LockError> {
         follow!(self, s => s.report_phase(me, phase).await)
     }
+
+    fn fleet(&self) -> Option<&dyn crate::fleet::FleetStore> {
+        Some(self)
+    }
+}
+
+/// The fleet's records live in the store the semaphore is in now, as the pause does.
+#[async_trait]
+impl crate::fleet::FleetStore for EtcdStore {
+    async fn publish(
+        &self,
+        me: &Identity,
+        record: &crate::fleet::NodeRecord,
+        at: Option<&str>,
+    ) -> Result<String, LockError> {
+        if self.moved() {
+            return self.v3().await?.publish(me, record, at).await;
+        }
+        self.v2().await?.publish(me, record, at).await
+    }
+
+    async fn read_fleet(&self) -> Result<crate::fleet::FleetRead, LockError> {
+        follow!(self, s => s.read_fleet().await)
+    }
+
+    async fn fleet_changed(&self, read: &crate::fleet::FleetRead) -> Result<(), LockError> {
+        follow!(self, s => s.fleet_changed(read).await)
+    }
 }
 
 /// The pause lives in the store the semaphore is in now (not moved by `migrate`).
@@ -183,5 +211,9 @@ impl Admin for EtcdStore {
             return self.v3().await?.resume_group().await;
         }
         self.v2().await?.resume_group().await
+    }
+
+    fn fleet(&self) -> Option<&dyn crate::fleet::FleetStore> {
+        Some(self)
     }
 }

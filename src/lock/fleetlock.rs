@@ -124,6 +124,11 @@ impl Semaphore for FleetLock {
         BACKEND
     }
 
+    /// A FleetLock server keeps no record of the nodes beyond its own slots.
+    fn fleet(&self) -> Option<&dyn crate::fleet::FleetStore> {
+        None
+    }
+
     /// `pre-reboot` until granted. "Slots taken" and transient trouble are retried with
     /// backoff for ever (the caller may drop the future); other refusals are errors.
     #[tracing::instrument(skip(self, me), fields(url = %self.client.endpoint(Call::PreReboot), group = %self.client.group(), id = %me.id))]

@@ -19,6 +19,7 @@
 
 pub mod acquire;
 pub mod arbiter;
+pub mod contact;
 pub mod document;
 pub mod etcd;
 pub mod etcd_v2;
@@ -271,10 +272,13 @@ pub trait Semaphore: Pauses {
             pause = paused => Ok(Acquired::Paused(pause)),
         }
     }
+
+    /// Where this node keeps its fleet record ([`crate::fleet`]); `None`: the store keeps none.
+    fn fleet(&self) -> Option<&dyn crate::fleet::FleetStore>;
 }
 
 /// What `rebootctl` does to a semaphore beside the agent's calls. Not every store has it: a
-/// FleetLock server owns its semaphore. (`migrate` between stores belongs here too.)
+/// FleetLock server owns its semaphore.
 #[async_trait]
 pub trait Admin: Pauses {
     /// The semaphore as it stands.
@@ -292,6 +296,9 @@ pub trait Admin: Pauses {
 
     /// Undo [`Admin::pause_group`]. Not paused is success.
     async fn resume_group(&self) -> Result<(), LockError>;
+
+    /// The fleet view's records and reads ([`crate::fleet`]); `None`: the store keeps none.
+    fn fleet(&self) -> Option<&dyn crate::fleet::FleetStore>;
 }
 
 /// How often a holder beats when holders silent for `max_hold` are reclaimed: an eighth of it,

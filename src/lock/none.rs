@@ -60,6 +60,11 @@ impl Semaphore for NoLock {
     async fn report_phase(&self, _me: &Identity, _phase: Phase) -> Result<Reported, LockError> {
         Ok(Reported::Unproven)
     }
+
+    /// No shared store: no fleet view.
+    fn fleet(&self) -> Option<&dyn crate::fleet::FleetStore> {
+        None
+    }
 }
 
 #[async_trait]
@@ -94,5 +99,10 @@ impl Admin for NoLock {
 
     async fn resume_group(&self) -> Result<(), LockError> {
         Ok(())
+    }
+
+    /// No shared store: no fleet view.
+    fn fleet(&self) -> Option<&dyn crate::fleet::FleetStore> {
+        None
     }
 }

@@ -53,7 +53,7 @@ pub async fn open_admin(config: &Config) -> Result<Box<dyn Admin>, LockError> {
 pub async fn split_warning(config: &Config) -> Option<String> {
     match &config.lock.backend {
         LockBackend::Etcd(settings) if settings.api == EtcdApi::V3 => {
-            super::etcd_v2::migrate::split_warning(settings, &config.identity.group).await
+            crate::migrate::split_warning(settings, &config.identity.group).await
         }
         _ => None,
     }

@@ -153,6 +153,8 @@ impl View {
 pub struct Observations {
     holders: Seen,
     waiters: Seen,
+    /// The store's breaks in contact with this observer, as of the counts kept.
+    breaks: u64,
 }
 
 /// The beat last seen of each entry, by key, and since when.
@@ -166,6 +168,21 @@ impl Observations {
         note(&mut self.holders, holders, now);
         let waiters = view.waiters.iter().map(|w| (w.key.as_str(), &w.beat));
         note(&mut self.waiters, waiters, now);
+    }
+
+    /// Start every count afresh when the observer lost touch with its store since the counts
+    /// began (`contact` had a break): a silence heard through a break is not the entry's.
+    /// `true`: the counts were voided.
+    pub fn in_touch(&mut self, contact: &super::contact::Contact) -> bool {
+        if contact.breaks() == self.breaks {
+            return false;
+        }
+        let voided = !self.holders.is_empty() || !self.waiters.is_empty();
+        *self = Observations {
+            breaks: contact.breaks(),
+            ..Observations::default()
+        };
+        voided
     }
 
     /// How long holder `id` has shown no sign of life, as this observer saw it (zero when it

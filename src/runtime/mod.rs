@@ -92,6 +92,8 @@ pub struct Runtime {
     reported_held: std::sync::Mutex<Option<(Phase, std::time::Instant)>>,
     /// The autoscaler's annotation was asked for in this hold (`courtesy`): once per hold.
     scale_down_asked: std::sync::atomic::AtomicBool,
+    /// This node's fleet record, written when what it shows changes ([`crate::fleet`]).
+    fleet: crate::fleet::publish::Publisher,
 }
 
 /// The one-line status systemd shows: the phase and what it waits for.

@@ -5,7 +5,9 @@
 //! pause) and the phase report to the lock backend. Their failures are logged and the agent
 //! goes on. After every step: the autoscaler's courtesy for a held slot (`courtesy`); then,
 //! changed or not: the withdrawal of a warning to logged-in users
-//! that no longer holds, systemd's status line, Flatcar's coordinator file and the metrics.
+//! that no longer holds, systemd's status line, Flatcar's coordinator file and the metrics;
+//! last, the node's fleet record, written only when what it shows changed
+//! ([`crate::fleet::publish`]).
 
 use super::{status_line, Runtime, RuntimeError};
 use crate::agent::{self, Action, Event};
@@ -30,6 +32,7 @@ impl Runtime {
             *self.reported_held.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }
         let failed = matches!(event, Event::Transient { .. });
+        let cancel = matches!(event, Event::Cancelled) && state.reason.is_some();
         let step = agent::step(&state, event, Timestamp::now(), &self.policy);
         if let Some(refused) = step.refused {
             warn!(event = refused.event, phase = %refused.phase, "{refused}; the state is left as it is");
@@ -55,6 +58,10 @@ impl Runtime {
         }
         let next = self.scale_down_courtesy(next).await?;
         self.on_step(&state, &next).await;
+        if let Some(store) = self.semaphore.fleet() {
+            let cancelled = cancel && next.reason.is_none();
+            self.fleet.observe(store, &self.me, &next, cancelled).await;
+        }
         Ok(next)
     }
 

@@ -208,6 +208,7 @@ impl Runtime {
         let host =
             HostSeams::logind(config.reboot.inhibitors == crate::config::Inhibitors::Respect);
         let policy = policy(&config);
+        let fleet = crate::fleet::publish::Publisher::new(store.dir());
         Runtime {
             config,
             store,
@@ -224,6 +225,7 @@ impl Runtime {
             coordinator: None,
             reported_held: std::sync::Mutex::default(),
             scale_down_asked: std::sync::atomic::AtomicBool::new(false),
+            fleet,
         }
     }
 

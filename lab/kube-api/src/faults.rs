@@ -153,10 +153,14 @@ const LOG_CAP: usize = 100_000;
 #[derive(Debug, Clone, Default)]
 pub struct RequestLog {
     records: Arc<Mutex<VecDeque<RequestRecord>>>,
+    /// Every request answered, kept or not (the log keeps the latest [`LOG_CAP`]).
+    total: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl RequestLog {
     pub(crate) fn push(&self, r: RequestRecord) {
+        self.total
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut v = lock(&self.records);
         if v.len() >= LOG_CAP {
             v.pop_front();
@@ -167,6 +171,11 @@ impl RequestLog {
     /// A copy of every record kept.
     pub fn all(&self) -> Vec<RequestRecord> {
         lock(&self.records).iter().cloned().collect()
+    }
+
+    /// Every request answered since the start, also those the log no longer keeps.
+    pub fn total(&self) -> u64 {
+        self.total.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// How many records satisfy `f`.

@@ -54,3 +54,4 @@ pub use objects::{
 pub use pdb::Budget;
 pub use server::{KubeApi, KubeApiHandle, Options};
 pub use strategy::KUBELET_IGNORE_ANNOTATION;
+pub use watch::events_sent as watch_events_sent;

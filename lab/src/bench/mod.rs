@@ -4,6 +4,8 @@
 //!
 //! - `handoff`: slot hand-off latency of the lock backends (library, in-process clients).
 //! - `rollout`: a rolling reboot of many in-process nodes (the real `Runtime`), vs the ideal.
+//! - `store-sim`: N nodes' real lock adapters against the store, no Runtime; what each reboot
+//!   costs the store (requests, bytes, watch events) and the nodes (CPU).
 //! - `idle`: resource use and requests of one idle real `rebootd` process.
 //! - `drain`: rebootd's drain vs `kubectl drain` on the API stand-in.
 
@@ -12,6 +14,8 @@ mod handoff;
 mod idle;
 mod peers;
 mod rollout;
+mod store_sim;
+mod usage;
 mod util;
 
 use clap::{Parser, Subcommand};
@@ -29,6 +33,8 @@ enum BenchCommand {
     Handoff(handoff::Args),
     /// Rolling reboot of N in-process nodes (real Runtime, agent and lock code).
     Rollout(rollout::Args),
+    /// Store-level simulation: N nodes' real lock adapters against the store, no Runtime.
+    StoreSim(store_sim::Args),
     /// Idle cost of one real rebootd process (etcd backend, drain configured).
     Idle(idle::Args),
     /// rebootd's KubeDrainer vs `kubectl drain` on the API stand-in.
@@ -61,6 +67,7 @@ pub async fn cli(args: Vec<String>) -> Result<(), String> {
     match cli.command {
         BenchCommand::Handoff(a) => handoff::run(a).await,
         BenchCommand::Rollout(a) => rollout::run(a).await,
+        BenchCommand::StoreSim(a) => store_sim::run(a).await,
         BenchCommand::Idle(a) => idle::run(a).await,
         BenchCommand::Drain(a) => drain::run(a).await,
     }

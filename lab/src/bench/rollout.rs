@@ -12,7 +12,9 @@
 //! rebootd and the lock counts against it).
 
 use super::peers;
+use super::usage;
 use super::util::{self, ms, stats};
+use crate::count_proxy::{self, CountProxy, Counts};
 use crate::etcd::{EtcdOptions, EtcdServer};
 use crate::kube_api::{Kind, KubeApi, KubeApiHandle, Options as KubeOptions};
 use crate::v2_watcher::V2DocWatcher;
@@ -192,20 +194,74 @@ impl Backend {
         admin.set_max(a.max, true).await.map_err(|e| e.to_string())
     }
 
-    /// The `[lock]` part of every node's config.
+    /// The `[lock]` part of a config that talks to the store directly (set-max).
     fn lock_config(&self) -> String {
+        self.lock_config_via(None)
+    }
+
+    /// The `[lock]` part of every node's config: the store, or `via` (the counting proxy's
+    /// URL; for Leases, a kubeconfig naming it).
+    fn lock_config_via(&self, via: Option<(&str, &Path)>) -> String {
         match self {
             Backend::Etcd { server, .. } => format!(
                 "[lock]\nbackend = \"etcd\"\n\n[lock.etcd]\nendpoints = [{:?}]\n",
-                server.endpoint()
+                via.map(|v| v.0.to_string()).unwrap_or_else(|| server.endpoint())
             ),
             Backend::EtcdV2 { server, .. } => format!(
                 "[lock]\nbackend = \"etcd\"\n\n[lock.etcd]\napi = \"v2\"\nendpoints = [{:?}]\n",
-                server.endpoint()
+                via.map(|v| v.0.to_string()).unwrap_or_else(|| server.endpoint())
             ),
             Backend::Lease { kubeconfig, .. } => format!(
-                "[lock]\nbackend = \"kubernetes\"\n\n[lock.kubernetes]\nnamespace = {LEASE_NAMESPACE:?}\nkubeconfig = {kubeconfig:?}\n"
+                "[lock]\nbackend = \"kubernetes\"\n\n[lock.kubernetes]\nnamespace = {LEASE_NAMESPACE:?}\nkubeconfig = {:?}\n",
+                via.map(|v| v.1).unwrap_or(kubeconfig)
             ),
+        }
+    }
+
+    /// The store's URL (where the counting proxy forwards).
+    fn url(&self) -> String {
+        match self {
+            Backend::Etcd { server, .. } | Backend::EtcdV2 { server, .. } => server.endpoint(),
+            Backend::Lease { api, .. } => api.base_url(),
+        }
+    }
+
+    /// A counting proxy in front of the store, and a kubeconfig that names it (Leases).
+    async fn proxy(&self, dir: &Path) -> Result<(CountProxy, PathBuf), String> {
+        let url = self.url();
+        let addr = url
+            .trim_start_matches("http://")
+            .parse()
+            .map_err(|e| format!("{url}: {e}"))?;
+        let marker = matches!(self, Backend::EtcdV2 { .. }).then_some(count_proxy::ETCD_V2);
+        let proxy = CountProxy::start(addr, marker)
+            .await
+            .map_err(|e| e.to_string())?;
+        let path = dir.join("kubeconfig-proxy");
+        if let Backend::Lease { api, .. } = self {
+            let text = api
+                .kubeconfig("lab")
+                .map_err(|e| e.to_string())?
+                .replace(&api.base_url(), &proxy.url());
+            std::fs::write(&path, text).map_err(|e| e.to_string())?;
+        }
+        Ok((proxy, path))
+    }
+
+    /// What is counted beside requests: watch events, etcd's CPU time.
+    async fn extra(&self) -> Extra {
+        match self {
+            Backend::Etcd { server, .. } | Backend::EtcdV2 { server, .. } => Extra {
+                etcd: usage::etcd_sent(&server.endpoint())
+                    .await
+                    .unwrap_or_default(),
+                etcd_cpu: server.pid().map(usage::process_cpu).unwrap_or_default(),
+                ..Extra::default()
+            },
+            Backend::Lease { .. } => Extra {
+                api_events: crate::kube_api::watch_events_sent(),
+                ..Extra::default()
+            },
         }
     }
 
@@ -296,6 +352,40 @@ impl Backend {
         }
         Ok(rx)
     }
+}
+
+/// Counted beside the requests, at one time.
+#[derive(Debug, Clone, Copy, Default)]
+struct Extra {
+    etcd: usage::EtcdSent,
+    etcd_cpu: Duration,
+    api_events: u64,
+}
+
+/// The bytes, watch events and CPU time of the rollout per node per reboot, one line.
+fn describe_extra(
+    backend: &Backend,
+    proxy: &Counts,
+    extra: (&Extra, &Extra),
+    own_cpu: Duration,
+    per: f64,
+) -> String {
+    let (after, before) = extra;
+    let events = match backend {
+        Backend::Etcd { .. } => after.etcd.minus(&before.etcd).events,
+        Backend::EtcdV2 { .. } => proxy.watch_events as f64,
+        Backend::Lease { .. } => (after.api_events - before.api_events) as f64,
+    };
+    let etcd_cpu = after.etcd_cpu.saturating_sub(before.etcd_cpu);
+    format!(
+        "bytes from the store per node per reboot: {:.0} (to it {:.0}; counting proxy, nodes only); watch events per node per reboot: {:.2}; CPU per node per reboot: this process {:.2} ms (nodes and harness{}), etcd {:.2} ms",
+        proxy.received as f64 / per,
+        proxy.sent as f64 / per,
+        events / per,
+        own_cpu.as_secs_f64() * 1000.0 / per,
+        if matches!(backend, Backend::Lease { .. }) { ", the stand-in" } else { "" },
+        etcd_cpu.as_secs_f64() * 1000.0 / per,
+    )
 }
 
 /// What counts the store's requests, for the sampler.
@@ -468,6 +558,10 @@ impl Semaphore for Counted {
         self.calls.report_phase.fetch_add(1, Ordering::Relaxed);
         self.inner.report_phase(me, phase).await
     }
+    // The fleet records go to the store as the daemon's do (their requests are counted there).
+    fn fleet(&self) -> Option<&dyn rebootd::fleet::FleetStore> {
+        self.inner.fleet()
+    }
 }
 
 // The pause is read and followed before every wait for a slot, as the daemon does.
@@ -522,6 +616,9 @@ pub async fn run(a: Args) -> Result<(), String> {
         .tempdir()
         .map_err(|e| e.to_string())?;
     let mut backend = Backend::start(&a, root.path()).await?;
+    // The nodes talk to the store through a counting proxy (bytes, v2 watch events).
+    let (proxy, proxy_kubeconfig) = backend.proxy(root.path()).await?;
+    let proxy_url = proxy.url();
     let mut nodes = Vec::new();
     for i in 0..a.nodes {
         let dir = root.path().join(format!("node-{i}"));
@@ -535,7 +632,7 @@ pub async fn run(a: Args) -> Result<(), String> {
              [reboot]\nretry_interval = \"1s\"\ncoordinator_file = \"\"\n\n{lock}",
             mid = dir.join("machine-id"),
             bid = dir.join("boot_id"),
-            lock = backend.lock_config(),
+            lock = backend.lock_config_via(Some((&proxy_url, &proxy_kubeconfig))),
         );
         std::fs::write(dir.join("config.toml"), config).map_err(|e| e.to_string())?;
         nodes.push(SimNode { dir, machine_id });
@@ -647,6 +744,8 @@ pub async fn run(a: Args) -> Result<(), String> {
     });
 
     let before = backend.counters().await?;
+    let (proxy_before, extra_before, cpu_before) =
+        (proxy.counts(), backend.extra().await, usage::own_cpu());
     let calls_before = calls.snapshot();
     // The store's request rate, each second: the peak is what the fleet puts on it.
     let (peak_tx, peak_rx) = tokio::sync::watch::channel((0.0f64, 0.0f64));
@@ -696,6 +795,11 @@ pub async fn run(a: Args) -> Result<(), String> {
         return Err(format!("rollout not done within {budget:?}"));
     }
     let after = backend.counters().await?;
+    let (proxy_during, extra_after, cpu_during) = (
+        proxy.counts().minus(&proxy_before),
+        backend.extra().await,
+        usage::own_cpu().saturating_sub(cpu_before),
+    );
     sampler.abort();
     let (peak, peak_at) = *peak_rx.borrow();
     let calls_during = calls.snapshot().minus(&calls_before);
@@ -797,6 +901,16 @@ pub async fn run(a: Args) -> Result<(), String> {
         }
         _ => {}
     }
+    println!(
+        "{}",
+        describe_extra(
+            &backend,
+            &proxy_during,
+            (&extra_after, &extra_before),
+            cpu_during,
+            a.nodes as f64
+        )
+    );
     if a.locksmithd > 0 {
         let Backend::EtcdV2 { server, .. } = &backend else {
             return Err("--locksmithd needs --backend etcd-v2".into());
@@ -804,7 +918,7 @@ pub async fn run(a: Args) -> Result<(), String> {
         let gaps = peers::handoffs(&peers::changes(
             &backend_history(&backend).unwrap_or_default(),
         ));
-        locksmithd_rollout(server, &a, total, &gaps).await?;
+        locksmithd_rollout(server, &proxy, &a, total, &gaps).await?;
     }
     drop(root);
     Ok(())
@@ -812,7 +926,7 @@ pub async fn run(a: Args) -> Result<(), String> {
 
 /// API requests by kind: method, and for Leases whether on one object or the collection (list,
 /// watch), per `per`.
-fn api_kinds(records: &[crate::kube_api::RequestRecord], per: f64) -> String {
+pub(super) fn api_kinds(records: &[crate::kube_api::RequestRecord], per: f64) -> String {
     let mut by: std::collections::BTreeMap<String, usize> = Default::default();
     for r in records {
         let watch = r
@@ -850,13 +964,15 @@ fn backend_history(b: &Backend) -> Option<Vec<crate::v2_watcher::DocVersion>> {
 /// The same rolling reboot by real locksmithd nodes, on the same etcd.
 async fn locksmithd_rollout(
     etcd: &EtcdServer,
+    proxy: &CountProxy,
     a: &Args,
     rebootd_total: Duration,
     rebootd_gaps: &[f64],
 ) -> Result<(), String> {
     let before = util::etcd_counters(&etcd.endpoint()).await?;
+    let (proxy_before, cpu_before) = (proxy.counts(), etcd.pid().map(usage::process_cpu));
     let run = peers::run_locksmithd(
-        &etcd.endpoint(),
+        &proxy.url(),
         a.locksmithd,
         a.max,
         a.reboot_time,
@@ -865,6 +981,13 @@ async fn locksmithd_rollout(
     )
     .await?;
     let after = util::etcd_counters(&etcd.endpoint()).await?;
+    let p = proxy.counts().minus(&proxy_before);
+    let etcd_cpu = etcd
+        .pid()
+        .map(usage::process_cpu)
+        .zip(cpu_before)
+        .map(|(a, b)| a.saturating_sub(b))
+        .unwrap_or_default();
     let d = after.minus(&before);
     let gaps = peers::handoffs(&peers::changes(&run.history));
     println!(
@@ -892,6 +1015,14 @@ async fn locksmithd_rollout(
             stats(rebootd_gaps).median / stats(&gaps).median
         );
     }
+    let per = a.locksmithd as f64;
+    println!(
+        "locksmithd bytes from the store per node per reboot: {:.0} (to it {:.0}; counting proxy, locksmithctl's set-max included); watch events {:.2}; etcd CPU per node per reboot {:.2} ms",
+        p.received as f64 / per,
+        p.sent as f64 / per,
+        p.watch_events as f64 / per,
+        etcd_cpu.as_secs_f64() * 1000.0 / per
+    );
     println!("locksmithd RSS at the end (kB): {:?}", run.rss_kb);
     Ok(())
 }

@@ -229,8 +229,8 @@ fn is_stream(method: &str) -> bool {
     matches!(method, "Watch" | "LeaseKeepAlive" | "Snapshot")
 }
 
-/// Fetch and parse etcd's metrics. `endpoint` is `http://127.0.0.1:PORT`.
-pub async fn etcd_counters(endpoint: &str) -> Result<EtcdCounters, String> {
+/// etcd's `/metrics` text. `endpoint` is `http://127.0.0.1:PORT`.
+pub async fn metrics_text(endpoint: &str) -> Result<String, String> {
     let addr = endpoint
         .strip_prefix("http://")
         .ok_or_else(|| format!("{endpoint}: only plain http endpoints are read"))?;
@@ -244,6 +244,12 @@ pub async fn etcd_counters(endpoint: &str) -> Result<EtcdCounters, String> {
     s.read_to_string(&mut body)
         .await
         .map_err(|e| format!("metrics {addr}: {e}"))?;
+    Ok(body)
+}
+
+/// Fetch and parse etcd's metrics. `endpoint` is `http://127.0.0.1:PORT`.
+pub async fn etcd_counters(endpoint: &str) -> Result<EtcdCounters, String> {
+    let body = metrics_text(endpoint).await?;
     let mut c = EtcdCounters::default();
     for line in body.lines() {
         if let Some((name, value)) = v2_counter(line) {

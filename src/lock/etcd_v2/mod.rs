@@ -14,7 +14,7 @@
 //! answers [`LockError::Moved`]; [`super::etcd::EtcdStore`] then goes on in v3.
 
 mod connect;
-pub mod migrate;
+mod members;
 mod pause;
 pub mod tree;
 pub(in crate::lock) mod waiting;
@@ -47,8 +47,9 @@ pub struct Timeouts {
     /// First pause after a transient error inside `acquire`, doubled up to `backoff_max`.
     pub backoff_min: Duration,
     pub backoff_max: Duration,
-    /// Time to live of a waiter's queue entry, refreshed every third of it while it waits: the
-    /// longest a waiter that died without a word holds up the queue.
+    /// Time to live of a waiter's queue entry, refreshed every third of it while it waits (two
+    /// thirds far back, `lock::acquire::beat_due`): the longest a waiter that died without a
+    /// word holds up the queue.
     pub queue_ttl: Duration,
 }
 
@@ -65,8 +66,8 @@ impl Default for Timeouts {
 
 /// locksmith's semaphore in etcd v2, plus rebootd's records and waiter queue beside it.
 pub struct EtcdV2Semaphore {
-    client: Arc<KeysClient>,
-    keys: Keys,
+    pub(crate) client: Arc<KeysClient>,
+    pub(crate) keys: Keys,
     max_hold: Option<Duration>,
     /// `lock.max_per_zone`: at most this many holders in one zone.
     max_per_zone: Option<u64>,
@@ -151,7 +152,7 @@ impl EtcdV2Semaphore {
     }
 
     /// Read the group's keys (one recursive read).
-    async fn read(&self, quorum: bool) -> Result<Snapshot, LockError> {
+    pub(crate) async fn read(&self, quorum: bool) -> Result<Snapshot, LockError> {
         let get = Get {
             recursive: true,
             sorted: true,
@@ -169,7 +170,7 @@ impl EtcdV2Semaphore {
     }
 
     /// locksmith's document in `snap`, or why it cannot be used.
-    fn document(&self, snap: &Snapshot) -> Result<SemaphoreDoc, LockError> {
+    pub(crate) fn document(&self, snap: &Snapshot) -> Result<SemaphoreDoc, LockError> {
         match &snap.doc {
             DocState::Absent => Ok(SemaphoreDoc::default()),
             DocState::Doc { doc, .. } => Ok(doc.clone()),
@@ -525,12 +526,20 @@ impl Semaphore for EtcdV2Semaphore {
             self.try_report_phase(me, phase.as_str()).await
         )
     }
+
+    fn fleet(&self) -> Option<&dyn crate::fleet::FleetStore> {
+        Some(self)
+    }
 }
 
 #[async_trait]
 impl Admin for EtcdV2Semaphore {
     async fn pause_group(&self, pause: &GroupPause) -> Result<(), LockError> {
         self.put_pause(pause).await
+    }
+
+    fn fleet(&self) -> Option<&dyn crate::fleet::FleetStore> {
+        Some(self)
     }
 
     async fn resume_group(&self) -> Result<(), LockError> {

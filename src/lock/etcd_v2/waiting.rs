@@ -1,6 +1,6 @@
 //! `acquire` on the v2 store: the lock core's loop over [`V2Waiting`]. A waiter queues as an
-//! in-order key with a TTL under `rebootd/waiters/` (refreshed every third of the TTL without
-//! waking anyone), and waits on a watch of the group's directory: each change is applied to the
+//! in-order key with a TTL under `rebootd/waiters/` (refreshed every third of the TTL, two
+//! thirds far back, without waking anyone), and waits on a watch of the group's directory: each change is applied to the
 //! snapshot, and the arbiter decides again. A release by locksmith or rebootd therefore reaches
 //! the head of the queue as one watch event, never by polling. A cancelled `acquire` deletes its entry (from a spawned task); a dead one's entry
 //! expires with its TTL.
@@ -15,11 +15,12 @@
 //! event and closes); events the read already has are skipped by their index.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use async_trait::async_trait;
 
 use super::super::acquire::{self, Settings, Waiting, Wake};
+use super::super::contact::Contact;
 use super::super::lost_race::LostRace;
 use super::super::view::View;
 use super::super::{Acquired, GroupPause, Identity, LockError};
@@ -71,7 +72,7 @@ pub(in crate::lock) fn waiting<'a>(store: &'a EtcdV2Semaphore, me: &'a Identity)
         first: None,
         snap: None,
         started: jiff::Timestamp::now(),
-        refresh_at: None,
+        refreshed_at: None,
         entry: EntryGuard {
             client: store.client.clone(),
             key: None,
@@ -80,6 +81,7 @@ pub(in crate::lock) fn waiting<'a>(store: &'a EtcdV2Semaphore, me: &'a Identity)
         next_index: None,
         behind: false,
         lost: LostRace::default(),
+        contact: Contact::new(store.timeouts.queue_ttl),
     }
 }
 
@@ -116,8 +118,9 @@ pub(in crate::lock) struct V2Waiting<'a> {
     snap: Option<Snapshot>,
     /// When this `acquire` started (written in the queue entry).
     started: jiff::Timestamp,
-    /// When my entry's TTL is due for a refresh.
-    refresh_at: Option<Instant>,
+    /// When my entry was put or its TTL last refreshed (`None` with an entry: adopted after a
+    /// restart, due at once).
+    refreshed_at: Option<Instant>,
     entry: EntryGuard,
     /// The streaming watch of the group's keys, kept across waits, and the index after the last
     /// event it brought.
@@ -128,6 +131,8 @@ pub(in crate::lock) struct V2Waiting<'a> {
     behind: bool,
     /// The key a compare-and-swap of mine lost on, until the watch brings its change.
     lost: LostRace,
+    /// When etcd last answered: reads, watch events and ends, refreshes, queueing.
+    contact: Contact,
 }
 
 /// What ended one step of a wait.
@@ -143,8 +148,15 @@ impl V2Waiting<'_> {
         self.snap.as_ref().ok_or(LockError::NotRead(BACKEND))
     }
 
-    fn refresh_every(&self) -> Duration {
-        self.store.timeouts.queue_ttl / 3
+    /// When my entry's TTL is due for a refresh ([`acquire::beat_due`]: sparser far back);
+    /// `None` without an entry.
+    fn refresh_at(&self) -> Option<Instant> {
+        self.entry.key.as_ref()?;
+        let Some(at) = self.refreshed_at else {
+            return Some(Instant::now());
+        };
+        let ttl = self.store.timeouts.queue_ttl;
+        Some(acquire::beat_due(at, ttl, self.far_back()))
     }
 
     /// Note a write of mine in the snapshot (without moving its index: the watch still has to
@@ -190,7 +202,7 @@ impl V2Waiting<'_> {
                 }
             }
         }
-        self.refresh_at = None;
+        self.refreshed_at = None;
     }
 
     /// Refresh my entry's TTL; `Ok(false)` when it is gone (expired).
@@ -205,7 +217,8 @@ impl V2Waiting<'_> {
             .await
         {
             Ok(_) => {
-                self.refresh_at = Some(Instant::now() + self.refresh_every());
+                self.refreshed_at = Some(Instant::now());
+                self.contact.answered(Instant::now());
                 Ok(true)
             }
             Err(e) if e.is_key_not_found() => {
@@ -233,13 +246,14 @@ impl Waiting for V2Waiting<'_> {
             self.stream = Some(stream.map_err(lock_error)?);
         }
         let snap = self.store.read(false).await?;
+        self.contact.answered(Instant::now());
         self.next_index = None;
         self.lost.clear();
         // A restarted rebootd (same token) takes its old entry over, keeping its place.
         if self.entry.key.is_none() {
             if let Some((key, _)) = snap.my_entry(&self.me.id, &self.me.token) {
                 self.entry.key = Some(key.clone());
-                self.refresh_at = Some(Instant::now());
+                self.refreshed_at = None;
             }
         }
         self.snap = Some(snap);
@@ -317,7 +331,7 @@ impl Waiting for V2Waiting<'_> {
 
     async fn enqueue(&mut self) -> Result<(), LockError> {
         if self.entry.key.is_some() {
-            if self.refresh_at.is_none_or(|at| Instant::now() >= at) && !self.refresh().await? {
+            if self.refresh_at().is_none_or(|at| Instant::now() >= at) && !self.refresh().await? {
                 return self.enqueue_new().await;
             }
             return Ok(());
@@ -331,7 +345,7 @@ impl Waiting for V2Waiting<'_> {
             let Some(mut stream) = self.open_stream().await? else {
                 return Ok(Wake::Reread);
             };
-            let refresh_at = self.refresh_at;
+            let refresh_at = self.refresh_at();
             let lost_by = self.lost.deadline();
             let got = tokio::select! {
                 answer = stream.next() => Got::Event(Box::new(answer)),
@@ -362,6 +376,9 @@ impl Waiting for V2Waiting<'_> {
                     return Ok(Wake::Changed);
                 }
             };
+            if answer.is_ok() {
+                self.contact.answered(Instant::now());
+            }
             match answer {
                 Ok(Some(event)) => {
                     self.behind = stream.ended() && event.node.modified_index < stream.opened_at();
@@ -388,6 +405,10 @@ impl Waiting for V2Waiting<'_> {
 
     fn paused(&self) -> Option<GroupPause> {
         self.snap.as_ref().and_then(|s| s.pause.clone())
+    }
+
+    fn contact(&self) -> &Contact {
+        &self.contact
     }
 
     async fn leave(&mut self, _dead: Vec<String>) {
@@ -480,7 +501,7 @@ impl V2Waiting<'_> {
             .map_err(lock_error)?;
         tracing::debug!(key = %created.node.key, "queued for a slot");
         self.entry.key = Some(created.node.key.clone());
-        self.refresh_at = Some(Instant::now() + self.refresh_every());
+        self.refreshed_at = Some(Instant::now());
         self.note(&created);
         Ok(())
     }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::super::super::acquire::{Waiting, Wake, FAR_BACK};
 use super::super::super::race_tests::{etcd, held_then_read, me, v2};
 use super::super::super::{Admin, Semaphore};
+use super::super::{EtcdV2Semaphore, Timeouts};
 use super::waiting;
 
 /// Another node writes in the group's directory after the waiter's read and before its wait
@@ -129,4 +130,79 @@ async fn a_waiter_far_back_decides_only_on_what_can_concern_it() {
         Some("rebooting"),
         "the report was taken in"
     );
+}
+
+/// A waiter's entry is refreshed every third of its TTL near the front and every two thirds
+/// far back in a long queue (the same TTL, so a dead waiter holds the queue up no longer),
+/// measured in one run: over the same stretch of waiting, the far waiter sends about half the
+/// refreshes of the near one, and its entry stays.
+#[tokio::test]
+async fn a_waiter_far_back_refreshes_its_entry_half_as_often() {
+    let Some(etcd) = etcd().await else { return };
+    let holder = v2(&etcd).await;
+    holder
+        .acquire(&me("h"))
+        .await
+        .expect("h takes the only slot");
+    let others = v2(&etcd).await;
+    let ids: Vec<_> = (0..FAR_BACK).map(|i| me(&format!("o{i}"))).collect();
+    let mut ahead = Vec::new();
+    for id in &ids {
+        let mut o = waiting(&others, id);
+        o.read().await.expect("read");
+        o.enqueue().await.expect("queue");
+        ahead.push(o);
+    }
+    // The near waiter is alone in a group of its own; both have a 3 s TTL.
+    let settings = super::super::super::race_tests::settings(&etcd, crate::config::EtcdApi::V2);
+    let timeouts = Timeouts {
+        queue_ttl: Duration::from_secs(3),
+        ..Timeouts::default()
+    };
+    let (near_store, far_store) = (
+        EtcdV2Semaphore::connect_with(&settings, "near", None, timeouts),
+        EtcdV2Semaphore::connect_with(&settings, "default", None, timeouts),
+    );
+    let (near_store, far_store) = (near_store.await.expect("v2"), far_store.await.expect("v2"));
+    let near_holder = v2_group(&etcd, "near").await;
+    near_holder
+        .acquire(&me("nh"))
+        .await
+        .expect("nh takes the only slot");
+    let (me_n, me_f) = (me("n"), me("f"));
+    let (mut n, mut f) = (waiting(&near_store, &me_n), waiting(&far_store, &me_f));
+    for w in [&mut n, &mut f] {
+        w.read().await.expect("read");
+        w.enqueue().await.expect("queue");
+    }
+    let (n0, f0) = (near_store.requests(), far_store.requests());
+    let until = std::time::Instant::now() + Duration::from_millis(4_500);
+    let (near, far) = tokio::join!(wait_until(&mut n, until), wait_until(&mut f, until));
+    assert!(near.is_ok() && far.is_ok(), "{near:?} {far:?}");
+    let (near, far) = (near_store.requests() - n0, far_store.requests() - f0);
+    assert!(
+        near >= 3,
+        "near the front: a refresh a second, {near} in 4.5 s"
+    );
+    assert!(far <= 2, "far back: a refresh every 2 s, {far} in 4.5 s");
+    let queued = far_store.read(true).await.expect("read").queue;
+    assert_eq!(queued.len(), FAR_BACK + 1, "the far waiter's entry stayed");
+}
+
+async fn v2_group(etcd: &rebootd_lab::etcd::EtcdServer, group: &str) -> EtcdV2Semaphore {
+    let s = super::super::super::race_tests::settings(etcd, crate::config::EtcdApi::V2);
+    EtcdV2Semaphore::connect_with(&s, group, None, Timeouts::default())
+        .await
+        .expect("connect v2")
+}
+
+/// Wait (deciding nothing) until `until`.
+async fn wait_until(
+    w: &mut super::V2Waiting<'_>,
+    until: std::time::Instant,
+) -> Result<(), crate::lock::LockError> {
+    while std::time::Instant::now() < until {
+        w.wait(Some(until), false).await?;
+    }
+    Ok(())
 }

@@ -1,39 +1,17 @@
 //! Lock store `[lock.etcd] api = "v3"` (the default): locksmith's semaphore document in etcd v3,
-//! rebootd's holder records and FIFO waiter queue beside it. An adapter on the lock core: it reads
-//! a view (the document, the records and the queue in one transaction, [`snapshot`]), commits the
-//! arbiter's decisions by compare-and-swap on the document key's **mod revision** (`== 0` to
-//! create it), and waits by one watch of the group's keys ([`waiting`]). The document format and
-//! the key layout are in [`super::document`]; connecting and sorting errors in [`connect`].
-//!
-//! Every write of the document is one transaction guarded by the mod revision read, so a lost
-//! race is detected and retried on a fresh state, and a document that does not parse is never
-//! written over: parsing happens before any write is built. Transactions are bounded: the
-//! document, one record, one queue entry and the orphan records read (one per holder at most).
-//! A holder's phase report writes only its own record, guarded by that record's revision
-//! ([`report`]): every transaction that takes an id out of the document deletes its record.
-//!
-//! # Waiting: a FIFO queue beside locksmith's document
-//!
-//! A waiter puts a queue entry (`.../rebootd/waiters/<id>`) under an etcd lease it keeps alive
-//! while `acquire` runs; the entry's create revision is its ticket. The arbiter lets it try the
-//! compare-and-swap only when the document has more free slots than live waiters ahead of it, so a
-//! release wakes the head of the queue, not every waiter. The transaction that takes the slot
-//! also deletes the entry. One watch, on the key range from the holder records to the document,
-//! keeps the view up to date locally for the whole wait: a change costs the waiters no request; a
-//! fresh read happens only after a compaction, a reconnect or an error. A waiter that dies leaves
-//! an entry that vanishes with its lease ([`Timeouts::queue_ttl`]); a restarted one re-puts its
-//! entry under a new lease, which keeps the create revision, so it keeps its place. locksmith
-//! never reads the queue: it takes free slots by CAS, and queued waiters wait on.
-//!
-//! # Liveness of holders
-//!
-//! A holder's record gets a new revision at every heartbeat and phase report; a waiter judges a
-//! holder stopped when that revision did not change for `max_hold` of its own clock (a holder
-//! without a record, locksmith's, from when the waiter first saw it). No time written by another
-//! host is compared. A reclaim compares the stopped holder's record revision too, so a holder
-//! that beats at the last moment keeps its slot.
+//! rebootd's holder records and FIFO waiter queue beside it (keys: docs/etcd-security.md). An
+//! adapter on the lock core: it reads a view (the document, the records and the queue in one
+//! transaction, [`snapshot`]), commits the arbiter's decisions by compare-and-swap on the
+//! document key's mod revision (`== 0` to create it), and waits by one watch of the group's keys
+//! ([`waiting`]; a waiter's queue entry lives under an etcd lease it keeps alive, and its create
+//! revision is its ticket). A document that does not parse is never written over: parsing happens
+//! before any write is built. A phase report writes only the holder's own record, guarded by that
+//! record's revision ([`report`]). Holder liveness is the lock core's (`lock::view::Observations`:
+//! a record's revision unchanged for `max_hold` of the waiter's own clock); a reclaim compares that
+//! revision too, so a holder that beats at the last moment keeps its slot.
 
 mod import;
+pub mod members;
 mod pause;
 mod report;
 pub mod snapshot;
@@ -439,7 +417,7 @@ impl Semaphore for EtcdSemaphore {
         BACKEND
     }
 
-    /// The lock core's acquire loop over this store (see the module documentation). Cancelled
+    /// The lock core's acquire loop over this store. Cancelled
     /// (dropped), it revokes its queue entry's lease from a spawned task.
     #[tracing::instrument(skip(self, me), fields(key = %self.keys.doc, id = %me.id))]
     async fn acquire(&self, me: &Identity) -> Result<(), LockError> {
@@ -510,6 +488,10 @@ impl Semaphore for EtcdSemaphore {
     async fn report_phase(&self, me: &Identity, phase: Phase) -> Result<Reported, LockError> {
         self.report(me, phase.as_str()).await
     }
+
+    fn fleet(&self) -> Option<&dyn crate::fleet::FleetStore> {
+        Some(self)
+    }
 }
 
 #[async_trait]
@@ -520,6 +502,10 @@ impl Admin for EtcdSemaphore {
 
     async fn resume_group(&self) -> Result<(), LockError> {
         self.delete_pause().await
+    }
+
+    fn fleet(&self) -> Option<&dyn crate::fleet::FleetStore> {
+        Some(self)
     }
 
     #[tracing::instrument(skip(self), fields(key = %self.keys.doc))]

@@ -19,6 +19,7 @@ use etcd_client::{
 };
 
 use super::super::acquire::{self, Settings, Waiting, Wake};
+use super::super::contact::Contact;
 use super::super::document::{HolderRecord, WaiterRecord};
 use super::super::view::View;
 use super::super::{Acquired, GroupPause, Identity, LockError};
@@ -82,8 +83,9 @@ pub(in crate::lock) fn waiting<'a>(store: &'a EtcdSemaphore, me: &'a Identity) -
         },
         watch: None,
         keep_alive: None,
-        keep_alive_at: None,
+        kept_alive_at: None,
         left: false,
+        contact: Contact::new(store.timeouts.queue_ttl),
     }
 }
 
@@ -154,10 +156,12 @@ pub(in crate::lock) struct V3Waiting<'a> {
     /// The watch from the last read on; opened at the first wait after it.
     watch: Option<WatchStream>,
     keep_alive: Option<KeepAlive>,
-    /// When my lease needs its next keep-alive.
-    keep_alive_at: Option<Instant>,
+    /// When my lease was granted or last kept alive.
+    kept_alive_at: Option<Instant>,
     /// My queue entry went with the transaction that made me a holder.
     left: bool,
+    /// When etcd last answered: reads, watch events, keep-alives.
+    contact: Contact,
 }
 
 /// What ended one wait of the `select!` in [`V3Waiting::wait`].
@@ -178,13 +182,10 @@ impl V3Waiting<'_> {
         HolderRecord::after(None, self.me, Some(self.first.map(Phase::as_str)))
     }
 
-    /// When my lease needs its next keep-alive: a third of its time to live from now.
-    fn keep_alive_due(&self) -> Instant {
-        let ttl = self
-            .lease
-            .lease
-            .map_or(self.store.timeouts.queue_ttl, |(_, ttl)| ttl);
-        Instant::now() + (ttl / 3).max(Duration::from_millis(300))
+    /// When my lease needs its next keep-alive ([`acquire::beat_due`]: sparser far back).
+    fn keep_alive_due(&self) -> Option<Instant> {
+        let (_, ttl) = self.lease.lease?;
+        Some(acquire::beat_due(self.kept_alive_at?, ttl, self.far_back()))
     }
 
     /// Grant the lease of my queue entry.
@@ -200,7 +201,7 @@ impl V3Waiting<'_> {
         let granted = Duration::from_secs(u64::try_from(resp.ttl()).unwrap_or(1).max(1));
         self.lease.lease = Some((resp.id(), granted));
         self.keep_alive = None;
-        self.keep_alive_at = Some(self.keep_alive_due());
+        self.kept_alive_at = Some(Instant::now());
         Ok(resp.id())
     }
 
@@ -237,7 +238,7 @@ impl V3Waiting<'_> {
         tracing::warn!(key = %self.queue_key, lease = ?self.lease.lease.map(|(id, _)| id), "the lease of my queue entry expired; queueing again");
         self.lease.lease = None;
         self.keep_alive = None;
-        self.keep_alive_at = None;
+        self.kept_alive_at = None;
     }
 
     /// Open the watch of the group's pause, the holder records, the queue and the document (one
@@ -321,6 +322,7 @@ impl Waiting for V3Waiting<'_> {
         self.watch = None;
         self.keep_alive = None;
         self.snap = Some(self.store.read(true).await?);
+        self.contact.answered(Instant::now());
         Ok(())
     }
 
@@ -461,7 +463,7 @@ impl Waiting for V3Waiting<'_> {
             self.watch = Some(self.open_watch(from).await?);
         }
         loop {
-            let keep_alive_at = self.keep_alive_at.filter(|_| self.lease.lease.is_some());
+            let keep_alive_at = self.keep_alive_due();
             let Some(watch) = self.watch.as_mut() else {
                 return Ok(Wake::Reread);
             };
@@ -479,13 +481,13 @@ impl Waiting for V3Waiting<'_> {
                         self.lease_lost();
                         return Ok(Wake::Changed);
                     }
-                    self.keep_alive_at = Some(self.keep_alive_due());
+                    self.kept_alive_at = Some(Instant::now());
                 }
                 Woken::KeepAlive(Ok(Some(r))) if r.ttl() <= 0 => {
                     self.lease_lost();
                     return Ok(Wake::Changed);
                 }
-                Woken::KeepAlive(Ok(Some(_))) => {}
+                Woken::KeepAlive(Ok(Some(_))) => self.contact.answered(Instant::now()),
                 Woken::KeepAlive(Ok(None)) => {
                     return Err(self
                         .store
@@ -493,6 +495,7 @@ impl Waiting for V3Waiting<'_> {
                 }
                 Woken::KeepAlive(Err(e)) => return Err(self.store.classify(e)),
                 Woken::Watch(Ok(Some(resp))) => {
+                    self.contact.answered(Instant::now());
                     if resp.compact_revision() > 0 {
                         tracing::debug!(
                             compact_revision = resp.compact_revision(),
@@ -539,6 +542,10 @@ impl Waiting for V3Waiting<'_> {
 
     fn paused(&self) -> Option<GroupPause> {
         self.snap.as_ref().and_then(|s| s.pause.clone())
+    }
+
+    fn contact(&self) -> &Contact {
+        &self.contact
     }
 
     async fn leave(&mut self, _dead: Vec<String>) {

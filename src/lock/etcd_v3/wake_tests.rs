@@ -162,3 +162,56 @@ async fn quiet(
 ) -> Result<Result<Wake, crate::lock::LockError>, tokio::time::error::Elapsed> {
     tokio::time::timeout(Duration::from_millis(ms), w.wait(None, false)).await
 }
+
+/// A waiter's queue entry lives by an etcd lease kept alive every third of its TTL near the
+/// front and every two thirds far back in a long queue (the same TTL, so a dead waiter holds
+/// the queue up no longer). Counted by etcd, in one run: over the same stretch of waiting, the
+/// far waiter's lease is renewed about half as often as the near one's, and its entry stays.
+#[tokio::test]
+async fn a_waiter_far_back_keeps_its_lease_alive_half_as_often() {
+    let Some(etcd) = etcd().await else { return };
+    let holder = connect(&etcd, "far", None).await;
+    holder
+        .acquire(&me("h"))
+        .await
+        .expect("h takes the only slot");
+    let others = connect(&etcd, "far", None).await;
+    let ids = far_ids();
+    let _ahead = queue_all(&others, &ids).await;
+    let near_holder = connect(&etcd, "near", None).await;
+    near_holder
+        .acquire(&me("nh"))
+        .await
+        .expect("nh takes the only slot");
+    let s = settings(&etcd, config::EtcdApi::V3);
+    let timeouts = crate::clients::etcd_v3::Timeouts {
+        queue_ttl: Duration::from_secs(3),
+        ..Default::default()
+    };
+    let mut renewed = Vec::new();
+    for group in ["near", "far"] {
+        let store = EtcdSemaphore::connect_with(&s, group, None, timeouts)
+            .await
+            .expect("connect v3");
+        let w = me(&format!("w-{group}"));
+        let mut me_w = waiting(&store, &w);
+        me_w.read().await.expect("read");
+        me_w.enqueue().await.expect("queue");
+        let before = etcd.lease_renewals().expect("etcd's count");
+        let until = std::time::Instant::now() + Duration::from_millis(4_500);
+        while std::time::Instant::now() < until {
+            me_w.wait(Some(until), false).await.expect("wait");
+        }
+        renewed.push(etcd.lease_renewals().expect("etcd's count") - before);
+        assert!(
+            me_w.view().expect("view").my_ticket().is_some(),
+            "{group}: the entry stayed"
+        );
+    }
+    let (near, far) = (renewed[0], renewed[1]);
+    assert!(
+        near >= 3,
+        "near the front: a keep-alive a second, {near} in 4.5 s"
+    );
+    assert!(far <= 2, "far back: a keep-alive every 2 s, {far} in 4.5 s");
+}

@@ -141,10 +141,11 @@ impl KubeLeaseSemaphore {
         Ok(known)
     }
 
-    /// List the semaphore's Leases. A control Lease whose max does not parse is
-    /// [`LockError::Corrupt`].
+    /// List the semaphore's control, slot and pause Leases, not its waiters: what a holder and
+    /// an administrator read costs O(max), however long the queue. A control Lease whose max
+    /// does not parse is [`LockError::Corrupt`].
     pub(super) async fn read(&self) -> Result<Snapshot, LockError> {
-        let lp = ListParams::default().labels(&self.selector);
+        let lp = ListParams::default().labels(&self.but_waiters());
         let list = self.call("listing Leases", self.leases.list(&lp)).await?;
         let mut snap = Snapshot::empty();
         for lease in list.items {
@@ -152,6 +153,11 @@ impl KubeLeaseSemaphore {
         }
         snap.max = self.max_of(&snap)?;
         Ok(snap)
+    }
+
+    /// The semaphore's Leases but the waiters' (a Lease without a role label is kept).
+    fn but_waiters(&self) -> String {
+        format!("{},{LABEL_ROLE}!={ROLE_WAITER}", self.selector)
     }
 
     /// Replace `lease` (guarded by the resourceVersion it carries). `false` = lost a race

@@ -17,7 +17,7 @@
 //! watched, so a renewal the watch missed keeps it) and the waiter reads again.
 //!
 //! A far waiter renews its own Lease every two thirds of its TTL, not every third as near the
-//! front ([`FAR_RENEWAL_THIRDS`]): half the requests of the longest part of a long wait. Its
+//! front (`lock::acquire::beat_due`, as on etcd): half the requests of the longest part of a long wait. Its
 //! Lease is judged by the waiters near the front only when it stands among them, and there it
 //! has been placed again by then (read again when its marker left, due at once: more than a
 //! third since its last renewal); the waiter whose marker it is waits twice the time-out before
@@ -63,11 +63,6 @@ impl std::fmt::Debug for Marker {
             .finish_non_exhaustive()
     }
 }
-
-/// How often a far waiter renews its Lease, in thirds of its TTL (near the front: every
-/// third). Below three: a far waiter's Lease must change within the arbiter's time-out.
-pub(super) const FAR_RENEWAL_THIRDS: i32 = 2;
-const _: () = assert!(FAR_RENEWAL_THIRDS > 0 && FAR_RENEWAL_THIRDS < 3);
 
 /// How many waiters ahead make a waiter far: `max` plus [`FAR_BACK`].
 fn far(max: u64) -> usize {

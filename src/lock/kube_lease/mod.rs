@@ -1,143 +1,14 @@
 //! Kubernetes lock backend (`lock.backend = "kubernetes"`): a counting semaphore of reboot slots
-//! over coordination.k8s.io/v1 Lease objects in `lock.kubernetes.namespace`.
-//!
-//! # Object layout
-//!
-//! For a semaphore named `<name>` (`lock.kubernetes.name`, default `rebootd`), every object is a
-//! Lease labelled `rebootd.io/semaphore=<name>`:
-//!
-//! - **Control Lease `<name>`** (label `rebootd.io/role=control`): holds no slot (no
-//!   `holderIdentity`); its annotation `rebootd.io/max` is the number of slots. The first
-//!   `acquire` (or `set-max`) creates it with `max` 1 (or, if slot Leases exist without it, with as
-//!   many slots as there are slot Leases). A control Lease whose `rebootd.io/max` is missing or not
-//!   a number is [`LockError::Corrupt`] and is never written over.
-//! - **Slot Leases `<name>-<i>`** (labels `rebootd.io/role=slot`, `rebootd.io/slot=<i>`; the
-//!   name is what counts), `i` in `0..max` (a slot at or above `max` may survive a forced
-//!   shrink while held, until released). A slot is *free* when its
-//!   `spec.holderIdentity` is unset or empty. A held slot has:
-//!   - `spec.holderIdentity` = the node name, `spec.acquireTime` = when it was taken,
-//!     `spec.renewTime` = the last write by the holder (take, phase report),
-//!     `spec.leaseTransitions` = how many times the slot was taken (every take, reclaims
-//!     included, adds 1); `spec.leaseDurationSeconds` is left unset: there is **no TTL**, a slot
-//!     is held across the reboot until it is released or reclaimed;
-//!   - annotations `rebootd.io/machine-id`, `rebootd.io/boot-id`, `rebootd.io/phase` (after the
-//!     first phase report), `rebootd.io/since` (RFC 3339: when the slot was taken or the phase or
-//!     boot id last changed) and `rebootd.io/node-uid` (the uid of the holder's Node object when
-//!     it took the slot; absent when there was no such Node or it could not be read).
-//!
-//!   Slot Leases are created on demand: `acquire` creates the lowest missing slot below `max`
-//!   already held (a create is atomic, so two creators cannot both win), `set-max` creates the
-//!   missing free ones so `kubectl get leases` shows every slot.
-//! - **Waiter Leases `<name>-waiter-<node>`** (label `rebootd.io/role=waiter`): one per node
-//!   waiting for a slot, its place in a FIFO queue (see *Waiting*). `spec.acquireTime` = when it
-//!   started waiting, `spec.renewTime` = its last renewal, `spec.leaseDurationSeconds` = its TTL
-//!   ([`Timeouts::waiter_ttl`]); annotation `rebootd.io/waiter-node` = the node name. It has
-//!   **no** `holderIdentity`, so nothing that counts Leases with a holder counts a waiter. The
-//!   node part is the node name as is when that is a valid name part, not all digits and short
-//!   enough; else escaped to `[a-z0-9-]`, shortened, with `-h<hash>` appended, so a waiter Lease
-//!   never reads as a slot `<name>-<digits>`. `status()`, `set-max`, `release` and reclaim
-//!   look at the control and slot Leases only.
-//! - **Pause Lease `<name>-paused`** (label `rebootd.io/role=pause`): there while the group is
-//!   paused (`rebootctl pause --group`); its annotation `rebootd.io/paused` says why, since when
-//!   and by whom (see [`pause`]). Labelled as the semaphore's, so the waiters' one list and
-//!   watch bring it: a waiter follows the pause without a request of its own.
-//!
-//! `set-max` accepts at most [`MAX_SLOTS`] slots. `status()` reports the semaphore name as its
-//! group, reads only, and creates nothing (without a control Lease it shows the `max` the first
-//! `acquire` would create).
-//!
-//! A semaphore name must be a lowercase DNS label of at most 63 characters (it is a label value
-//! and a Lease name prefix). Do not name one semaphore `<other>-<digits>`: its control Lease
-//! would be a slot of `<other>`; such a collision is detected and refused, not resolved.
-//!
-//! # Concurrency
-//!
-//! Every write is a replace carrying the `resourceVersion` read (409 Conflict = someone else
-//! wrote first: read again and retry), a create (409 AlreadyExists = read again), or a delete
-//! with a `resourceVersion` precondition. Two processes racing for the last free slot both
-//! replace the same Lease with the same `resourceVersion`: exactly one wins. A slot is taken
-//! only while fewer than `max` slots (counting held slots above `max`) are held and only below
-//! `max`; held slots at or above `max` only ever go away, so a forced shrink converges. A
-//! `set-max` racing with a take can leave one holder above the new `max`, exactly as a forced
-//! shrink does.
-//!
-//! # Waiting (an adapter on the lock core)
-//!
-//! `acquire` is the lock core's loop ([`super::acquire`]) over [`waiting`]: the arbiter decides
-//! on a view of the Leases ([`snapshot`]), the adapter commits each decision by a replace
-//! carrying the `resourceVersion` read (or a create), and waits by watch. Waiters queue first
-//! come, first served. A waiter that finds no slot for itself creates its waiter Lease (after a
-//! restart it finds and adopts it, keeping its place) and renews it every third of its TTL while
-//! it waits (every two thirds while far back, below). The queue is ordered by (`acquireTime`,
-//! name). A waiter is *live* while its Lease's `resourceVersion` changes (renewals) as the
-//! observer's own clock sees it: unchanged for its TTL plus 2 s, it no longer counts, and one
-//! unchanged for twice that is deleted (resourceVersion precondition) by the next waiter that
-//! takes a slot. A waiter's *rank* is the number of live waiters ahead of it; it goes for a slot
-//! only while the free slots outnumber its rank (and then for the rank-th free slot, so that the
-//! eligible waiters do not race for one Lease). The taker deletes its own waiter Lease right
-//! after taking the slot. Waiters of older rebootd (no waiter Lease) race for free slots as
-//! before, which stays safe: every take is a CAS.
-//! A lost race (409) waits for the change that beat it, which the watch brings (a list again only
-//! if none comes within the request time limit).
-//!
-//! A waiter never polls. One kube-runtime watcher of the Leases labelled
-//! `rebootd.io/semaphore=<name>` lists them (the read) and then watches from that list's
-//! `resourceVersion`, resuming from the last one seen (bookmarks included) when the server ends
-//! the watch, and listing again only on 410 Gone: every change is applied to the view and the
-//! arbiter decides again locally, so a release costs the waiters behind the first no request.
-//! The first live waiter also watches (a kube-runtime watcher each, field selector
-//! `metadata.name=<node>`) the Node object of each holder that has a `rebootd.io/node-uid`, and
-//! sleeps until the next holder would pass `lock.max_hold`.
-//!
-//! A waiter **far back** in a long queue (at least `max + 16` live waiters ahead) does not watch
-//! the semaphore: each waiter's renewals would be events for every other waiter, the square of
-//! the queue. It watches one waiter Lease `max + 8` places ahead of it, its *marker* (field
-//! selector `metadata.name=<it>`, from the `resourceVersion` listed), renewing its own meanwhile
-//! every two thirds of its TTL and deciding nothing. When the marker's Lease is deleted (it took
-//! a slot or left) it lists the semaphore again and is placed again; a marker not renewed for
-//! twice the waiter time-out, as its own clock sees it, is deleted as a dead waiter's
-//! (resourceVersion precondition) before that list; a marker's watch answered 410 Gone is opened
-//! again from the current state. A far waiter sees a pause or a new `max` at that list (see
-//! [`marker`]).
-//!
-//! # Reclaim
-//!
-//! Only the first live waiter in the queue reclaims, when no slot is free (logged at warn,
-//! `leaseTransitions` + 1), by a replace guarded by the slot's `resourceVersion`:
-//! - the slot of a holder whose Node object no longer exists (the watch lists none, or sees it
-//!   deleted), or now has another uid than `rebootd.io/node-uid` (deleted and re-registered). A
-//!   holder without `rebootd.io/node-uid` (it had no Node object, or could not read it) is never
-//!   reclaimed on this ground, so a fleet of machines that are not Kubernetes nodes is never
-//!   mass-reclaimed;
-//! - with `lock.max_hold` set, the slot of a holder whose slot Lease got no new
-//!   `resourceVersion` (heartbeats write `renewTime`, phase reports the annotations) for
-//!   `max_hold` of this waiter's own clock. `rebootd.io/since` is shown, never compared.
-//!
-//! When holders exceed `max` (forced shrink), a reclaimed slot is freed (or deleted when at or
-//! above `max`) instead of taken over.
-//!
-//! # Identity
-//!
-//! A slot is a node's only through `spec.holderIdentity`, the one field the admission policy
-//! binds to the writer (see the arbiter's rule, [`super::arbiter::whose`]): the annotations
-//! (machine id, boot id, token, phase) are claims any node may write, and only tell two boots or
-//! two installs of that node apart. Among the slots held under `me.node`, one with `me.id` and
-//! `me.token` is held; one without a token, or under another machine id (a reinstalled node), is
-//! adopted (warn) and its annotations rewritten; one with `me.id` and another token belongs to
-//! another host with this node name and machine id: reported, and this host waits. A slot Lease
-//! past `max` or without the slot role is foreign: counted as held, never anyone's. `release(me)`
-//! frees only slots held under `me.node`; `unlock(id)` (an administrator's) matches a holder by
-//! node name or machine id.
-//!
-//! # Permissions
-//!
-//! Leases in the namespace: get, list, watch, create, update, delete. Nodes: get (the node uid
-//! and the reclaim check) and watch (waking on a holder's Node deletion); without them a waiter
-//! still works, reclaiming only on `max_hold`.
+//! over coordination.k8s.io/v1 Lease objects in `lock.kubernetes.namespace`. A control Lease
+//! holds `max`, slot Leases `<name>-<i>` are held by `spec.holderIdentity` (the one field the
+//! admission policy binds to the writer; annotations are claims), waiter Leases queue, and a pause
+//! Lease pauses the group. Every write is guarded by the `resourceVersion` read. The layout, the
+//! queue, reclaim and permissions are in docs/lease-semaphore.md.
 
 mod calls;
 mod far_back;
 mod marker;
+pub mod members;
 mod objects;
 mod pause;
 mod queue;
@@ -444,7 +315,11 @@ impl Semaphore for KubeLeaseSemaphore {
         BACKEND
     }
 
-    /// The lock core's acquire loop over this store (see the module documentation): waits by
+    fn fleet(&self) -> Option<&dyn crate::fleet::FleetStore> {
+        Some(self)
+    }
+
+    /// The lock core's acquire loop over this store (docs/lease-semaphore.md, "Waiting"): waits by
     /// watch; retries an unreachable or overloaded API server with capped exponential backoff;
     /// returns at once on anything else (a corrupt control Lease, permission denied).
     #[tracing::instrument(skip(self, me), fields(namespace = %self.namespace, semaphore = %self.name, id = %me.id))]
@@ -524,6 +399,10 @@ impl Semaphore for KubeLeaseSemaphore {
 impl Admin for KubeLeaseSemaphore {
     async fn pause_group(&self, pause: &GroupPause) -> Result<(), LockError> {
         self.put_pause(pause).await
+    }
+
+    fn fleet(&self) -> Option<&dyn crate::fleet::FleetStore> {
+        Some(self)
     }
 
     async fn resume_group(&self) -> Result<(), LockError> {

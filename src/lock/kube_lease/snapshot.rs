@@ -110,6 +110,8 @@ impl KubeLeaseSemaphore {
             snap.slots.insert(index, Slot::new(index, lease));
         } else if lease_name.starts_with(&self.waiter_prefix) && role == Some(ROLE_WAITER) {
             snap.waiters.insert(lease_name, Waiter::from_lease(lease));
+        } else if self.is_member(&lease) {
+            // A node's fleet record ([`super::members`]): nothing the semaphore decides on.
         } else {
             tracing::warn!(lease = ?lease_name, role = ?role, selector = %self.selector, "ignoring a Lease of the semaphore whose name and role label do not agree (not written by rebootd)");
         }

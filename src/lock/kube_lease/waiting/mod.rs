@@ -26,6 +26,7 @@ use kube::runtime::watcher;
 
 use super::super::acquire::{self, Settings, Waiting, Wake};
 use super::super::arbiter::Policy;
+use super::super::contact::Contact;
 use super::super::lost_race::LostRace;
 use super::super::view::View;
 use super::super::{Acquired, GroupPause};
@@ -119,6 +120,7 @@ pub(in crate::lock) fn waiting<'a>(
         lost_race: LostRace::default(),
         far_back: None,
         marker: None,
+        contact: Contact::new(store.timeouts.waiter_ttl),
     }
 }
 
@@ -152,6 +154,8 @@ pub(in crate::lock) struct LeaseWaiting<'a> {
     far_back: Option<FarBack>,
     /// Far back in a long queue: the one waiter Lease watched instead of the semaphore.
     marker: Option<Marker>,
+    /// When the API server last answered: lists, watch events, renewals.
+    contact: Contact,
 }
 
 /// What ended one `select!` of [`LeaseWaiting::wait`].
@@ -282,6 +286,7 @@ impl Waiting for LeaseWaiting<'_> {
             }
             self.leases = Some(stream);
             self.snap = Some(snap);
+            self.contact.answered(Instant::now());
             if self.store.max_per_zone.is_some() {
                 // My zone is my Node's label: read before the first decision.
                 self.own_node_uid().await?;
@@ -461,6 +466,7 @@ impl Waiting for LeaseWaiting<'_> {
                     }
                     Err(e) => return Err(self.watch_error(e)),
                     Ok(event) => {
+                        self.contact.answered(Instant::now());
                         let store = self.store;
                         match event {
                             watcher::Event::Init => self.relisting = Some(Snapshot::empty()),
@@ -550,6 +556,10 @@ impl Waiting for LeaseWaiting<'_> {
         self.snap
             .as_ref()
             .and_then(|s| s.pause.as_ref().map(|(p, _)| p.clone()))
+    }
+
+    fn contact(&self) -> &Contact {
+        &self.contact
     }
 
     async fn leave(&mut self, dead: Vec<String>) {

@@ -7,29 +7,24 @@ use k8s_openapi::api::coordination::v1::LeaseSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 
 use super::super::calls::CallError;
-use super::super::marker;
 use super::LeaseWaiting;
+use crate::lock::acquire;
 use crate::lock::LockError;
 
 impl LeaseWaiting<'_> {
-    /// When our waiter Lease is due for renewal: a third of its TTL after its last renewal
-    /// (written by this host), or two thirds while far back ([`marker::FAR_RENEWAL_THIRDS`]).
+    /// When our waiter Lease is due for renewal ([`acquire::beat_due`]: a third of its TTL
+    /// after its last renewal, written by this host's clock, or two thirds while far back).
     pub(super) fn renew_at(&self) -> Option<Instant> {
         let lease = &self.snap.as_ref()?.waiters.get(&self.my_waiter)?.lease;
         let spec = lease.spec.as_ref()?;
         let renewed = spec.renew_time.as_ref().or(spec.acquire_time.as_ref())?.0;
-        let thirds = if self.marker.is_some() {
-            marker::FAR_RENEWAL_THIRDS
-        } else {
-            1
-        };
-        let every =
-            jiff::SignedDuration::from_secs(i64::from(self.store.waiter_ttl_secs())) * thirds / 3;
-        let due = renewed
-            .saturating_add(every)
-            .unwrap_or(jiff::Timestamp::MAX);
-        let ahead = due.duration_since(jiff::Timestamp::now());
-        Some(Instant::now() + Duration::try_from(ahead).unwrap_or_default())
+        let since = jiff::Timestamp::now().duration_since(renewed);
+        let now = Instant::now();
+        let kept = now
+            .checked_sub(Duration::try_from(since).unwrap_or_default())
+            .unwrap_or(now);
+        let ttl = Duration::from_secs(u64::try_from(self.store.waiter_ttl_secs()).unwrap_or(1));
+        Some(acquire::beat_due(kept, ttl, self.marker.is_some()))
     }
 
     /// Renew our waiter Lease. `false` = it changed or is gone (read again).
@@ -45,6 +40,7 @@ impl LeaseWaiting<'_> {
         let replace = self.store.leases.replace(&self.my_waiter, &pp, &lease);
         match self.store.call("renewing the waiter Lease", replace).await {
             Ok(l) => {
+                self.contact.answered(Instant::now());
                 if let Some(snap) = self.snap.as_mut() {
                     self.store.put_lease(snap, l);
                 }

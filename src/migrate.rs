@@ -11,21 +11,21 @@
 //! 3. Write the document and the records in v3, in one transaction, only if the v3 key is
 //!    absent (a v3 document equal to the v2 one is an earlier, interrupted run: go on).
 //! 4. Replace the v2 document, by compare-and-swap on the index read in 1, with the moved marker
-//!    ([`super::tree::moved_document`]): locksmith can take no slot in it, and rebootd nodes on
+//!    ([`tree::moved_document`]): locksmith can take no slot in it, and rebootd nodes on
 //!    `api = "v2"` see it (their watch, or their next read) and follow to v3.
 //! 5. If the v2 document changed since 1 (a v2 node took or gave back a slot meanwhile), undo
 //!    the v3 write (only if nothing touched it since) and start again from 1.
 //!
 //! Waiters queued in v2 keep nothing: they queue again in v3 when they follow.
 
-use super::super::document::{semaphore_key, HolderRecord, SemaphoreDoc};
-use super::super::etcd_v3::{EtcdSemaphore, Import};
-use super::super::LockError;
-use super::tree::{self, DocState, Snapshot};
-use super::{lock_error, EtcdV2Semaphore};
 use crate::clients::etcd_v2::{Get, KeysClient, Timeouts};
 use crate::config::{self, EtcdApi};
+use crate::lock::document::{semaphore_key, HolderRecord, SemaphoreDoc};
+use crate::lock::etcd_v2::tree::{self, DocState, Snapshot};
+use crate::lock::etcd_v2::{lock_error, EtcdV2Semaphore};
+use crate::lock::etcd_v3::{EtcdSemaphore, Import};
 use crate::lock::Backend;
+use crate::lock::LockError;
 
 /// Attempts before the migration gives up on a v2 semaphore that keeps changing.
 const ATTEMPTS: usize = 8;
@@ -108,8 +108,9 @@ pub async fn migrate(settings: &config::Etcd, group: &str) -> Result<Migrated, L
                     v2.key()
                 )))
             }
-            DocState::Corrupt { .. } => return Err(v2.document(&snap).unwrap_err()),
             DocState::Doc { doc, index } => (doc.clone(), *index),
+            // The document's own error: it names the key, the value and why it does not parse.
+            DocState::Corrupt { .. } => (v2.document(&snap)?, 0),
         };
         let records = movable_records(&v2, &snap, &doc)?;
         let created = match v3.import(&doc, &records).await? {
@@ -228,7 +229,7 @@ pub async fn split_warning(settings: &config::Etcd, group: &str) -> Option<Strin
         request: std::time::Duration::from_secs(5),
         ..Timeouts::default()
     };
-    let client_settings = super::client_settings(settings, timeouts).ok()?;
+    let client_settings = crate::lock::etcd_v2::client_settings(settings, timeouts).ok()?;
     let client = KeysClient::new(&client_settings).ok()?;
     let keys = tree::Keys::new(group);
     let doc = match client.get(&keys.doc, Get::default()).await {
