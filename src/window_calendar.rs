@@ -44,8 +44,16 @@ fn day(name: &str) -> Option<Weekday> {
     })
 }
 
-/// `Mon,Wed..Fri` as days in week order.
-fn days(text: &str) -> Result<Vec<Weekday>, String> {
+/// Why `spec` is no window.
+fn bad(spec: &str, reason: String) -> CalendarError {
+    CalendarError {
+        spec: spec.to_string(),
+        reason,
+    }
+}
+
+/// `Mon,Wed..Fri` (in `spec`) as days in week order.
+fn days(text: &str, spec: &str) -> Result<Vec<Weekday>, CalendarError> {
     let mut out = Vec::new();
     for item in text.split(',') {
         let (from, to) = match item.split_once("..") {
@@ -53,14 +61,17 @@ fn days(text: &str) -> Result<Vec<Weekday>, String> {
             None => (item, item),
         };
         let (Some(a), Some(b)) = (day(from), day(to)) else {
-            return Err(format!("{item:?} is not a week day or a range of them"));
+            return Err(bad(
+                spec,
+                format!("{item:?} is not a week day or a range of them"),
+            ));
         };
         let (i, j) = (
             a.to_monday_zero_offset() as usize,
             b.to_monday_zero_offset() as usize,
         );
         if i > j {
-            return Err(format!("the range {item:?} runs backwards"));
+            return Err(bad(spec, format!("the range {item:?} runs backwards")));
         }
         out.extend_from_slice(&ALL_DAYS[i..=j]);
     }
@@ -69,11 +80,11 @@ fn days(text: &str) -> Result<Vec<Weekday>, String> {
     Ok(out)
 }
 
-/// `HH:MM` or `HH:MM:SS`, plain numbers.
-fn time(text: &str) -> Result<Time, String> {
+/// `HH:MM` or `HH:MM:SS` (in `spec`), plain numbers.
+fn time(text: &str, spec: &str) -> Result<Time, CalendarError> {
     let parts: Vec<&str> = text.split(':').collect();
     let bad = || {
-        format!("{text:?} is not a time HH:MM or HH:MM:SS (lists, ranges and repetitions are not a weekly window)")
+        bad(spec, format!("{text:?} is not a time HH:MM or HH:MM:SS (lists, ranges and repetitions are not a weekly window)"))
     };
     if !(2..=3).contains(&parts.len())
         || parts
@@ -97,10 +108,7 @@ pub fn window(
     local: &TimeZone,
     local_name: &str,
 ) -> Result<Window, CalendarError> {
-    let err = |reason: String| CalendarError {
-        spec: spec.to_string(),
-        reason,
-    };
+    let err = |reason: String| bad(spec, reason);
     let trimmed = spec.trim();
     if trimmed.is_empty() {
         return Err(err(
@@ -132,7 +140,7 @@ pub fn window(
     let mut week = ALL_DAYS.to_vec();
     if let Some(first) = words.first().copied() {
         if first.starts_with(|c: char| c.is_ascii_alphabetic()) {
-            week = days(first).map_err(err)?;
+            week = days(first, spec)?;
             words.remove(0);
         }
     }
@@ -148,7 +156,7 @@ pub fn window(
     }
     let start = match words.as_slice() {
         [] => Time::midnight(),
-        [t] => time(t).map_err(err)?,
+        [t] => time(t, spec)?,
         more => return Err(err(format!("{:?} is not understood", more.join(" ")))),
     };
     Ok(Window {
