@@ -17,41 +17,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rebootd::config;
-use rebootd::lock::{Acquired, Admin, Fence, Identity, LockError, Reported, Semaphore};
+use rebootd::lock::{Acquired, Fence, Identity, LockError, Reported};
 use rebootd_lab::cut_proxy::{CutMode, CutProxy};
-use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
-use rebootd_lab::kube_api::{KubeApi, KubeApiHandle, Options};
+use rebootd_lab::kube_api::Options;
 
 mod common;
-use common::etcd::etcd_installed;
 use common::in_process::{holder_ids, holds, me, not_within, within};
-use common::logs::{self, Logs};
-
-/// A store under test: the agent's side and the operator's side.
-trait Store: Semaphore + Admin {}
-impl<T: Semaphore + Admin> Store for T {}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    V3(EtcdVersion),
-    V2(EtcdVersion),
-    Lease,
-}
-
-/// The servers of one scenario, and its log events.
-struct World {
-    kind: Kind,
-    etcd: Option<EtcdServer>,
-    api: Option<KubeApiHandle>,
-    dir: tempfile::TempDir,
-    logs: Logs,
-}
+use common::logs::Logs;
+use common::stores::{every_store, run_on, Kind, Store, World};
 
 impl World {
-    fn etcd_settings(&self, api: config::EtcdApi) -> config::Etcd {
-        self.etcd.as_ref().expect("etcd").lock_settings(api)
-    }
-
     /// A mark that changes whenever anything is written to the store: etcd's revision (v3), the
     /// count of v2 writes etcd reports, the stand-in's resourceVersion (Leases).
     async fn writes(&self) -> String {
@@ -89,18 +64,6 @@ impl World {
         self.store_via(who, max_hold, None).await
     }
 
-    /// Where the store listens (what a [`CutProxy`] forwards to).
-    fn upstream(&self) -> std::net::SocketAddr {
-        let url = match self.kind {
-            Kind::V3(_) | Kind::V2(_) => self.etcd.as_ref().expect("etcd").endpoint(),
-            Kind::Lease => self.api.as_ref().expect("API stand-in").base_url(),
-        };
-        let addr = url
-            .trim_start_matches("http://")
-            .trim_start_matches("https://");
-        addr.parse().expect("host:port")
-    }
-
     /// [`World::store`], through `proxy` when given: then with a queue entry that lives 2 s and
     /// requests that give up after 1 s, so that a cut is a break in contact and shows as errors.
     async fn store_via(
@@ -113,13 +76,7 @@ impl World {
             Some(_) => (Duration::from_secs(2), Duration::from_secs(1)),
             None => (Duration::from_secs(30), Duration::from_secs(10)),
         };
-        let etcd = |api| {
-            let mut settings = self.etcd_settings(api);
-            if let Some(p) = proxy {
-                settings.endpoints = vec![p.url()];
-            }
-            settings
-        };
+        let etcd = |api| self.etcd_settings(api, proxy.map(CutProxy::url));
         match self.kind {
             Kind::V3(_) => {
                 let t = rebootd::lock::etcd_v3::Timeouts {
@@ -159,22 +116,7 @@ impl World {
             }
             Kind::Lease => {
                 let api = self.api.as_ref().expect("API stand-in");
-                let path = self.dir.path().join(format!("kubeconfig-{who}"));
-                api.write_kubeconfig_for(&path, who).expect("kubeconfig");
-                if let Some(p) = proxy {
-                    let text = std::fs::read_to_string(&path).expect("kubeconfig");
-                    let text = text.replace(&api.base_url(), &p.url());
-                    std::fs::write(&path, text).expect("kubeconfig through the proxy");
-                }
-                let kc = kube::config::Kubeconfig::read_from(&path).expect("read kubeconfig");
-                let mut cfg = kube::Config::from_custom_kubeconfig(
-                    kc,
-                    &kube::config::KubeConfigOptions::default(),
-                )
-                .await
-                .expect("kube config");
-                cfg.default_retry = false;
-                let client = kube::Client::try_from(cfg).expect("kube client");
+                let client = self.kube_client(who, proxy.map(CutProxy::url)).await;
                 let settings = config::KubeLease {
                     namespace: "rebootd".into(),
                     name: "reboot".into(),
@@ -204,76 +146,10 @@ where
     F: FnOnce(World) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    // The runtime is current-thread, so every task of the test sees this subscriber.
-    let (_guard, logs) = logs::capture_on_this_thread();
-    let (etcd, api) = match kind {
-        Kind::V3(v) | Kind::V2(v) => {
-            if !etcd_installed(v) {
-                return;
-            }
-            let options = match kind {
-                Kind::V2(_) => EtcdOptions::v2(),
-                _ => EtcdOptions::default(),
-            };
-            let etcd = EtcdServer::start_with(v, options)
-                .await
-                .expect("start etcd");
-            (Some(etcd), None)
-        }
-        Kind::Lease => {
-            let api = KubeApi::start(Options::default())
-                .await
-                .expect("start the API stand-in");
-            (None, Some(api))
-        }
-    };
-    let dir = tempfile::tempdir().expect("tempdir");
-    scenario(World {
-        kind,
-        etcd,
-        api,
-        dir,
-        logs,
-    })
-    .await;
+    run_on(kind, Options::default(), scenario).await
 }
 
-macro_rules! every_store {
-    ($($name:ident),* $(,)?) => {
-        mod v3_etcd_3_4 {
-            $(#[tokio::test(flavor = "current_thread")]
-            async fn $name() {
-                super::run(super::Kind::V3(super::EtcdVersion::V34), super::$name).await
-            })*
-        }
-        mod v3_etcd_3_5 {
-            $(#[tokio::test(flavor = "current_thread")]
-            async fn $name() {
-                super::run(super::Kind::V3(super::EtcdVersion::V35), super::$name).await
-            })*
-        }
-        mod v2_etcd_3_4 {
-            $(#[tokio::test(flavor = "current_thread")]
-            async fn $name() {
-                super::run(super::Kind::V2(super::EtcdVersion::V34), super::$name).await
-            })*
-        }
-        mod v2_etcd_3_5 {
-            $(#[tokio::test(flavor = "current_thread")]
-            async fn $name() {
-                super::run(super::Kind::V2(super::EtcdVersion::V35), super::$name).await
-            })*
-        }
-        mod leases {
-            $(#[tokio::test(flavor = "current_thread")]
-            async fn $name() {
-                super::run(super::Kind::Lease, super::$name).await
-            })*
-        }
-    };
-}
-
-every_store!(
+every_store!(run:
     max_is_respected,
     a_release_hands_the_slot_over_first_come_first_served,
     an_operator_unlock_frees_the_slot_and_the_fence_says_so,

@@ -10,34 +10,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rebootd::config;
-use rebootd::lock::{Admin, Identity, Semaphore};
-use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
-use rebootd_lab::kube_api::{KubeApi, KubeApiHandle, Options};
+use rebootd::lock::Identity;
+use rebootd_lab::kube_api::Options;
 
 #[path = "common/admission.rs"]
 mod admission;
 mod common;
-use common::etcd::etcd_versions;
 use common::in_process::{holder_ids, me, not_within, within};
-use common::logs::{self, Logs};
-
-trait Store: Semaphore + Admin {}
-impl<T: Semaphore + Admin> Store for T {}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    V3(EtcdVersion),
-    V2(EtcdVersion),
-    Lease,
-}
-
-struct World {
-    kind: Kind,
-    etcd: Option<EtcdServer>,
-    api: Option<KubeApiHandle>,
-    dir: tempfile::TempDir,
-    logs: Logs,
-}
+use common::logs::Logs;
+use common::stores::{every_store, run_on, Kind, Store, World};
 
 /// Machine `x` of `zone` (`None`: a node that names none).
 fn zoned(x: &str, zone: Option<&str>) -> Identity {
@@ -58,9 +39,8 @@ impl World {
                     backoff_max: fast.1,
                     ..Default::default()
                 };
-                let settings = self.etcd.as_ref().expect("etcd");
                 let s = rebootd::lock::etcd_v3::EtcdSemaphore::connect_with(
-                    &settings.lock_settings(config::EtcdApi::V3),
+                    &self.etcd_settings(config::EtcdApi::V3, None),
                     "default",
                     None,
                     t,
@@ -75,9 +55,8 @@ impl World {
                     backoff_max: fast.1,
                     ..Default::default()
                 };
-                let settings = self.etcd.as_ref().expect("etcd");
                 let s = rebootd::lock::etcd_v2::EtcdV2Semaphore::connect_with(
-                    &settings.lock_settings(config::EtcdApi::V2),
+                    &self.etcd_settings(config::EtcdApi::V2, None),
                     "default",
                     None,
                     t,
@@ -101,15 +80,7 @@ impl World {
             "admin" => "admin".to_owned(),
             x => format!("rebootd:node:node-{x}"),
         };
-        let path = self.dir.path().join(format!("kubeconfig-{x}"));
-        api.write_kubeconfig_for(&path, &who).expect("kubeconfig");
-        let kc = kube::config::Kubeconfig::read_from(&path).expect("read kubeconfig");
-        let mut cfg =
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await
-                .expect("kube config");
-        cfg.default_retry = false;
-        let client = kube::Client::try_from(cfg).expect("kube client");
+        let client = self.kube_client(&who, None).await;
         let settings = config::KubeLease {
             namespace: "rebootd".into(),
             name: "reboot".into(),
@@ -157,85 +128,21 @@ impl World {
     }
 }
 
+/// Every store; Leases under the shipped admission policy.
 async fn run<F, Fut>(kind: Kind, scenario: F)
 where
     F: FnOnce(World) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    let (_guard, logs) = logs::capture_on_this_thread();
-    let (etcd, api) = match kind {
-        Kind::V3(v) | Kind::V2(v) => {
-            if !etcd_versions().contains(&v) {
-                return;
-            }
-            let options = match kind {
-                Kind::V2(_) => EtcdOptions::v2(),
-                _ => EtcdOptions::default(),
-            };
-            let etcd = EtcdServer::start_with(v, options)
-                .await
-                .expect("start etcd");
-            (Some(etcd), None)
-        }
-        Kind::Lease => {
-            let (hook, _) = admission::enforcing();
-            let options = Options {
-                admission: Some(hook),
-                ..Options::default()
-            };
-            let api = KubeApi::start(options)
-                .await
-                .expect("start the API stand-in");
-            (None, Some(api))
-        }
+    let (hook, _) = admission::enforcing();
+    let options = Options {
+        admission: Some(hook),
+        ..Options::default()
     };
-    let dir = tempfile::tempdir().expect("tempdir");
-    scenario(World {
-        kind,
-        etcd,
-        api,
-        dir,
-        logs,
-    })
-    .await;
+    run_on(kind, options, scenario).await
 }
 
-macro_rules! every_store {
-    ($($name:ident),* $(,)?) => {
-        mod v3_etcd_3_4 {
-            $(#[tokio::test(flavor = "current_thread")]
-            async fn $name() {
-                super::run(super::Kind::V3(super::EtcdVersion::V34), super::$name).await
-            })*
-        }
-        mod v3_etcd_3_5 {
-            $(#[tokio::test(flavor = "current_thread")]
-            async fn $name() {
-                super::run(super::Kind::V3(super::EtcdVersion::V35), super::$name).await
-            })*
-        }
-        mod v2_etcd_3_4 {
-            $(#[tokio::test(flavor = "current_thread")]
-            async fn $name() {
-                super::run(super::Kind::V2(super::EtcdVersion::V34), super::$name).await
-            })*
-        }
-        mod v2_etcd_3_5 {
-            $(#[tokio::test(flavor = "current_thread")]
-            async fn $name() {
-                super::run(super::Kind::V2(super::EtcdVersion::V35), super::$name).await
-            })*
-        }
-        mod leases {
-            $(#[tokio::test(flavor = "current_thread")]
-            async fn $name() {
-                super::run(super::Kind::Lease, super::$name).await
-            })*
-        }
-    };
-}
-
-every_store!(
+every_store!(run:
     a_full_zone_waits_and_is_passed_over_by_a_zone_with_room,
     a_holder_of_unknown_zone_counts_in_every_zone,
 );

@@ -621,15 +621,20 @@ impl EtcdServer {
         }
     }
 
-    /// How many v2 HTTP requests this etcd has received (`etcd_http_received_total`, all
-    /// methods; `/metrics` itself is not counted), as etcd counts them.
-    pub fn v2_requests(&self) -> Result<u64, EtcdLabError> {
+    /// etcd's `/metrics` text, read with curl.
+    fn metrics(&self) -> Result<String, EtcdLabError> {
         let out = std::process::Command::new("curl")
             .args(["-sS", &format!("{}/metrics", self.endpoint())])
             .stdin(Stdio::null())
             .output()
             .map_err(io("run curl (is it installed?)"))?;
-        let text = String::from_utf8_lossy(&out.stdout);
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// How many v2 HTTP requests this etcd has received (`etcd_http_received_total`, all
+    /// methods; `/metrics` itself is not counted), as etcd counts them.
+    pub fn v2_requests(&self) -> Result<u64, EtcdLabError> {
+        let text = self.metrics()?;
         Ok(text
             .lines()
             .filter(|l| l.starts_with("etcd_http_received_total{"))
@@ -640,13 +645,8 @@ impl EtcdServer {
     /// How many lease keep-alives this etcd has renewed (`etcd_debugging_lease_renewed_total`),
     /// as etcd counts them.
     pub fn lease_renewals(&self) -> Result<u64, EtcdLabError> {
-        let out = std::process::Command::new("curl")
-            .args(["-sS", &format!("{}/metrics", self.endpoint())])
-            .stdin(Stdio::null())
-            .output()
-            .map_err(io("run curl (is it installed?)"))?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        text.lines()
+        self.metrics()?
+            .lines()
             .find_map(|l| l.strip_prefix("etcd_debugging_lease_renewed_total "))
             .and_then(|v| v.trim().parse::<f64>().ok())
             .map(|v| v as u64)

@@ -5,6 +5,7 @@
 pub mod etcd;
 pub mod in_process;
 pub mod logs;
+pub mod stores;
 
 use rebootd_lab::etcd::{EtcdServer, EtcdVersion};
 use rebootd_lab::fake_logind::RebootCall;
