@@ -271,6 +271,7 @@ fn the_threat_table_names_tests_that_exist() {
             let (file, name) = match parts.as_slice() {
                 [f @ ("kube_admission" | "kube_attacks"), n] => (format!("tests/{f}.rs"), *n),
                 ["arbiter", "tests", n] => ("src/lock/arbiter/tests.rs".to_owned(), *n),
+                ["arbiter", m, "tests", n] => (format!("src/lock/arbiter/{m}.rs"), *n),
                 // A scenario run on every store: its file, the store's module, its name.
                 [f @ ("lock_conformance" | "lock_zones"), _, n] => (format!("tests/{f}.rs"), *n),
                 ["kube_lease", "snapshot", "tests", n] => {
