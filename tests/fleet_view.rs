@@ -14,7 +14,7 @@ use common::etcd::{self as etcd, per_etcd_version, start_etcd};
 use common::*;
 use rebootd::state::Phase;
 use rebootd_lab::etcd::{EtcdOptions, EtcdServer, EtcdVersion};
-use rebootd_lab::kube_api::{Kind, KubeApi, KubeApiHandle};
+use rebootd_lab::kube_api::{Kind, KubeApiHandle};
 use rebootd_lab::node::Node;
 use serde_json::Value;
 use tokio::io::AsyncBufReadExt;
@@ -290,18 +290,10 @@ impl Store for Leases<'_> {
 /// no write of the fleet view is refused, and the view is read with a node's credential.
 #[tokio::test]
 async fn leases_fleet_view_under_the_admission_policy() {
-    let (hook, reviewed) = admission::enforcing();
-    let api = KubeApi::start(rebootd_lab::kube_api::Options {
-        admission: Some(hook),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let (api, reviewed) = admission::enforcing_api().await;
     let dir = tempfile::tempdir().unwrap();
     let config = |name: &str| {
-        let kc = dir.path().join(format!("kubeconfig-{name}"));
-        api.write_kubeconfig_for(&kc, &format!("rebootd:node:{name}"))
-            .unwrap();
+        let kc = admission::kubeconfig_as(&api, dir.path(), name);
         format!(
             "[lock]\nbackend = \"kubernetes\"\n[lock.kubernetes]\nnamespace = \"rebootd\"\n\
              name = \"rebootd\"\nkubeconfig = {kc:?}\n"
@@ -311,16 +303,9 @@ async fn leases_fleet_view_under_the_admission_policy() {
     let b = slot_taken_by("fvl-b", &config("fvl-b")).await;
     let c = node("fvl-c", &config("fvl-c")).await;
     scenario(&Leases { api: &api }, &mut a, &b, &c, false).await;
-    let reviewed = reviewed.lock().unwrap().clone();
-    let refused: Vec<_> = reviewed
-        .iter()
-        .filter_map(|(r, v)| {
-            v.as_ref()
-                .err()
-                .map(|m| format!("{} {}: {m}", r["operation"], r["name"]))
-        })
-        .collect();
+    let refused = admission::refused(&reviewed);
     assert!(refused.is_empty(), "refused: {refused:#?}");
+    let reviewed = reviewed.lock().unwrap().clone();
     let members = reviewed
         .iter()
         .filter(|(r, _)| r["object"]["metadata"]["labels"]["rebootd.io/role"] == "member")
@@ -332,18 +317,8 @@ async fn leases_fleet_view_under_the_admission_policy() {
 #[tokio::test]
 async fn leases_another_nodes_credential_cannot_write_a_record() {
     use k8s_openapi::api::coordination::v1::Lease;
-    let (hook, _) = admission::enforcing();
-    let api = KubeApi::start(rebootd_lab::kube_api::Options {
-        admission: Some(hook),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let kc = dir.path().join("kubeconfig");
-    api.write_kubeconfig_for(&kc, "rebootd:node:worker-1")
-        .unwrap();
-    let client = rebootd::kube_client::connect(Some(&kc)).await.unwrap();
+    let (api, _) = admission::enforcing_api().await;
+    let client = admission::client_as(&api, "worker-1").await;
     let leases: kube::Api<Lease> = kube::Api::namespaced(client, "rebootd");
     let lease = |name: &str, says: &str| -> Lease {
         serde_json::from_value(serde_json::json!({

@@ -13,12 +13,11 @@ use rebootd::gate::prometheus::{Access, AlertsGate, Matcher};
 use rebootd::gate::Verdict;
 use rebootd::state::{Phase, State};
 use rebootd_lab::fleet::{Fleet, FleetEvent, FleetLock, FleetOptions};
-use rebootd_lab::kube_api::{Admission, DaemonSetBuilder, Kind, ReplicaSetBuilder};
+use rebootd_lab::kube_api::{DaemonSetBuilder, Kind, ReplicaSetBuilder};
 use rebootd_lab::node::Node;
 use rebootd_lab::prometheus::{prometheus, Exporter};
 use serde_json::Value;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const NEED: &str = "UPDATE_STATUS_UPDATED_NEED_REBOOT";
@@ -250,27 +249,6 @@ async fn a_gate_closing_after_the_slot_was_taken_gives_the_slot_to_the_next_node
     assert_eq!(fleet.max_holders_seen(), 1);
 }
 
-/// An admission hook in the API stand-in that enforces `deploy/kubernetes/admission-policy.yaml`
-/// and records what it denied.
-fn enforcing() -> (Admission, Arc<Mutex<Vec<String>>>) {
-    let denied: Arc<Mutex<Vec<String>>> = Arc::default();
-    let log = denied.clone();
-    thread_local! {
-        static POLICY: admission::Policy = admission::Policy::load();
-    }
-    let hook = Admission::new(move |req: &Value| {
-        let verdict = POLICY.with(|p| p.admit(req));
-        if let Err(m) = &verdict {
-            log.lock().unwrap().push(format!(
-                "{} {} {}: {m}",
-                req["operation"], req["resource"]["resource"], req["name"]
-            ));
-        }
-        verdict.map(|_| ())
-    });
-    (hook, denied)
-}
-
 const CHECK: &str = "rebootd.io/check-backup";
 const LABEL: &str = "rebootd.io/before-reboot";
 
@@ -281,7 +259,7 @@ const LABEL: &str = "rebootd.io/before-reboot";
 /// node reboots and its label and annotation are gone; then the other node's turn.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_gate_holds_the_slot_until_a_checker_annotates_the_node() {
-    let (hook, denied) = enforcing();
+    let (hook, denied) = admission::enforcing();
     let fleet = ready_fleet(FleetOptions {
         node_identities: true,
         kube_admission: Some(hook),
@@ -339,7 +317,7 @@ async fn a_node_gate_holds_the_slot_until_a_checker_annotates_the_node() {
         .wait_rolled_nodes(&[1], Duration::from_secs(60))
         .await
         .expect("node-2 reboots once annotated");
-    let denied = denied.lock().unwrap().clone();
+    let denied = admission::refused(&denied);
     assert!(denied.is_empty(), "the policy denied rebootd: {denied:?}");
 }
 
@@ -564,7 +542,7 @@ async fn a_holder_waiting_for_a_check_after_the_boot_keeps_beating_and_its_slot_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reboot_labels_taint_and_load_balancer_exclusion_come_and_go_with_the_reboot() {
     use rebootd::drain::marks::{ADDED, EXCLUDE_LB, TAINT_KEY};
-    let (hook, denied) = enforcing();
+    let (hook, denied) = admission::enforcing();
     let wait = Duration::from_secs(2);
     let fleet = ready_fleet(FleetOptions {
         node_identities: true,
@@ -648,6 +626,6 @@ async fn reboot_labels_taint_and_load_balancer_exclusion_come_and_go_with_the_re
         "{n}"
     );
     assert!(n["metadata"]["annotations"][ADDED].is_null(), "{n}");
-    let denied = denied.lock().unwrap().clone();
+    let denied = admission::refused(&denied);
     assert!(denied.is_empty(), "the policy denied rebootd: {denied:?}");
 }

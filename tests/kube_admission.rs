@@ -655,7 +655,6 @@ fn events_and_pod_deletes_only_about_its_own_node() {
 
 // --- End to end: what rebootd really sends, through the policy -------------------------------
 
-use admission::enforcing;
 use common::{drain_opts, kube_cluster, ready_fleet, web_under_budget};
 use rebootd_lab::fleet::{FleetLock, FleetOptions};
 use std::path::Path;
@@ -667,7 +666,7 @@ use std::time::Duration;
 /// uncordon, taking, releasing and queueing for slots, evictions, Events).
 #[tokio::test]
 async fn a_fleet_of_node_identities_rolls_a_reboot_through_the_policy() {
-    let (hook, reviewed) = enforcing();
+    let (hook, reviewed) = admission::enforcing();
     let fleet = ready_fleet(FleetOptions {
         node_identities: true,
         kube_admission: Some(hook),
@@ -678,22 +677,8 @@ async fn a_fleet_of_node_identities_rolls_a_reboot_through_the_policy() {
     web_under_budget(&cluster, ["node-1", "node-2", "node-3"]);
     fleet.trigger_all("2").await.unwrap();
     let rolled = fleet.wait_rolled(Duration::from_secs(120)).await;
+    let denied = admission::refused(&reviewed);
     let reviewed = reviewed.lock().unwrap().clone();
-    let denied: Vec<String> = reviewed
-        .iter()
-        .filter_map(|(r, v)| {
-            v.as_ref().err().map(|m| {
-                format!(
-                    "{} {} {} {}/{}: {m}",
-                    r["userInfo"]["username"],
-                    r["operation"],
-                    r["resource"]["resource"],
-                    r["namespace"],
-                    r["name"]
-                )
-            })
-        })
-        .collect();
     assert!(
         denied.is_empty(),
         "the policy denied rebootd:\n{}",
@@ -777,23 +762,13 @@ async fn a_fleet_of_node_identities_rolls_a_reboot_through_the_policy() {
 /// is refused with 422, as the API server refuses it.
 #[tokio::test]
 async fn the_stand_in_refuses_what_the_policy_denies() {
-    let (hook, _) = enforcing();
-    let api = rebootd_lab::kube_api::KubeApi::start(rebootd_lab::kube_api::Options {
-        admission: Some(hook),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let (api, _) = admission::enforcing_api().await;
     for n in ["worker-1", "worker-2"] {
         api.cluster()
             .add(&rebootd_lab::kube_api::NodeBuilder::new(n))
             .unwrap();
     }
-    let dir = tempfile::tempdir().unwrap();
-    let kc = dir.path().join("kubeconfig");
-    api.write_kubeconfig_for(&kc, "rebootd:node:worker-1")
-        .unwrap();
-    let client = rebootd::kube_client::connect(Some(&kc)).await.unwrap();
+    let client = admission::client_as(&api, "worker-1").await;
     let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
     let cordon = kube::api::Patch::Strategic(json!({"spec": {"unschedulable": true}}));
     let pp = kube::api::PatchParams::default();
@@ -900,7 +875,7 @@ fn scale_down_change(r: &Value) -> Option<(Value, Value)> {
 /// never touches them.
 #[tokio::test]
 async fn the_autoscaler_annotation_is_on_while_holding_and_only_rebootds_is_taken_off() {
-    let (hook, reviewed) = enforcing();
+    let (hook, reviewed) = admission::enforcing();
     let fleet = ready_fleet(FleetOptions {
         node_identities: true,
         kube_admission: Some(hook),
@@ -920,15 +895,8 @@ async fn the_autoscaler_annotation_is_on_while_holding_and_only_rebootds_is_take
         .wait_rolled(Duration::from_secs(120))
         .await
         .expect("the fleet rolled");
+    let denied = admission::refused(&reviewed);
     let reviewed = reviewed.lock().unwrap().clone();
-    let denied: Vec<String> = reviewed
-        .iter()
-        .filter_map(|(r, v)| {
-            v.as_ref()
-                .err()
-                .map(|m| format!("{} {}: {m}", r["userInfo"]["username"], r["name"]))
-        })
-        .collect();
     assert!(
         denied.is_empty(),
         "the policy denied rebootd:\n{}",
@@ -1015,23 +983,13 @@ async fn the_autoscaler_annotation_is_on_while_holding_and_only_rebootds_is_take
 /// another Node, not set another value, and not take off or change someone else's value.
 #[tokio::test]
 async fn a_stolen_credential_cannot_use_the_autoscaler_annotation_elsewhere() {
-    let (hook, _) = enforcing();
-    let api = rebootd_lab::kube_api::KubeApi::start(rebootd_lab::kube_api::Options {
-        admission: Some(hook),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let (api, _) = admission::enforcing_api().await;
     for n in ["worker-1", "worker-2"] {
         api.cluster()
             .add(&rebootd_lab::kube_api::NodeBuilder::new(n))
             .unwrap();
     }
-    let dir = tempfile::tempdir().unwrap();
-    let kc = dir.path().join("kubeconfig");
-    api.write_kubeconfig_for(&kc, "rebootd:node:worker-1")
-        .unwrap();
-    let client = rebootd::kube_client::connect(Some(&kc)).await.unwrap();
+    let client = admission::client_as(&api, "worker-1").await;
     let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
     let annotate = |node: &'static str, value: Value| {
         let nodes = nodes.clone();

@@ -34,16 +34,9 @@ async fn fleet_of_two() -> Fleet {
 }
 
 /// The attacker: node `node-x`'s rebootd credential, stolen.
-async fn attacker(fleet: &Fleet, dir: &tempfile::TempDir) -> Api<Lease> {
-    let kc = dir.path().join("attacker.kubeconfig");
-    fleet
-        .kube
-        .as_ref()
-        .unwrap()
-        .write_kubeconfig_for(&kc, "rebootd:node:node-x")
-        .unwrap();
-    let client = rebootd::kube_client::connect(Some(&kc)).await.unwrap();
-    Api::namespaced(client, "rebootd")
+async fn attacker(fleet: &Fleet) -> Api<Lease> {
+    let api = fleet.kube.as_ref().expect("the fleet's API stand-in");
+    Api::namespaced(admission::client_as(api, "node-x").await, "rebootd")
 }
 
 /// Create `lease` as the attacker; the policy must let it through (else the attack is moot).
@@ -98,8 +91,7 @@ fn down_together(events: &[FleetEvent]) -> Vec<(String, String)> {
 #[tokio::test]
 async fn a_forged_slot_with_the_victims_machine_id_is_never_adopted() {
     let fleet = fleet_of_two().await;
-    let dir = tempfile::tempdir().unwrap();
-    let leases = attacker(&fleet, &dir).await;
+    let leases = attacker(&fleet).await;
     let victim_id = fleet.nodes[1].lock().await.machine_id.clone();
 
     need_reboot(&fleet, 0, "2").await;
@@ -173,8 +165,7 @@ async fn a_forged_slot_with_the_victims_machine_id_is_never_adopted() {
 #[tokio::test]
 async fn a_forged_pause_lease_pauses_nothing_and_shows_nothing() {
     let fleet = fleet_of_two().await;
-    let dir = tempfile::tempdir().unwrap();
-    let leases = attacker(&fleet, &dir).await;
+    let leases = attacker(&fleet).await;
     let pause = json!({"since": "2026-11-27T00:00:00Z",
                        "reason": "\u{1b}]0;owned\u{7}security freeze", "by": "admin"});
     attacker_creates(
@@ -212,19 +203,8 @@ async fn a_forged_pause_lease_pauses_nothing_and_shows_nothing() {
 /// so it cannot make the group read as broken (no max) before the administrator writes one.
 #[tokio::test]
 async fn a_node_cannot_create_a_control_lease_without_a_max() {
-    let (hook, _) = admission::enforcing();
-    let api = rebootd_lab::kube_api::KubeApi::start(rebootd_lab::kube_api::Options {
-        admission: Some(hook),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let kc = dir.path().join("kubeconfig");
-    api.write_kubeconfig_for(&kc, "rebootd:node:node-x")
-        .unwrap();
-    let client = rebootd::kube_client::connect(Some(&kc)).await.unwrap();
-    let leases: Api<Lease> = Api::namespaced(client, "rebootd");
+    let (api, _) = admission::enforcing_api().await;
+    let leases: Api<Lease> = Api::namespaced(admission::client_as(&api, "node-x").await, "rebootd");
     let control = |annotations: serde_json::Value| -> Lease {
         serde_json::from_value(json!({
             "metadata": {"name": "rebootd", "namespace": "rebootd",

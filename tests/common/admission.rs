@@ -273,3 +273,58 @@ pub fn enforcing() -> (rebootd_lab::kube_api::Admission, Reviewed) {
     });
     (hook, seen)
 }
+
+/// The Kubernetes API stand-in enforcing the shipped policy, and every request it reviewed.
+pub async fn enforcing_api() -> (rebootd_lab::kube_api::KubeApiHandle, Reviewed) {
+    let (hook, reviewed) = enforcing();
+    let api = rebootd_lab::kube_api::KubeApi::start(rebootd_lab::kube_api::Options {
+        admission: Some(hook),
+        ..Default::default()
+    })
+    .await
+    .expect("start the API stand-in");
+    (api, reviewed)
+}
+
+/// A kubeconfig in `dir` with node `node`'s identity (user `rebootd:node:<node>`) on `api`.
+pub fn kubeconfig_as(
+    api: &rebootd_lab::kube_api::KubeApiHandle,
+    dir: &std::path::Path,
+    node: &str,
+) -> PathBuf {
+    let path = dir.join(format!("kubeconfig-{node}"));
+    api.write_kubeconfig_for(&path, &format!("rebootd:node:{node}"))
+        .expect("kubeconfig");
+    path
+}
+
+/// A client of `api` acting as node `node` (user `rebootd:node:<node>`), connected as rebootd
+/// connects.
+pub async fn client_as(api: &rebootd_lab::kube_api::KubeApiHandle, node: &str) -> kube::Client {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = kubeconfig_as(api, dir.path(), node);
+    rebootd::kube_client::connect(Some(&path))
+        .await
+        .expect("kube client")
+}
+
+/// The requests the policy denied, one line each: who, what, which object, and why.
+pub fn refused(reviewed: &Reviewed) -> Vec<String> {
+    reviewed
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|(r, v)| {
+            v.as_ref().err().map(|m| {
+                format!(
+                    "{} {} {} {}/{}: {m}",
+                    r["userInfo"]["username"],
+                    r["operation"],
+                    r["resource"]["resource"],
+                    r["namespace"],
+                    r["name"]
+                )
+            })
+        })
+        .collect()
+}
