@@ -77,12 +77,10 @@ per_etcd_version!(run:
     a_release_right_after_a_report_reads_nothing,
     unlock_and_set_max_agree_in_both_directions,
     a_named_group_is_locksmiths_escaped_key,
-    a_corrupt_document_is_refused_and_left_untouched,
     a_moved_document_is_followed_to_v3,
     a_waiter_survives_a_cleared_watch_index_and_an_etcd_restart,
     changes_while_waiting_cost_the_waiter_no_requests,
     a_wait_for_the_pause_right_after_reading_it_reads_it_once,
-    a_pause_set_between_the_read_and_the_wait_is_seen,
     the_pause_comes_with_the_waiters_read_and_watch,
     kept_reads_serve_the_first_report,
     the_take_writes_the_first_phase_and_its_report_costs_nothing,
@@ -377,30 +375,6 @@ async fn a_named_group_is_locksmiths_escaped_key(env: Env) {
     assert!(other.status().await.unwrap().holders.is_empty());
 }
 
-async fn a_corrupt_document_is_refused_and_left_untouched(env: Env) {
-    let key = format!("/{}", semaphore_key("default"));
-    let bad = r#"{"semaphore":1,"max":1,"holders":[],"extra":true}"#;
-    let (code, _) = env
-        .etcd
-        .curl_v2(
-            "PUT",
-            &format!("/v2/keys{key}"),
-            Some(&format!("value={bad}")),
-        )
-        .unwrap();
-    assert!(code == 201 || code == 200);
-    let store = env.store("default").await;
-    let e = store.acquire(&me("x")).await.unwrap_err();
-    assert!(matches!(e, LockError::Corrupt { .. }), "{e}");
-    assert!(e.to_string().contains(&key), "{e}");
-    assert!(store.set_max(2, false).await.is_err());
-    let (_, body) = env
-        .etcd
-        .curl_v2("GET", &format!("/v2/keys{key}"), None)
-        .unwrap();
-    assert!(body.contains("extra"), "{body}");
-}
-
 async fn a_moved_document_is_followed_to_v3(env: Env) {
     let key = format!("/{}", semaphore_key("default"));
     // What rebootctl migrate leaves in v2, and a v3 semaphore with max 2.
@@ -486,22 +460,6 @@ async fn a_wait_for_the_pause_right_after_reading_it_reads_it_once(env: Env) {
     );
     assert_eq!(changed.expect("pause seen").unwrap(), Some(pause));
     assert_eq!(used, 2, "one read, one long poll");
-}
-
-/// A pause set after the read and before the wait is seen by the wait (it watches from the
-/// index read).
-async fn a_pause_set_between_the_read_and_the_wait_is_seen(env: Env) {
-    let s = env.store("default").await;
-    let admin = env.store("default").await;
-    let (first, second) = (a_pause("first"), a_pause("second"));
-    assert_eq!(Pauses::group_pause(&s).await.unwrap(), None);
-    admin.pause_group(&first).await.unwrap();
-    let changed = tokio::time::timeout(WAIT, s.group_pause_changed(None)).await;
-    assert_eq!(changed.expect("pause seen").unwrap(), Some(first.clone()));
-    // The read served once: the next wait reads the pause as it is now.
-    admin.pause_group(&second).await.unwrap();
-    let changed = tokio::time::timeout(WAIT, s.group_pause_changed(Some(&first))).await;
-    assert_eq!(changed.expect("pause seen").unwrap(), Some(second));
 }
 
 /// Wait until etcd serves `n` v2 watchers.

@@ -7,7 +7,9 @@
 //! fewer than `max`), taking twice and giving back twice write nothing, a holder restarted with
 //! its token still holds its slot while another host with the same machine id (another token) is
 //! never admitted, and `max_hold` reclaims only holders that stopped beating, never without
-//! `max_hold`. A scenario that holds for every store belongs here, not in a store's own file.
+//! `max_hold`, a pause set between a client's read and its wait is seen by the wait, and a
+//! semaphore the store cannot understand is refused by every call and never written over. A
+//! scenario that holds for every store belongs here, not in a store's own file.
 //! Synchronisation is by log events and task completion; the few timeouts expected to expire
 //! assert that something does NOT happen.
 
@@ -17,12 +19,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rebootd::config;
-use rebootd::lock::{Acquired, Fence, Identity, LockError, Reported};
+use rebootd::lock::{Acquired, Fence, Identity, LockError, Pauses, Reported};
 use rebootd_lab::cut_proxy::{CutMode, CutProxy};
 use rebootd_lab::kube_api::Options;
 
+/// locksmith's document of the default group (etcd v3 and v2).
+const SEMAPHORE_KEY: &str = "coreos.com/updateengine/rebootlock/semaphore";
+
 mod common;
-use common::in_process::{holder_ids, holds, me, not_within, within};
+use common::in_process::{a_pause, holder_ids, holds, me, not_within, within};
 use common::logs::Logs;
 use common::stores::{every_store, run_on, Kind, Store, World};
 
@@ -55,6 +60,96 @@ impl World {
             Kind::Lease => {
                 let api = self.api.as_ref().expect("API stand-in");
                 format!("resourceVersion {}", api.cluster().resource_version())
+            }
+        }
+    }
+
+    /// Values the store cannot understand where it keeps the group's slot count: locksmith's
+    /// document (etcd v3 and v2), the control Lease's max annotation (Leases).
+    fn corruptions(&self) -> &'static [&'static str] {
+        match self.kind {
+            Kind::V3(_) | Kind::V2(_) => &[
+                "not json",
+                r#"{"semaphore":"x"}"#,
+                r#"{"semaphore":1,"max":1,"holders":[],"extra":true}"#,
+            ],
+            Kind::Lease => &["lots"],
+        }
+    }
+
+    /// Write `bad` (one of [`World::corruptions`]) where the store keeps the group's slot
+    /// count; returns the key a `Corrupt` error names.
+    async fn corrupt(&self, bad: &str) -> String {
+        match self.kind {
+            Kind::V3(_) => {
+                let etcd = self.etcd.as_ref().expect("etcd");
+                let mut c = etcd_client::Client::connect([etcd.endpoint()], None)
+                    .await
+                    .expect("test client");
+                c.put(SEMAPHORE_KEY, bad, None).await.expect("put");
+                SEMAPHORE_KEY.to_string()
+            }
+            Kind::V2(_) => {
+                let etcd = self.etcd.as_ref().expect("etcd");
+                let encoded: String = bad
+                    .bytes()
+                    .map(|b| match b {
+                        b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' => (b as char).to_string(),
+                        _ => format!("%{b:02X}"),
+                    })
+                    .collect();
+                let path = format!("/v2/keys/{SEMAPHORE_KEY}");
+                let body = format!("value={encoded}");
+                let (code, out) = etcd.curl_v2("PUT", &path, Some(&body)).expect("v2 put");
+                assert!(code == 200 || code == 201, "{code} {out}");
+                format!("/{SEMAPHORE_KEY}")
+            }
+            Kind::Lease => {
+                let api = self.api.as_ref().expect("API stand-in");
+                let key = "rebootd.io/max";
+                api.cluster()
+                    .update(
+                        rebootd_lab::kube_api::Kind::Lease,
+                        "rebootd",
+                        "reboot",
+                        |l| {
+                            l["metadata"]["annotations"][key] = bad.into();
+                        },
+                    )
+                    .expect("the control Lease");
+                key.to_string()
+            }
+        }
+    }
+
+    /// What the store holds where it keeps the slot count, with its version: any write there
+    /// changes it.
+    async fn semaphore_raw(&self) -> String {
+        match self.kind {
+            Kind::V3(_) => {
+                let etcd = self.etcd.as_ref().expect("etcd");
+                let mut c = etcd_client::Client::connect([etcd.endpoint()], None)
+                    .await
+                    .expect("test client");
+                let r = c.get(SEMAPHORE_KEY, None).await.expect("get");
+                let kv = r.kvs().first().expect("the document");
+                format!(
+                    "{} at {}",
+                    String::from_utf8_lossy(kv.value()),
+                    kv.mod_revision()
+                )
+            }
+            Kind::V2(_) => {
+                let etcd = self.etcd.as_ref().expect("etcd");
+                let path = format!("/v2/keys/{SEMAPHORE_KEY}");
+                let (_, body) = etcd.curl_v2("GET", &path, None).expect("v2 get");
+                let v: serde_json::Value = serde_json::from_str(&body).expect("v2 answer");
+                format!("{} at {}", v["node"]["value"], v["node"]["modifiedIndex"])
+            }
+            Kind::Lease => {
+                let api = self.api.as_ref().expect("API stand-in");
+                let lease = api.cluster().lease("rebootd", "reboot");
+                lease.expect("the control Lease").to_string()
             }
         }
     }
@@ -160,6 +255,8 @@ every_store!(run:
     set_max_below_the_holders_needs_force,
     taking_twice_and_giving_back_twice_write_nothing,
     the_take_writes_the_first_phase_so_its_report_writes_nothing,
+    a_pause_set_between_the_read_and_the_wait_is_seen,
+    a_semaphore_it_cannot_understand_is_refused_and_left_untouched,
 );
 
 /// The holders' ids, sorted, as `rebootctl status` shows them.
@@ -568,5 +665,59 @@ async fn the_take_writes_the_first_phase_so_its_report_writes_nothing(w: World) 
     if !matches!(w.kind, Kind::V2(_)) {
         // (On v2 a report on the take's kept read proves nothing: finding 11.)
         assert_eq!(report.expect("report"), Reported::Held);
+    }
+}
+
+/// A pause set after a client read the group's pause and before it waits for a change is seen
+/// by that wait (it waits from what it read); the next wait, from the pause it knows, sees the
+/// pause as it is now, and so does a resume.
+async fn a_pause_set_between_the_read_and_the_wait_is_seen(w: World) {
+    let a = w.store("node-a", None).await;
+    let operator = w.store("operator", None).await;
+    let (first, second) = (a_pause("first"), a_pause("second"));
+    assert_eq!(Pauses::group_pause(&*a).await.expect("read"), None);
+    operator.pause_group(&first).await.expect("pause");
+    let changed = within("the pause seen", a.group_pause_changed(None)).await;
+    assert_eq!(changed.expect("wait"), Some(first.clone()));
+
+    operator.pause_group(&second).await.expect("pause again");
+    let changed = within("the new pause seen", a.group_pause_changed(Some(&first))).await;
+    assert_eq!(changed.expect("wait"), Some(second.clone()));
+    operator.resume_group().await.expect("resume");
+    let changed = within("the resume seen", a.group_pause_changed(Some(&second))).await;
+    assert_eq!(changed.expect("wait"), None);
+    assert_eq!(Pauses::group_pause(&*a).await.expect("read"), None);
+}
+
+/// Where the store keeps the group's slot count holds something it cannot understand: every
+/// call says `Corrupt` (naming the key and the value), none writes over it, not even a client
+/// with `max_hold` that would reclaim at once.
+async fn a_semaphore_it_cannot_understand_is_refused_and_left_untouched(w: World) {
+    let a = w.store("node-a", Some(Duration::from_millis(1))).await;
+    a.set_max(1, false).await.expect("set-max 1");
+    for bad in w.corruptions() {
+        let key = w.corrupt(bad).await;
+        let before = w.semaphore_raw().await;
+        let check = |what: &str, r: Result<(), LockError>| match r {
+            Err(LockError::Corrupt {
+                key: k,
+                value,
+                reason,
+            }) => {
+                assert!(k.contains(&key), "{what} on {bad:?}: key {k}, not {key}");
+                assert_eq!(value, *bad, "{what}");
+                assert!(!reason.is_empty(), "{what}");
+            }
+            other => panic!("{what} on {bad:?}: expected Corrupt, got {other:?}"),
+        };
+        check("acquire", within("acquire", a.acquire(&me("a"))).await);
+        check("unlock", a.unlock("m-a").await);
+        check("set_max", a.set_max(2, false).await);
+        check("set_max --force", a.set_max(3, true).await);
+        let report = a.report_phase(&me("a"), Phase::Rebooting).await;
+        check("report_phase", report.map(drop));
+        check("fence", a.fence(&me("a")).await.map(drop));
+        check("status", a.status().await.map(drop));
+        assert_eq!(w.semaphore_raw().await, before, "{bad:?} was written over");
     }
 }
