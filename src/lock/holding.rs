@@ -101,7 +101,7 @@ pub fn release(view: &View, me: &Me<'_>, target: &str) -> Result<Vec<usize>, Ano
 
 #[cfg(test)]
 mod tests {
-    use super::super::view::{Beat, HolderView};
+    use super::super::view::{test_support, HolderView};
     use super::*;
 
     #[test]
@@ -121,27 +121,16 @@ mod tests {
 
     fn holder(id: &str, node: &str, token: Option<&str>) -> HolderView {
         HolderView {
-            id: id.into(),
             node: Some(node.into()),
-            boot_id: None,
-            phase: None,
             token: token.map(Into::into),
-            beat: Beat::Silent,
-            gone: None,
-            foreign: None,
-            claimed_by: None,
-            since: None,
-            zone: None,
+            ..test_support::holder(id)
         }
     }
 
     fn view(holders: Vec<HolderView>, node_is_identity: bool) -> View {
         View {
-            max: 2,
-            holders,
-            waiters: Vec::new(),
             node_is_identity,
-            my_zone: None,
+            ..test_support::view(2, holders, vec![])
         }
     }
 

@@ -224,23 +224,66 @@ fn silent_for(seen: &Seen, key: &str, beat: &Beat, now: Instant) -> Duration {
     }
 }
 
+/// Views for the lock core's unit tests, every field empty unless a test sets it:
+/// `HolderView { token: Some("t".into()), ..holder("m-a") }`.
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(crate) mod test_support {
+    use super::{Beat, HolderView, Ticket, View, WaiterView};
 
-    fn holder(id: &str, beat: Beat) -> HolderView {
+    /// Holder `id`: no node, token or record, silent.
+    pub(crate) fn holder(id: &str) -> HolderView {
         HolderView {
             id: id.into(),
             node: None,
             boot_id: None,
             phase: None,
+            since: None,
             token: None,
-            beat,
+            beat: Beat::Silent,
             gone: None,
             foreign: None,
             claimed_by: None,
-            since: None,
             zone: None,
+        }
+    }
+
+    /// A waiter under `key`, `order` in the queue, kept by a TTL, nobody's in particular.
+    pub(crate) fn waiter(key: &str, order: i64) -> WaiterView {
+        WaiterView {
+            key: key.into(),
+            ticket: Ticket {
+                order: (order, 0),
+                name: key.into(),
+            },
+            id: None,
+            node: None,
+            beat: Beat::Ttl,
+            mine: false,
+            zone: None,
+        }
+    }
+
+    /// `max` slots, these holders and waiters, on a store keyed by machine id, no zone.
+    pub(crate) fn view(max: u64, holders: Vec<HolderView>, waiters: Vec<WaiterView>) -> View {
+        View {
+            max,
+            holders,
+            waiters,
+            node_is_identity: false,
+            my_zone: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_support::view;
+    use super::*;
+
+    fn holder(id: &str, beat: Beat) -> HolderView {
+        HolderView {
+            beat,
+            ..test_support::holder(id)
         }
     }
 
@@ -248,13 +291,7 @@ mod tests {
     fn silence_restarts_with_each_new_beat_and_is_never_from_written_times() {
         let t0 = Instant::now();
         let s = Duration::from_secs;
-        let mut view = View {
-            max: 1,
-            holders: vec![holder("a", Beat::Revision("5".into()))],
-            waiters: Vec::new(),
-            node_is_identity: false,
-            my_zone: None,
-        };
+        let mut view = view(1, vec![holder("a", Beat::Revision("5".into()))], vec![]);
         let mut o = Observations::default();
         o.update(&view, t0);
         let beat = view.holders[0].beat.clone();
@@ -275,16 +312,8 @@ mod tests {
 
     fn waiter(key: &str, beat: Beat) -> WaiterView {
         WaiterView {
-            key: key.into(),
-            ticket: Ticket {
-                order: (0, 0),
-                name: key.into(),
-            },
-            id: None,
-            node: None,
             beat,
-            mine: false,
-            zone: None,
+            ..test_support::waiter(key, 0)
         }
     }
 
@@ -294,15 +323,12 @@ mod tests {
     fn waiters_kept_by_a_ttl_are_not_kept_and_beating_ones_are_followed() {
         let t0 = Instant::now();
         let s = Duration::from_secs;
-        let mut view = View {
-            max: 1,
-            holders: vec![holder("x", Beat::Revision("1".into()))],
-            waiters: (0..1000)
-                .map(|i| waiter(&format!("q/{i}"), Beat::Ttl))
-                .collect(),
-            node_is_identity: false,
-            my_zone: None,
-        };
+        let waiters = (0..1000).map(|i| waiter(&format!("q/{i}"), Beat::Ttl));
+        let mut view = view(
+            1,
+            vec![holder("x", Beat::Revision("1".into()))],
+            waiters.collect(),
+        );
         let mut o = Observations::default();
         o.update(&view, t0);
         assert_eq!((o.holders.len(), o.waiters.len()), (1, 0));

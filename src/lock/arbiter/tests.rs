@@ -1,7 +1,7 @@
 //! Table tests of the arbiter: each row a view, who asks, what was observed, and the decision.
 
 use super::*;
-use crate::lock::view::{Ticket, WaiterView};
+use crate::lock::view::{test_support, WaiterView};
 
 pub(super) const ME: Me<'static> = Me {
     id: "m-me",
@@ -15,48 +15,27 @@ pub(super) fn s(secs: u64) -> Duration {
 
 pub(super) fn holder(id: &str, token: Option<&str>, beat: &str) -> HolderView {
     HolderView {
-        id: id.into(),
         node: Some(format!("node-{id}")),
-        boot_id: None,
-        phase: None,
         token: token.map(Into::into),
         beat: match beat {
             "silent" => Beat::Silent,
             "ttl" => Beat::Ttl,
             rev => Beat::Revision(rev.into()),
         },
-        gone: None,
-        foreign: None,
-        claimed_by: None,
-        since: None,
-        zone: None,
+        ..test_support::holder(id)
     }
 }
 
 pub(super) fn waiter(key: &str, order: i64, beat: Beat, mine: bool) -> WaiterView {
     WaiterView {
-        key: key.into(),
-        ticket: Ticket {
-            order: (order, 0),
-            name: key.into(),
-        },
         id: Some(key.into()),
-        node: None,
         beat,
         mine,
-        zone: None,
+        ..test_support::waiter(key, order)
     }
 }
 
-pub(super) fn view(max: u64, holders: Vec<HolderView>, waiters: Vec<WaiterView>) -> View {
-    View {
-        max,
-        holders,
-        waiters,
-        node_is_identity: false,
-        my_zone: None,
-    }
-}
+pub(super) use crate::lock::view::test_support::view;
 
 pub(super) fn policy(max_hold: Option<u64>) -> Policy {
     Policy {
