@@ -366,10 +366,14 @@ impl Screen {
                 ),
             );
         } else if let Some(sem) = &s.semaphore {
+            let share = sem
+                .share
+                .map(|s| format!(" (max {} is {})", sem.max, s.describe()))
+                .unwrap_or_default();
             self.row(
                 "semaphore",
                 format!(
-                    "{} group {:?}: {} of {} slots free",
+                    "{} group {:?}: {} of {} slots free{share}",
                     sem.backend, sem.group, sem.free, sem.max
                 ),
             );

@@ -5,6 +5,10 @@
 //! more than `max_per_zone` holders in a zone beside the group's `max`; a waiter whose zone is
 //! full is passed over, not in the way of the zones with room behind it; a holder whose zone is
 //! unknown (locksmith's, on etcd) counts in every zone.
+//!
+//! `lock.max = "N%"`: on Leases a share of the Nodes a selector matches; on etcd (v3 and v2) a
+//! share of the group's fleet records, holders and waiters, a gone node's record forgotten with
+//! `rebootctl fleet forget`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,6 +35,14 @@ fn zoned(x: &str, zone: Option<&str>) -> Identity {
 impl World {
     /// A client of the store for node `node-x`, with `max_per_zone`.
     async fn store(&self, x: &str, max_per_zone: Option<u64>) -> Arc<dyn Store> {
+        match self.kind {
+            Kind::Lease => Arc::new(self.lease_store(x, max_per_zone).await),
+            _ => self.etcd_store(max_per_zone, None).await,
+        }
+    }
+
+    /// A client of the etcd store (v3 or v2), with `max_per_zone` and `lock.max = "N%"`.
+    async fn etcd_store(&self, max_per_zone: Option<u64>, percent: Option<u8>) -> Arc<dyn Store> {
         let fast = (Duration::from_millis(50), Duration::from_millis(500));
         match self.kind {
             Kind::V3(_) => {
@@ -47,7 +59,7 @@ impl World {
                 )
                 .await
                 .expect("connect v3");
-                Arc::new(s.with_max_per_zone(max_per_zone))
+                Arc::new(s.with_max_per_zone(max_per_zone).with_max_percent(percent))
             }
             Kind::V2(_) => {
                 let t = rebootd::lock::etcd_v2::Timeouts {
@@ -63,9 +75,9 @@ impl World {
                 )
                 .await
                 .expect("connect v2");
-                Arc::new(s.with_max_per_zone(max_per_zone))
+                Arc::new(s.with_max_per_zone(max_per_zone).with_max_percent(percent))
             }
-            Kind::Lease => Arc::new(self.lease_store(x, max_per_zone).await),
+            Kind::Lease => panic!("not an etcd store"),
         }
     }
 
@@ -269,4 +281,142 @@ async fn leases_max_as_a_share_of_the_nodes() {
         within("3", fourth).await.expect("task").expect("3 takes");
     })
     .await;
+}
+
+/// One test per etcd store (v3 and v2, on each etcd version of the matrix).
+macro_rules! etcd_stores {
+    ($($name:ident),* $(,)?) => {
+        mod etcd {
+            use rebootd_lab::etcd::EtcdVersion;
+            $(mod $name {
+                use super::*;
+                #[tokio::test(flavor = "current_thread")]
+                async fn v3_etcd_3_4() {
+                    super::super::run(super::super::Kind::V3(EtcdVersion::V34), super::super::$name).await
+                }
+                #[tokio::test(flavor = "current_thread")]
+                async fn v3_etcd_3_5() {
+                    super::super::run(super::super::Kind::V3(EtcdVersion::V35), super::super::$name).await
+                }
+                #[tokio::test(flavor = "current_thread")]
+                async fn v2_etcd_3_4() {
+                    super::super::run(super::super::Kind::V2(EtcdVersion::V34), super::super::$name).await
+                }
+                #[tokio::test(flavor = "current_thread")]
+                async fn v2_etcd_3_5() {
+                    super::super::run(super::super::Kind::V2(EtcdVersion::V35), super::super::$name).await
+                }
+            })*
+        }
+    };
+}
+
+etcd_stores!(max_as_a_share_of_the_fleet_records);
+
+/// Node `node-x` wrote its fleet record (idle), as its rebootd does at its first step.
+async fn publish(store: &dyn Store, x: &str) {
+    let json = format!(
+        r#"{{"node":"node-{x}","id":"m-{x}","phase":"idle","since":"2026-11-28T00:00:00Z"}}"#
+    );
+    let record = rebootd::fleet::NodeRecord::parse(json.as_bytes()).expect("a record");
+    let fleet = rebootd::lock::Admin::fleet(store).expect("etcd keeps a fleet view");
+    fleet.publish(&me(x), &record, None).await.expect("publish");
+}
+
+/// `rebootctl fleet forget who`, through the store's fleet side.
+async fn forget(
+    store: &dyn Store,
+    who: &str,
+) -> Result<String, rebootd::fleet::forget::ForgetError> {
+    let fleet = rebootd::lock::Admin::fleet(store).expect("etcd keeps a fleet view");
+    rebootd::fleet::forget::forget(fleet, who).await
+}
+
+/// etcd, `lock.max = "20%"` (the document says 1): with ten nodes' records, two nodes hold at
+/// once and a third waits; status and the fleet view say why max is 2. A holder's and a
+/// waiter's records are not forgotten; forgetting five gone nodes' records makes it 20% of five,
+/// one: a new waiter waits while one node holds, and takes once it gives its slot back.
+async fn max_as_a_share_of_the_fleet_records(mut w: World) {
+    use rebootd::fleet::forget::ForgetError;
+    use rebootd::lock::arbiter::share::Share;
+    let admin = w.etcd_store(None, Some(20)).await;
+    for i in 0..10 {
+        publish(&*admin, &i.to_string()).await;
+    }
+    let n0 = w.etcd_store(None, Some(20)).await;
+    let n1 = w.etcd_store(None, Some(20)).await;
+    within("0", n0.acquire(&me("0"))).await.expect("0 takes");
+    within("1, the second of 20% of ten", n1.acquire(&me("1")))
+        .await
+        .expect("1 takes");
+    let n2 = w.etcd_store(None, Some(20)).await;
+    let mut third = tokio::spawn(async move { n2.acquire(&me("2")).await });
+    waits(&mut w.logs, "2").await;
+    not_within("a third", Duration::from_millis(1500), &mut third).await;
+
+    let status = admin.status().await.expect("status");
+    let share = Share {
+        percent: 20,
+        known: 10,
+        stored_max: 1,
+    };
+    assert_eq!((status.max, status.free, status.share), (2, 0, Some(share)));
+    // Without the share, the document's count: what locksmithd and a node without it go by.
+    let plain = w
+        .etcd_store(None, None)
+        .await
+        .status()
+        .await
+        .expect("status");
+    assert_eq!((plain.max, plain.free, plain.share), (1, -1, None));
+    let fleet = rebootd::lock::Admin::fleet(&*admin).expect("fleet");
+    let read = fleet.read_fleet().await.expect("read the fleet");
+    let text = rebootd::fleet::render::render(&rebootd::fleet::view::FleetView::of(
+        &read,
+        jiff::Timestamp::now(),
+    ));
+    assert!(
+        text.contains(
+            "2 of 2 slots held, 0 free (max 2 is 20% of 10 known nodes; the document says 1)"
+        ),
+        "{text}"
+    );
+
+    for (who, role) in [("m-0", "holds a slot"), ("node-2", "waits for a slot")] {
+        match forget(&*admin, who).await {
+            Err(ForgetError::Busy { role: r, .. }) => assert_eq!(r, role, "{who}"),
+            other => panic!("{who}: {other:?}"),
+        }
+    }
+    for i in 5..10 {
+        let who = if i % 2 == 0 {
+            format!("node-{i}")
+        } else {
+            format!("m-{i}")
+        };
+        let name = forget(&*admin, &who).await.expect("forget a gone node");
+        assert_eq!(name, format!("m-{i}"));
+    }
+    assert!(matches!(
+        forget(&*admin, "node-9").await,
+        Err(ForgetError::NotFound { .. })
+    ));
+    let status = admin.status().await.expect("status");
+    assert_eq!((status.max, status.share.map(|s| s.known)), (1, Some(5)));
+
+    // A new wait counts again: 20% of five is one, and 0 holds.
+    third.abort();
+    n1.release(&me("1")).await.expect("release 1");
+    let n3 = w.etcd_store(None, Some(20)).await;
+    let mut fourth = tokio::spawn(async move { n3.acquire(&me("3")).await });
+    waits(&mut w.logs, "3").await;
+    not_within(
+        "20% of five is one, and 0 holds",
+        Duration::from_millis(1500),
+        &mut fourth,
+    )
+    .await;
+    n0.release(&me("0")).await.expect("release 0");
+    within("3", fourth).await.expect("task").expect("3 takes");
+    assert_eq!(holder_ids(&*admin).await, vec!["m-3"]);
 }

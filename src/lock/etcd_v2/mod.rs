@@ -71,6 +71,8 @@ pub struct EtcdV2Semaphore {
     max_hold: Option<Duration>,
     /// `lock.max_per_zone`: at most this many holders in one zone.
     max_per_zone: Option<u64>,
+    /// `lock.max = "N%"`: the slots are this share of the known nodes ([`Self::share`]).
+    max_percent: Option<u8>,
     timeouts: Timeouts,
     /// The group as the last phase report read it, for the release right after it.
     recent: Recent<Snapshot>,
@@ -100,6 +102,28 @@ impl EtcdV2Semaphore {
         self
     }
 
+    /// With the slots `percent` of the known nodes (`lock.max = "N%"`,
+    /// [`super::arbiter::share`]), counted in the group's directory that every read brings.
+    pub fn with_max_percent(mut self, percent: Option<u8>) -> Self {
+        self.max_percent = percent;
+        self
+    }
+
+    /// The share of the known nodes in `snap` the slots are, with `lock.max = "N%"`.
+    fn share(&self, snap: &Snapshot, doc: &SemaphoreDoc) -> Option<super::arbiter::share::Share> {
+        self.max_percent
+            .map(|percent| super::arbiter::share::Share {
+                percent,
+                known: snap.known_nodes(doc),
+                stored_max: doc.max,
+            })
+    }
+
+    /// The number of slots this node goes by: the share, or the document's `max`.
+    fn effective_max(&self, snap: &Snapshot, doc: &SemaphoreDoc) -> u64 {
+        super::arbiter::share::effective_max(self.share(snap, doc).as_ref(), doc.max)
+    }
+
     /// A store for `group` on the cluster of `settings`, checked with one read: an etcd without
     /// the v2 API is refused at once, naming `--enable-v2`.
     pub async fn connect(
@@ -125,6 +149,7 @@ impl EtcdV2Semaphore {
             keys: Keys::new(group),
             max_hold,
             max_per_zone: None,
+            max_percent: None,
             timeouts,
             recent: Recent::default(),
             before_report: Recent::default(),
@@ -550,9 +575,11 @@ impl Admin for EtcdV2Semaphore {
     async fn status(&self) -> Result<SemaphoreStatus, LockError> {
         let snap = self.read(false).await?;
         let doc = self.document(&snap)?;
-        Ok(snap
-            .view(&self.keys, &doc, None)
-            .status(BACKEND, &self.keys.group))
+        let mut view = snap.view(&self.keys, &doc, None);
+        view.max = self.effective_max(&snap, &doc);
+        let mut status = view.status(BACKEND, &self.keys.group);
+        status.share = self.share(&snap, &doc);
+        Ok(status)
     }
 
     #[tracing::instrument(skip(self), fields(key = %self.keys.doc))]

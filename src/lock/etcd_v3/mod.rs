@@ -47,6 +47,8 @@ pub struct EtcdSemaphore {
     max_hold: Option<Duration>,
     /// `lock.max_per_zone`: at most this many holders in one zone.
     max_per_zone: Option<u64>,
+    /// `lock.max = "N%"`: the slots are this share of the known nodes ([`Self::share`]).
+    max_percent: Option<u8>,
     timeouts: Timeouts,
     /// My record as this process last wrote it (see [`report`]).
     written: report::Written,
@@ -71,6 +73,31 @@ impl EtcdSemaphore {
     pub fn with_max_per_zone(mut self, max_per_zone: Option<u64>) -> Self {
         self.max_per_zone = max_per_zone;
         self
+    }
+
+    /// With the slots `percent` of the known nodes (`lock.max = "N%"`, [`share`]): a waiter's
+    /// read and `status` then read the group's fleet member records too, in the same
+    /// transaction.
+    ///
+    /// [`share`]: super::arbiter::share
+    pub fn with_max_percent(mut self, percent: Option<u8>) -> Self {
+        self.max_percent = percent;
+        self
+    }
+
+    /// The share of the known nodes in `snap` the slots are, with `lock.max = "N%"`.
+    fn share(&self, snap: &Snapshot) -> Option<super::arbiter::share::Share> {
+        self.max_percent
+            .map(|percent| super::arbiter::share::Share {
+                percent,
+                known: snap.known_nodes(&self.keys),
+                stored_max: snap.doc.max,
+            })
+    }
+
+    /// The number of slots this node goes by in `snap`: the share, or the document's `max`.
+    fn effective_max(&self, snap: &Snapshot) -> u64 {
+        super::arbiter::share::effective_max(self.share(snap).as_ref(), snap.doc.max)
     }
 
     /// Connect to the cluster in `settings` for the semaphore of `group`, with default
@@ -120,6 +147,7 @@ impl EtcdSemaphore {
             target,
             max_hold,
             max_per_zone: None,
+            max_percent: None,
             timeouts,
             written: report::Written::default(),
             last_pause: super::pause::LastRead::default(),
@@ -235,14 +263,22 @@ impl EtcdSemaphore {
     /// document that does not parse is [`LockError::Corrupt`].
     #[tracing::instrument(level = "debug", skip(self), fields(key = %self.keys.doc))]
     async fn read(&self, with_queue: bool) -> Result<Snapshot, LockError> {
-        let gets = self.read_ops(with_queue);
+        self.read_with(with_queue, with_queue && self.max_percent.is_some())
+            .await
+    }
+
+    /// [`Self::read`], with the fleet member records when `members` (to count the nodes).
+    async fn read_with(&self, with_queue: bool, members: bool) -> Result<Snapshot, LockError> {
+        let gets = self.read_ops(with_queue, members);
+        let expected = gets.len();
         let resp = self.txn(Txn::new().and_then(gets)).await?;
-        self.snapshot_of(&resp, if with_queue { 4 } else { 2 })
+        self.snapshot_of(&resp, expected)
     }
 
     /// The reads of [`Self::read`]: the document, the records, and the queue and the group's
-    /// pause when `with_queue` (what a waiter follows).
-    fn read_ops(&self, with_queue: bool) -> Vec<TxnOp> {
+    /// pause when `with_queue` (what a waiter follows), and the fleet member records when
+    /// `members`.
+    fn read_ops(&self, with_queue: bool, members: bool) -> Vec<TxnOp> {
         let prefix = |p: &str| TxnOp::get(p.to_owned(), Some(GetOptions::new().with_prefix()));
         let mut gets = vec![
             TxnOp::get(self.keys.doc.clone(), None),
@@ -251,6 +287,9 @@ impl EtcdSemaphore {
         if with_queue {
             gets.push(prefix(&self.keys.queue));
             gets.push(TxnOp::get(self.keys.pause.clone(), None));
+        }
+        if members {
+            gets.push(prefix(&self.keys.members));
         }
         gets
     }
@@ -515,10 +554,13 @@ impl Admin for EtcdSemaphore {
 
     #[tracing::instrument(skip(self), fields(key = %self.keys.doc))]
     async fn status(&self) -> Result<SemaphoreStatus, LockError> {
-        let snap = self.read(false).await?;
-        Ok(snap
-            .view(&self.keys, None)
-            .status(BACKEND, &self.keys.group))
+        let snap = self.read_with(false, self.max_percent.is_some()).await?;
+        let mut view = snap.view(&self.keys, None);
+        let share = self.share(&snap);
+        view.max = self.effective_max(&snap);
+        let mut status = view.status(BACKEND, &self.keys.group);
+        status.share = share;
+        Ok(status)
     }
 
     #[tracing::instrument(skip(self), fields(key = %self.keys.doc))]

@@ -294,7 +294,8 @@ impl V3Waiting<'_> {
             .values()
             .filter(|e| e.create_revision < mine.create_revision)
             .count();
-        acquire::far_back(snap.doc.max, ahead, snap.doc.holders.len())
+        let max = self.store.effective_max(snap);
+        acquire::far_back(max, ahead, snap.doc.holders.len())
     }
 
     /// Note my entry, put at `revision`, in the snapshot (its revision stays: the watch still
@@ -321,13 +322,24 @@ impl Waiting for V3Waiting<'_> {
         // The watch and the keep-alive stream start again from this read.
         self.watch = None;
         self.keep_alive = None;
-        self.snap = Some(self.store.read(true).await?);
+        let snap = self.store.read(true).await?;
+        if let Some(share) = self.store.share(&snap) {
+            tracing::info!(
+                nodes = share.known,
+                max = share.max(),
+                percent = share.percent,
+                "counted the nodes lock.max is a share of"
+            );
+        }
+        self.snap = Some(snap);
         self.contact.answered(Instant::now());
         Ok(())
     }
 
     fn view(&self) -> Result<View, LockError> {
-        let mut view = self.snap()?.view(&self.store.keys, Some(&self.me.as_me()));
+        let snap = self.snap()?;
+        let mut view = snap.view(&self.store.keys, Some(&self.me.as_me()));
+        view.max = self.store.effective_max(snap);
         view.my_zone = self.me.zone.clone();
         Ok(view)
     }
@@ -335,7 +347,8 @@ impl Waiting for V3Waiting<'_> {
     async fn take(&mut self, _rank: usize) -> Result<bool, LockError> {
         let snap = self.snap()?;
         let mut doc = snap.doc.clone();
-        if !matches!(doc.lock(&self.me.id), Ok(true)) {
+        let max = self.store.effective_max(snap);
+        if !matches!(doc.lock_within(&self.me.id, max), Ok(true)) {
             return Ok(false);
         }
         let store = self.store;
@@ -375,8 +388,9 @@ impl Waiting for V3Waiting<'_> {
         let snap = self.snap()?;
         let store = self.store;
         let mut doc = snap.doc.clone();
+        let max = store.effective_max(snap);
         doc.unlock(holder);
-        if take_over && !matches!(doc.lock(&self.me.id), Ok(true)) {
+        if take_over && !matches!(doc.lock_within(&self.me.id, max), Ok(true)) {
             return Ok(false);
         }
         let mut ops = vec![store.put_doc(&doc)];

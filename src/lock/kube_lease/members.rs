@@ -161,6 +161,7 @@ impl FleetStore for KubeLeaseSemaphore {
             view,
             records,
             pause: snap.pause.as_ref().map(|(p, _)| p.clone()),
+            share: None,
             at,
         })
     }
