@@ -16,6 +16,7 @@
 mod connect;
 mod members;
 mod pause;
+mod share;
 pub mod tree;
 pub(in crate::lock) mod waiting;
 
@@ -100,28 +101,6 @@ impl EtcdV2Semaphore {
     pub fn with_max_per_zone(mut self, max_per_zone: Option<u64>) -> Self {
         self.max_per_zone = max_per_zone;
         self
-    }
-
-    /// With the slots `percent` of the known nodes (`lock.max = "N%"`,
-    /// [`super::arbiter::share`]), counted in the group's directory that every read brings.
-    pub fn with_max_percent(mut self, percent: Option<u8>) -> Self {
-        self.max_percent = percent;
-        self
-    }
-
-    /// The share of the known nodes in `snap` the slots are, with `lock.max = "N%"`.
-    fn share(&self, snap: &Snapshot, doc: &SemaphoreDoc) -> Option<super::arbiter::share::Share> {
-        self.max_percent
-            .map(|percent| super::arbiter::share::Share {
-                percent,
-                known: snap.known_nodes(doc),
-                stored_max: doc.max,
-            })
-    }
-
-    /// The number of slots this node goes by: the share, or the document's `max`.
-    fn effective_max(&self, snap: &Snapshot, doc: &SemaphoreDoc) -> u64 {
-        super::arbiter::share::effective_max(self.share(snap, doc).as_ref(), doc.max)
     }
 
     /// A store for `group` on the cluster of `settings`, checked with one read: an etcd without

@@ -246,13 +246,8 @@ impl Waiting for V2Waiting<'_> {
             self.stream = Some(stream.map_err(lock_error)?);
         }
         let snap = self.store.read(false).await?;
-        if let Some(share) = snap.document().and_then(|d| self.store.share(&snap, &d)) {
-            tracing::info!(
-                nodes = share.known,
-                max = share.max(),
-                percent = share.percent,
-                "counted the nodes lock.max is a share of"
-            );
+        if let Some(doc) = snap.document() {
+            self.store.note_share(&snap, &doc);
         }
         self.contact.answered(Instant::now());
         self.next_index = None;

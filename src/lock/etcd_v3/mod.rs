@@ -11,9 +11,11 @@
 //! revision too, so a holder that beats at the last moment keeps its slot.
 
 mod import;
+mod lease_guard;
 pub mod members;
 mod pause;
 mod report;
+mod share;
 pub mod snapshot;
 pub(in crate::lock) mod waiting;
 #[cfg(test)]
@@ -73,31 +75,6 @@ impl EtcdSemaphore {
     pub fn with_max_per_zone(mut self, max_per_zone: Option<u64>) -> Self {
         self.max_per_zone = max_per_zone;
         self
-    }
-
-    /// With the slots `percent` of the known nodes (`lock.max = "N%"`, [`share`]): a waiter's
-    /// read and `status` then read the group's fleet member records too, in the same
-    /// transaction.
-    ///
-    /// [`share`]: super::arbiter::share
-    pub fn with_max_percent(mut self, percent: Option<u8>) -> Self {
-        self.max_percent = percent;
-        self
-    }
-
-    /// The share of the known nodes in `snap` the slots are, with `lock.max = "N%"`.
-    fn share(&self, snap: &Snapshot) -> Option<super::arbiter::share::Share> {
-        self.max_percent
-            .map(|percent| super::arbiter::share::Share {
-                percent,
-                known: snap.known_nodes(&self.keys),
-                stored_max: snap.doc.max,
-            })
-    }
-
-    /// The number of slots this node goes by in `snap`: the share, or the document's `max`.
-    fn effective_max(&self, snap: &Snapshot) -> u64 {
-        super::arbiter::share::effective_max(self.share(snap).as_ref(), snap.doc.max)
     }
 
     /// Connect to the cluster in `settings` for the semaphore of `group`, with default
