@@ -43,6 +43,16 @@ impl World {
 
     /// A client of the etcd store (v3 or v2), with `max_per_zone` and `lock.max = "N%"`.
     async fn etcd_store(&self, max_per_zone: Option<u64>, percent: Option<u8>) -> Arc<dyn Store> {
+        self.etcd_store_via(max_per_zone, percent, None).await
+    }
+
+    /// [`World::etcd_store`] through `endpoint` when given (a proxy).
+    async fn etcd_store_via(
+        &self,
+        max_per_zone: Option<u64>,
+        percent: Option<u8>,
+        endpoint: Option<String>,
+    ) -> Arc<dyn Store> {
         let fast = (Duration::from_millis(50), Duration::from_millis(500));
         match self.kind {
             Kind::V3(_) => {
@@ -52,7 +62,7 @@ impl World {
                     ..Default::default()
                 };
                 let s = rebootd::lock::etcd_v3::EtcdSemaphore::connect_with(
-                    &self.etcd_settings(config::EtcdApi::V3, None),
+                    &self.etcd_settings(config::EtcdApi::V3, endpoint),
                     "default",
                     None,
                     t,
@@ -68,7 +78,7 @@ impl World {
                     ..Default::default()
                 };
                 let s = rebootd::lock::etcd_v2::EtcdV2Semaphore::connect_with(
-                    &self.etcd_settings(config::EtcdApi::V2, None),
+                    &self.etcd_settings(config::EtcdApi::V2, endpoint),
                     "default",
                     None,
                     t,
@@ -311,7 +321,10 @@ macro_rules! etcd_stores {
     };
 }
 
-etcd_stores!(max_as_a_share_of_the_fleet_records);
+etcd_stores!(
+    max_as_a_share_of_the_fleet_records,
+    a_share_costs_no_request_of_its_own,
+);
 
 /// Node `node-x` wrote its fleet record (idle), as its rebootd does at its first step.
 async fn publish(store: &dyn Store, x: &str) {
@@ -419,4 +432,50 @@ async fn max_as_a_share_of_the_fleet_records(mut w: World) {
     n0.release(&me("0")).await.expect("release 0");
     within("3", fourth).await.expect("task").expect("3 takes");
     assert_eq!(holder_ids(&*admin).await, vec!["m-3"]);
+}
+
+/// What one take and release of a slot by `store`, through `proxy`, cost: bytes from etcd and
+/// (v2) requests etcd received.
+async fn cycle(
+    w: &World,
+    store: &dyn Store,
+    proxy: &rebootd_lab::count_proxy::CountProxy,
+) -> (u64, u64) {
+    let etcd = w.etcd.as_ref().expect("etcd");
+    let (bytes, requests) = (proxy.counts().received, etcd.v2_requests().unwrap_or(0));
+    within("take", store.acquire(&me("c"))).await.expect("take");
+    store.release(&me("c")).await.expect("release");
+    (
+        proxy.counts().received - bytes,
+        etcd.v2_requests().unwrap_or(0) - requests,
+    )
+}
+
+/// etcd, ten nodes' records: a take and release with `lock.max = "20%"` sends no request more
+/// than without. v3 reads the records in the waiter's own read transaction (the bytes show it,
+/// and that they are not read without the setting); v2 has them in the directory it reads anyway.
+async fn a_share_costs_no_request_of_its_own(w: World) {
+    let admin = w.etcd_store(None, None).await;
+    for i in 0..10 {
+        publish(&*admin, &i.to_string()).await;
+    }
+    let proxy = rebootd_lab::count_proxy::CountProxy::start(w.upstream(), None)
+        .await
+        .expect("proxy");
+    let plain = w.etcd_store_via(None, None, Some(proxy.url())).await;
+    let share = w.etcd_store_via(None, Some(20), Some(proxy.url())).await;
+    // The document is created by the first take: every cycle measured after it.
+    cycle(&w, &*plain, &proxy).await;
+    let (off, on) = (
+        cycle(&w, &*plain, &proxy).await,
+        cycle(&w, &*share, &proxy).await,
+    );
+    eprintln!("bytes, requests per cycle: without {off:?}, with lock.max = \"20%\" {on:?}");
+    match w.kind {
+        Kind::V2(_) => assert_eq!(on.1, off.1, "v2 requests: {off:?} {on:?}"),
+        _ => {
+            // Ten records of about 100 bytes each, only with the share.
+            assert!(on.0 >= off.0 + 10 * 80, "v3 bytes: {off:?} {on:?}");
+        }
+    }
 }
