@@ -324,6 +324,7 @@ macro_rules! etcd_stores {
 etcd_stores!(
     max_as_a_share_of_the_fleet_records,
     a_share_costs_no_request_of_its_own,
+    rebootctl_forgets_a_gone_nodes_record,
 );
 
 /// Node `node-x` wrote its fleet record (idle), as its rebootd does at its first step.
@@ -478,4 +479,73 @@ async fn a_share_costs_no_request_of_its_own(w: World) {
             assert!(on.0 >= off.0 + 10 * 80, "v3 bytes: {off:?} {on:?}");
         }
     }
+}
+
+/// `rebootctl --config <this node's lock.max = "20%" on etcd> args`: (exit code, stdout, stderr).
+async fn rebootctl(w: &World, args: &[&str]) -> (i32, String, String) {
+    let etcd = w.etcd.as_ref().expect("etcd");
+    let api = if matches!(w.kind, Kind::V2(_)) {
+        "v2"
+    } else {
+        "v3"
+    };
+    let config = w.dir.path().join("rebootd.toml");
+    let text = format!(
+        "[lock]\nbackend = \"etcd\"\nmax = \"20%\"\n[lock.etcd]\nendpoints = [{:?}]\napi = \"{api}\"\n",
+        etcd.endpoint()
+    );
+    std::fs::write(&config, text).expect("config");
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_rebootctl"))
+        .arg("--config")
+        .arg(&config)
+        .args(args)
+        .env("STATE_DIRECTORY", w.dir.path())
+        .output();
+    let out = within("rebootctl", run).await.expect("run rebootctl");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// etcd: `rebootctl fleet forget` deletes a gone node's record by node name, refuses a holder's
+/// (exit 1, saying why), and `rebootctl status` shows the share before and after.
+async fn rebootctl_forgets_a_gone_nodes_record(w: World) {
+    let admin = w.etcd_store(None, None).await;
+    for i in 0..10 {
+        publish(&*admin, &i.to_string()).await;
+    }
+    let n0 = w.etcd_store(None, Some(20)).await;
+    within("0", n0.acquire(&me("0"))).await.expect("0 takes");
+    let (code, out, err) = rebootctl(&w, &["status"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("1 of 2 slots free (max 2 is 20% of 10 known nodes; the document says 1)"),
+        "{out}"
+    );
+    let (code, out, err) = rebootctl(&w, &["fleet", "forget", "node-0"]).await;
+    assert_eq!(code, 1, "{out}");
+    assert!(err.contains("not forgetting m-0: it holds a slot"), "{err}");
+    for i in 5..10 {
+        let (code, out, err) = rebootctl(&w, &["fleet", "forget", &format!("node-{i}")]).await;
+        assert_eq!(code, 0, "{err}");
+        assert!(
+            out.contains(&format!("forgot the fleet record m-{i} of group default")),
+            "{out}"
+        );
+    }
+    let (code, out, err) = rebootctl(&w, &["status", "--json"]).await;
+    assert_eq!(code, 0, "{err}");
+    let status: serde_json::Value = serde_json::from_str(&out).expect("json");
+    let sem = &status["semaphore"];
+    assert_eq!(
+        (sem["max"].as_u64(), sem["free"].as_i64()),
+        (Some(1), Some(0)),
+        "{sem}"
+    );
+    assert_eq!(
+        sem["share"],
+        serde_json::json!({"percent": 20, "known": 5, "stored_max": 1})
+    );
 }
