@@ -53,6 +53,19 @@ pub fn known_nodes<'a>(
     u64::try_from(ids.len()).unwrap_or(u64::MAX)
 }
 
+/// [`known_nodes`] where the readable member records are a map already: `members` of them,
+/// `is_member` tells one; each of `others` (holders, waiters) counts once when not among them.
+/// No set of the records is built: a waiter pays for its holders and waiters at each change,
+/// not for every record.
+pub fn known_beside<'a>(
+    members: u64,
+    is_member: impl Fn(&str) -> bool,
+    others: impl IntoIterator<Item = &'a str>,
+) -> u64 {
+    let rest: BTreeSet<&str> = others.into_iter().filter(|id| !is_member(id)).collect();
+    members.saturating_add(u64::try_from(rest.len()).unwrap_or(u64::MAX))
+}
+
 /// The number of slots this node goes by: the share when there is one, else `stored_max`.
 pub fn effective_max(share: Option<&Share>, stored_max: u64) -> u64 {
     share.map_or(stored_max, Share::max)
@@ -126,6 +139,13 @@ mod tests {
             let mut rev = m.clone();
             rev.reverse();
             assert_eq!(known_nodes(w.clone(), rev, h.clone()), k, "order");
+            let set: BTreeSet<&str> = m.iter().copied().collect();
+            let beside = known_beside(
+                set.len() as u64,
+                |id| set.contains(id),
+                h.iter().chain(&w).copied(),
+            );
+            assert_eq!(beside, k, "known_beside");
             let more = known_nodes(m.iter().copied().chain(["new"]), h.clone(), w.clone());
             assert!(more >= k && more <= k + 1);
             for p in [1u8, 10, 20, 50, 100] {

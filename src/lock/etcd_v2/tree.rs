@@ -348,11 +348,7 @@ impl Snapshot {
     /// The nodes a share of `max` is of ([`share::known_nodes`]): the readable member records,
     /// the holders of `doc` and the readable queue entries, each id as escaped in the keys.
     pub fn known_nodes(&self, doc: &SemaphoreDoc) -> u64 {
-        let members = self
-            .members
-            .iter()
-            .filter(|(_, e)| e.value.is_some())
-            .map(|(name, _)| name.as_str());
+        let members = self.members.values().filter(|e| e.value.is_some()).count();
         let others: Vec<String> = doc
             .holders
             .iter()
@@ -364,7 +360,11 @@ impl Snapshot {
             )
             .map(document::query_escape)
             .collect();
-        share::known_nodes(members, others.iter().map(String::as_str), [])
+        share::known_beside(
+            u64::try_from(members).unwrap_or(u64::MAX),
+            |id| self.members.get(id).is_some_and(|e| e.value.is_some()),
+            others.iter().map(String::as_str),
+        )
     }
 
     /// Whether the node of the record named `name` holds a slot of `doc` or waits.
@@ -551,6 +551,45 @@ mod tests {
         dir.dir = true;
         assert!(s.apply(&k, &event(Action::Delete, dir)));
         assert_eq!(s.pause, None);
+    }
+
+    /// `lock.max = "N%"` counts readable member records, holders and readable queue entries,
+    /// each id once, and follows the records' events.
+    #[test]
+    fn known_nodes_follow_the_records_read_and_watched() {
+        let k = Keys::new("default");
+        let member = |id: &str, i: u64| {
+            let v = format!(
+                r#"{{"node":"n-{id}","id":"{id}","phase":"idle","since":"2026-11-28T00:00:00Z"}}"#
+            );
+            node(&format!("{}{id}", k.members), &v, i, i)
+        };
+        let doc = r#"{"semaphore":-1,"max":1,"holders":["a","ls"]}"#;
+        let mut nodes = vec![node(&k.doc, doc, 2, 2)];
+        nodes.extend([member("a", 3), member("m1", 4), member("m2", 5)]);
+        nodes.push(node(&format!("{}junk", k.members), "not json", 6, 6));
+        nodes.push(node(&format!("{}/7", k.queue), &waiter("w", "t"), 7, 7));
+        nodes.push(node(&format!("{}/8", k.queue), &waiter("m1", "t"), 8, 8));
+        nodes.push(node(&format!("{}/9", k.queue), "not json", 9, 9));
+        let root = Node {
+            key: k.root.clone(),
+            value: None,
+            dir: true,
+            nodes,
+            created_index: 1,
+            modified_index: 1,
+            ttl: None,
+        };
+        let mut s = Snapshot::from_read(&k, Some(&root), 9);
+        let doc = s.document().unwrap();
+        // a, m1, m2, ls, w.
+        assert_eq!(s.known_nodes(&doc), 5);
+        assert!(s.busy(&doc, "a") && s.busy(&doc, "w") && !s.busy(&doc, "m2"));
+        let m2 = format!("{}m2", k.members);
+        assert!(s.apply(&k, &event(Action::Delete, node(&m2, "", 5, 10))));
+        assert_eq!(s.known_nodes(&doc), 4);
+        assert!(s.apply(&k, &event(Action::Set, member("m3", 11))));
+        assert_eq!(s.known_nodes(&doc), 5);
     }
 
     #[test]
