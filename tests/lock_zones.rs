@@ -347,14 +347,15 @@ async fn forget(
 }
 
 /// etcd, `lock.max = "20%"` (the document says 1): with ten nodes' records, two nodes hold at
-/// once and a third waits; status and the fleet view say why max is 2. A holder's and a
-/// waiter's records are not forgotten; forgetting five gone nodes' records makes it 20% of five,
-/// one: a new waiter waits while one node holds, and takes once it gives its slot back.
+/// once and a third, without a record, waits: eleven known nodes (its record, written then,
+/// counts once with it); status and the fleet view say why max is 2. A holder's and a waiter's
+/// records are not forgotten; forgetting six gone nodes' records makes it 20% of five, one: a
+/// new waiter waits while one node holds, and takes once it gives its slot back.
 async fn max_as_a_share_of_the_fleet_records(mut w: World) {
     use rebootd::fleet::forget::ForgetError;
     use rebootd::lock::arbiter::share::Share;
     let admin = w.etcd_store(None, Some(20)).await;
-    for i in 0..10 {
+    for i in (0..=10).filter(|i| *i != 2) {
         publish(&*admin, &i.to_string()).await;
     }
     let n0 = w.etcd_store(None, Some(20)).await;
@@ -371,10 +372,13 @@ async fn max_as_a_share_of_the_fleet_records(mut w: World) {
     let status = admin.status().await.expect("status");
     let share = Share {
         percent: 20,
-        known: 10,
+        known: 11,
         stored_max: 1,
     };
     assert_eq!((status.max, status.free, status.share), (2, 0, Some(share)));
+    publish(&*admin, "2").await;
+    let status = admin.status().await.expect("status");
+    assert_eq!(status.share.map(|s| s.known), Some(11), "m-2 counts once");
     // Without the share, the document's count: what locksmithd and a node without it go by.
     let plain = w
         .etcd_store(None, None)
@@ -391,7 +395,7 @@ async fn max_as_a_share_of_the_fleet_records(mut w: World) {
     ));
     assert!(
         text.contains(
-            "2 of 2 slots held, 0 free (max 2 is 20% of 10 known nodes; the document says 1)"
+            "2 of 2 slots held, 0 free (max 2 is 20% of 11 known nodes; the document says 1)"
         ),
         "{text}"
     );
@@ -402,7 +406,7 @@ async fn max_as_a_share_of_the_fleet_records(mut w: World) {
             other => panic!("{who}: {other:?}"),
         }
     }
-    for i in 5..10 {
+    for i in 5..=10 {
         let who = if i % 2 == 0 {
             format!("node-{i}")
         } else {

@@ -531,7 +531,9 @@ impl Admin for EtcdSemaphore {
 
     #[tracing::instrument(skip(self), fields(key = %self.keys.doc))]
     async fn status(&self) -> Result<SemaphoreStatus, LockError> {
-        let snap = self.read_with(false, self.max_percent.is_some()).await?;
+        // With a share, the queue too: waiters without a record count as the waiters see them.
+        let counting = self.max_percent.is_some();
+        let snap = self.read_with(counting, counting).await?;
         let mut view = snap.view(&self.keys, None);
         let share = self.share(&snap);
         view.max = self.effective_max(&snap);
