@@ -368,7 +368,7 @@ impl Screen {
         } else if let Some(sem) = &s.semaphore {
             let share = sem
                 .share
-                .map(|s| format!(" (max {} is {})", sem.max, s.describe()))
+                .map(|s| format!(" (max {} is {})", sem.max, s.describe(sem.backend)))
                 .unwrap_or_default();
             self.row(
                 "semaphore",

@@ -255,8 +255,8 @@ async fn a_holder_of_unknown_zone_counts_in_every_zone(mut w: World) {
 }
 
 /// Leases, `lock.max = "20%"` over ten Nodes (the control Lease says 1): two nodes hold at once
-/// and a third waits until one gives its slot back; with `node_selector` matching five of
-/// them, one.
+/// and a third waits until one gives its slot back; `status` and the fleet view show that
+/// share; with `node_selector` matching five of them, one.
 #[tokio::test(flavor = "current_thread")]
 async fn leases_max_as_a_share_of_the_nodes() {
     run(Kind::Lease, |mut w: World| async move {
@@ -269,6 +269,20 @@ async fn leases_max_as_a_share_of_the_nodes() {
         within("1, the second of 20% of ten", n1.acquire(&me("1")))
             .await
             .expect("1 takes");
+        // `rebootctl status` and `fleet` show the share and what it is of.
+        let share = rebootd::lock::arbiter::share::Share {
+            percent: 20,
+            known: 10,
+            stored_max: 1,
+        };
+        let status = n1.status().await.expect("status");
+        assert_eq!((status.max, status.free, status.share), (2, 0, Some(share)));
+        let read = rebootd::lock::Semaphore::fleet(&*n1)
+            .expect("a fleet")
+            .read_fleet()
+            .await
+            .expect("fleet");
+        assert_eq!((read.view.max, read.share), (2, Some(share)));
         let n2 = w.share("2", None).await;
         let mut third = tokio::spawn(async move { n2.acquire(&me("2")).await });
         waits(&mut w.logs, "2").await;

@@ -45,7 +45,7 @@ pub struct FleetRead {
     pub view: View,
     pub records: Vec<RecordRead>,
     pub pause: Option<GroupPause>,
-    /// With `lock.max = "N%"` on etcd: the share `view.max` is.
+    /// With `lock.max = "N%"`: the share `view.max` is.
     pub share: Option<crate::lock::arbiter::share::Share>,
     /// Where the read was in the store's history (revision, index, resourceVersion): a watch
     /// for the next change starts after it.

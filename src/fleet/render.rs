@@ -13,7 +13,7 @@ pub fn render(v: &FleetView) -> String {
     let held = v.nodes.iter().filter(|n| n.role == Role::Holder).count();
     let share = v
         .share
-        .map(|s| format!(" (max {} is {})", v.max, s.describe()))
+        .map(|s| format!(" (max {} is {})", v.max, s.describe(v.backend)))
         .unwrap_or_default();
     let _ = writeln!(
         out,

@@ -34,10 +34,15 @@ impl Share {
         share_of(self.percent, self.known)
     }
 
-    /// In words: `"20% of 10 known nodes; the document says 1"`.
-    pub fn describe(&self) -> String {
+    /// In words, for a share kept on `backend`: `"20% of 10 known nodes; the document says 1"`
+    /// (etcd), `"…; the control Lease says 1"` (Leases).
+    pub fn describe(&self, backend: crate::lock::Backend) -> String {
+        let kept = match backend {
+            crate::lock::Backend::Kubernetes => "the control Lease",
+            _ => "the document",
+        };
         format!(
-            "{}% of {} known nodes; the document says {}",
+            "{}% of {} known nodes; {kept} says {}",
             self.percent, self.known, self.stored_max
         )
     }
