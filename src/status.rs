@@ -366,10 +366,14 @@ impl Screen {
                 ),
             );
         } else if let Some(sem) = &s.semaphore {
+            let share = sem
+                .share
+                .map(|s| format!(" (max {} is {})", sem.max, s.describe(sem.backend)))
+                .unwrap_or_default();
             self.row(
                 "semaphore",
                 format!(
-                    "{} group {:?}: {} of {} slots free",
+                    "{} group {:?}: {} of {} slots free{share}",
                     sem.backend, sem.group, sem.free, sem.max
                 ),
             );
@@ -432,5 +436,33 @@ mod tests {
         assert!(plain.contains("last error:   boom"), "{plain}");
         let coloured = render(&st, now, Style { colour: true });
         assert!(coloured.contains("\x1b[31m"), "{coloured}");
+    }
+
+    #[test]
+    fn a_share_of_the_nodes_says_what_max_is() {
+        let now = Timestamp::from_second(1000).unwrap();
+        let config = crate::config::Config::embedded_default();
+        let dir = tempfile::tempdir().unwrap();
+        let store = StateStore::new(dir.path());
+        let mut st = local(&config, &store, None, Some("b1".into()), now);
+        st.semaphore = Some(crate::lock::SemaphoreStatus {
+            backend: crate::lock::Backend::Etcd,
+            group: "default".into(),
+            max: 3,
+            free: 1,
+            holders: Vec::new(),
+            share: Some(crate::lock::arbiter::share::Share {
+                percent: 10,
+                known: 30,
+                stored_max: 1,
+            }),
+        });
+        let text = render(&st, now, Style { colour: false });
+        assert!(
+            text.contains(
+                "1 of 3 slots free (max 3 is 10% of 30 known nodes; the document says 1)"
+            ),
+            "{text}"
+        );
     }
 }

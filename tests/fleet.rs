@@ -223,6 +223,75 @@ async fn nodes_waiting_for_a_slot_proceed_after_an_etcd_restart() {
     }
 }
 
+/// Wait (at most [`WAIT`]) until `done`, which reads what the node's log file or its state
+/// directory say (neither can be awaited); fail with the node's log.
+async fn until(node: &rebootd_lab::node::Node, what: &str, done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + WAIT;
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}\n{}",
+            node.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A need noted while the node's slot wait is connecting to etcd reaches nothing that waits on
+/// that connection (RELIABILITY.md, finding 20). Restarted while cut off from etcd, the node
+/// waits for a slot, its wait holding the store's first connection; the triggers' needs
+/// (update_engine's status at start, then `rebootctl reboot`) are noted beside it. Were that
+/// step to write the node's fleet record, due again, it would wait on the connection held by a
+/// wait it keeps from running: the request would never be taken, and nothing would move after
+/// the cut.
+#[tokio::test]
+async fn a_need_noted_while_the_slot_wait_connects_does_not_stall_it() {
+    use rebootd_lab::cut_proxy::{CutMode, CutProxy};
+    let (etcd, _) = etcd_lock().await;
+    let upstream = etcd
+        .endpoint()
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let proxy = CutProxy::start(upstream).await.expect("proxy");
+    let config = format!(
+        "[lock]\nbackend = \"etcd\"\n\n[lock.etcd]\nendpoints = [{:?}]\n",
+        proxy.url()
+    );
+    let mut node = node("f20", &config).await;
+    node.wait_ready(WAIT).await.unwrap();
+    let holder = r#"{"semaphore":0,"max":1,"holders":["0123456789abcdef0123456789abcdef"]}"#;
+    etcd.etcdctl_run(&["put", KEY, holder]).unwrap();
+    node.update_engine.set_status(NEED, "1").await.unwrap();
+    node.wait_state("waiting for a slot", WAIT, |s| {
+        s.phase == Phase::AcquiringSlot
+    })
+    .await
+    .unwrap();
+    node.kill_daemon().await;
+    let waiting = "waiting for a reboot slot";
+    let waited = node.log().matches(waiting).count();
+    // As if the record's last write had failed: due again at the next step.
+    let record = node.state_dir().join(rebootd::fleet::publish::FILE);
+    std::fs::remove_file(&record).unwrap();
+    proxy.cut(CutMode::Blackhole);
+    node.start_daemon().unwrap();
+    node.wait_ready(WAIT).await.unwrap();
+    until(&node, "the slot wait after the restart", || {
+        node.log().matches(waiting).count() > waited
+    })
+    .await;
+    let (code, _, err) = rebootctl(&node, &["reboot"]).await;
+    assert_eq!(code, 0, "{err}");
+    let request = node.store().request_path();
+    until(&node, "the request noted", || !request.exists()).await;
+    proxy.restore();
+    let mut reboots = node.logind.subscribe();
+    etcd.etcdctl_run(&["put", KEY, r#"{"semaphore":1,"max":1,"holders":null}"#])
+        .unwrap();
+    next_reboot(&node, &mut reboots, WAIT).await;
+}
+
 #[tokio::test]
 async fn rebootctl_shows_and_steers_the_etcd_semaphore() {
     let v = *versions().last().unwrap();

@@ -59,6 +59,16 @@ fn same_boot(s: &mut State, boot_id: &str) -> String {
     }
 }
 
+/// The reboot happened at `now`: the need, the request and the attempts behind it are done.
+fn need_met(s: &mut State, now: Timestamp) {
+    s.reason = None;
+    s.reboot = None;
+    s.retry_at = None;
+    s.failed_attempts = 0;
+    s.last_error = None;
+    s.last_reboot = Some(now);
+}
+
 /// A start in a new boot (or after a soft reboot; `seen` says how it shows): the host
 /// rebooted. Before the reboot, the cycle ends: through the post-boot checks when a slot or
 /// rebootd's cordon is held or the reboot was ours, else idle.
@@ -70,12 +80,7 @@ fn new_boot(s: &mut State, seen: &str, boot_id: &str, now: Timestamp) -> String 
         // this boot (a trigger that still says so starts a new cycle): the back-out finishes,
         // then idle.
         Phase::Uncordoning | Phase::Releasing if s.reason.is_some() => {
-            s.reason = None;
-            s.reboot = None;
-            s.retry_at = None;
-            s.failed_attempts = 0;
-            s.last_error = None;
-            s.last_reboot = Some(now);
+            need_met(s, now);
             return format!(
                 "new boot {boot_id} while backing out of a reboot ({seen}): the need is met; finishing the back-out, then idle"
             );
@@ -98,12 +103,7 @@ fn new_boot(s: &mut State, seen: &str, boot_id: &str, now: Timestamp) -> String 
             s.phase
         )
     };
-    s.reason = None;
-    s.reboot = None;
-    s.retry_at = None;
-    s.failed_attempts = 0;
-    s.last_error = None;
-    s.last_reboot = Some(now);
+    need_met(s, now);
     if ours {
         s.reboots += 1;
     }

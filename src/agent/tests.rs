@@ -24,6 +24,22 @@ fn needed() -> Event {
     }
 }
 
+/// The start of rebootd in boot `boot_id` (no soft reboot count).
+fn started(boot_id: &str) -> Event {
+    Event::Started {
+        boot_id: boot_id.into(),
+        soft_reboots: None,
+    }
+}
+
+/// A drain that failed on a PodDisruptionBudget, with `drain_failure = "reboot"` or not.
+fn drain_failed(reboot_anyway: bool) -> Event {
+    Event::DrainFailed {
+        error: "pdb".into(),
+        reboot_anyway,
+    }
+}
+
 fn run(s: &State, events: Vec<Event>) -> State {
     let mut s = s.clone();
     for (i, e) in events.into_iter().enumerate() {
@@ -57,13 +73,7 @@ fn full_cycle_without_drain() {
         Action::AwaitReboot { .. }
     ));
     // The next boot.
-    let s = run(
-        &s,
-        vec![Event::Started {
-            boot_id: "boot2".into(),
-            soft_reboots: None,
-        }],
-    );
+    let s = run(&s, vec![started("boot2")]);
     assert_eq!(s.phase, Phase::WaitingForHealthy);
     assert_eq!(s.reason, None);
     assert_eq!(s.reboots, 1);
@@ -87,13 +97,7 @@ fn restart_in_same_boot_is_not_a_reboot_and_asks_again_at_once() {
         ],
     );
     // Crash after the marker was written, maybe before logind was called.
-    let s = run(
-        &s,
-        vec![Event::Started {
-            boot_id: "boot1".into(),
-            soft_reboots: None,
-        }],
-    );
+    let s = run(&s, vec![started("boot1")]);
     assert_eq!(s.phase, Phase::Rebooting);
     assert_eq!(s.last_reboot, None, "not counted as a reboot");
     assert_eq!(s.failed_attempts, 1);
@@ -135,21 +139,12 @@ fn a_pending_reboot_that_lands_after_a_restart_is_ours() {
             Event::SlotAcquired,
             Event::ReadyToReboot(RebootPlan::default()),
             Event::RebootAccepted,
-            Event::Started {
-                boot_id: "boot1".into(),
-                soft_reboots: None,
-            },
+            started("boot1"),
         ],
     );
     assert_eq!(s.reboot, None);
     assert_eq!(next_action(&s, &policy()), Action::PrepareReboot);
-    let s = run(
-        &s,
-        vec![Event::Started {
-            boot_id: "boot2".into(),
-            soft_reboots: None,
-        }],
-    );
+    let s = run(&s, vec![started("boot2")]);
     assert_eq!(s.phase, Phase::WaitingForHealthy);
     assert_eq!(s.reboots, 1, "counted as rebootd's reboot");
     assert_eq!(s.failed_attempts, 0);
@@ -231,13 +226,7 @@ fn block_inhibitors_hold_the_call_until_released_then_everything_is_checked_agai
         "{waiting}"
     );
     // A restart in the same boot keeps waiting for them.
-    let s = run(
-        &s,
-        vec![Event::Started {
-            boot_id: "b".into(),
-            soft_reboots: None,
-        }],
-    );
+    let s = run(&s, vec![started("b")]);
     assert_eq!(s.failed_attempts, 0);
     assert!(matches!(
         next_action(&s, &policy()),
@@ -296,25 +285,10 @@ fn unplanned_reboot_with_slot_goes_through_post_boot_checks() {
         &State::new("b1", t(0)),
         vec![needed(), Event::WindowOpen, Event::SlotAcquired],
     );
-    let s = run(
-        &s,
-        vec![Event::Started {
-            boot_id: "b2".into(),
-            soft_reboots: None,
-        }],
-    );
+    let s = run(&s, vec![started("b2")]);
     assert_eq!(s.phase, Phase::WaitingForHealthy);
     // Without a slot, an unplanned reboot just clears the need.
-    let s = run(
-        &State::new("b1", t(0)),
-        vec![
-            needed(),
-            Event::Started {
-                boot_id: "b2".into(),
-                soft_reboots: None,
-            },
-        ],
-    );
+    let s = run(&State::new("b1", t(0)), vec![needed(), started("b2")]);
     assert_eq!(s.phase, Phase::Idle);
     assert_eq!(s.reason, None);
 }
@@ -331,39 +305,12 @@ fn drain_path_and_abort_uncordons_only_if_we_cordoned() {
     }
     assert_eq!(next_action(&s, &p), Action::RecordCordon);
     let cordoned = step(&s, Event::Cordoned { by_us: true }, t(2), &p).state;
-    let failed = step(
-        &cordoned,
-        Event::DrainFailed {
-            error: "pdb".into(),
-            reboot_anyway: false,
-        },
-        t(3),
-        &p,
-    )
-    .state;
+    let failed = step(&cordoned, drain_failed(false), t(3), &p).state;
     assert_eq!(failed.phase, Phase::Uncordoning);
     let was = step(&s, Event::Cordoned { by_us: false }, t(2), &p).state;
-    let failed = step(
-        &was,
-        Event::DrainFailed {
-            error: "pdb".into(),
-            reboot_anyway: false,
-        },
-        t(3),
-        &p,
-    )
-    .state;
+    let failed = step(&was, drain_failed(false), t(3), &p).state;
     assert_eq!(failed.phase, Phase::Releasing);
-    let anyway = step(
-        &cordoned,
-        Event::DrainFailed {
-            error: "pdb".into(),
-            reboot_anyway: true,
-        },
-        t(3),
-        &p,
-    )
-    .state;
+    let anyway = step(&cordoned, drain_failed(true), t(3), &p).state;
     assert_eq!(anyway.phase, Phase::Rebooting);
 }
 
@@ -505,10 +452,7 @@ fn restarted_with_a_reboot_pending() -> (Policy, State) {
         Event::Drained,
         Event::ReadyToReboot(RebootPlan::default()),
         Event::RebootAccepted,
-        Event::Started {
-            boot_id: "boot1".into(),
-            soft_reboots: None,
-        },
+        started("boot1"),
     ] {
         s = step(&s, e, t(1), &p).state;
     }
@@ -530,16 +474,7 @@ fn a_boot_during_a_back_out_meets_the_need_it_kept() {
     assert_eq!(s.phase, Phase::Uncordoning);
     assert!(s.reason.is_some(), "the back-out keeps the need");
     // logind's shutdown, accepted before, happens now.
-    let s = step(
-        &s,
-        Event::Started {
-            boot_id: "boot2".into(),
-            soft_reboots: None,
-        },
-        t(2),
-        &p,
-    )
-    .state;
+    let s = step(&s, started("boot2"), t(2), &p).state;
     assert_eq!(s.reason, None, "met by the boot");
     assert_eq!(s.last_reboot, Some(t(2)));
     let s = step(&s, Event::Uncordoned, t(3), &p).state;
@@ -594,16 +529,7 @@ fn a_window_closing_after_a_restart_with_a_reboot_pending_keeps_the_slot() {
         "asks again when the window opens"
     );
     // The pending reboot lands: rebootd's own.
-    let s = step(
-        &s,
-        Event::Started {
-            boot_id: "boot2".into(),
-            soft_reboots: None,
-        },
-        t(2),
-        &p,
-    )
-    .state;
+    let s = step(&s, started("boot2"), t(2), &p).state;
     assert_eq!(s.phase, Phase::WaitingForHealthy);
     assert_eq!(s.reboots, 1);
 }
@@ -685,13 +611,7 @@ fn a_paused_node_keeps_its_need_and_takes_no_slot_until_resumed() {
     // A second pause keeps the first one's time; a restart or a reboot keeps the pause.
     let again = step(&s, paused("still"), t(50), &policy()).state;
     assert_eq!(again.paused.as_ref().unwrap().since, p.since);
-    let s = run(
-        &again,
-        vec![Event::Started {
-            boot_id: "b".into(),
-            soft_reboots: None,
-        }],
-    );
+    let s = run(&again, vec![started("b")]);
     assert!(s.paused.is_some());
     assert_eq!(next_action(&s, &policy()), Action::WaitForResume);
     let s = run(&s, vec![Event::Resumed]);
@@ -921,10 +841,7 @@ fn outcome(action: &Action, rng: &mut Rng) -> Option<Event> {
             by_us: rng.pick(2) == 0,
         },
         Action::Drain => match rng.pick(3) {
-            0 => Event::DrainFailed {
-                error: "pdb".into(),
-                reboot_anyway: false,
-            },
+            0 => drain_failed(false),
             _ => Event::Drained,
         },
         Action::CallReboot => match rng.pick(4) {
@@ -1054,13 +971,7 @@ fn a_users_warning_holds_the_reboot_until_its_time() {
         .unwrap()
         .contains("alice on tty1"));
     // Restarted in the same boot: still waiting for the same time.
-    let restarted = run(
-        &warned,
-        vec![Event::Started {
-            boot_id: "b1".into(),
-            soft_reboots: None,
-        }],
-    );
+    let restarted = run(&warned, vec![started("b1")]);
     assert_eq!(
         next_action(&restarted, &p),
         Action::WarnUsers { until: t(300) }
@@ -1074,10 +985,7 @@ fn a_users_warning_holds_the_reboot_until_its_time() {
     // Rebooted: the warning belonged to that reboot.
     let back = run(
         &run(&asked, vec![Event::RebootAccepted]),
-        vec![Event::Started {
-            boot_id: "b2".into(),
-            soft_reboots: None,
-        }],
+        vec![started("b2")],
     );
     assert_eq!(back.users_warned, None);
     // Cancelled during the warning: gone with the reboot.
@@ -1145,10 +1053,7 @@ fn events_of_another_phase_are_refused_and_change_nothing() {
             Event::Resumed,
             Event::Transient { error: "x".into() },
             Event::RetryDue,
-            Event::Started {
-                boot_id: "b".into(),
-                soft_reboots: None,
-            },
+            started("b"),
         ] {
             assert_eq!(admit(s, &event), Ok(()), "{} in {}", event.name(), s.phase);
         }

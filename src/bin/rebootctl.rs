@@ -41,6 +41,8 @@ enum Command {
     /// waiters in queue order, why each node waits (window, gate, inhibitor, pause, queue),
     /// last reboots, paused and cancelled nodes. Needs etcd or Leases (see docs/fleet-view.md).
     Fleet {
+        #[command(subcommand)]
+        action: Option<FleetAction>,
         /// Machine-readable output (stable; fields are only added; see docs/fleet-view.md).
         #[arg(long)]
         json: bool,
@@ -119,6 +121,17 @@ enum Command {
     },
 }
 
+#[derive(Debug, Subcommand)]
+enum FleetAction {
+    /// Delete the fleet record of a node that is gone for good (by machine id or node name),
+    /// so that `lock.max = "N%"` no longer counts it. Refused for a node that holds a slot or
+    /// waits for one. etcd only (see docs/fleet-view.md).
+    Forget {
+        /// The node's machine id (as `rebootctl fleet --json` shows it) or node name.
+        node: String,
+    },
+}
+
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 enum ImportFrom {
     Auto,
@@ -176,6 +189,7 @@ async fn gather(config: &Config, store: &StateStore) -> Result<status::Status, F
             max: 0,
             free: 0,
             holders: Vec::new(),
+            share: None,
         });
         return Ok(report);
     }
@@ -403,7 +417,13 @@ async fn run(args: Args) -> Result<(), Failure> {
             }
             follow(&config, &store, json).await
         }
-        Command::Fleet { json, watch } => rebootd::fleet::cli::run(&config, json, watch)
+        Command::Fleet {
+            action: Some(FleetAction::Forget { node }),
+            ..
+        } => rebootd::fleet::cli::forget(&config, &node)
+            .await
+            .map_err(op),
+        Command::Fleet { json, watch, .. } => rebootd::fleet::cli::run(&config, json, watch)
             .await
             .map_err(op),
         Command::Reboot => {

@@ -1,7 +1,8 @@
 //! `[lock]`'s bounds by the fleet's shape: `max_per_zone` with this node's zone (`zone` on
 //! etcd, the Node's `[lock.kubernetes] zone_label` on Leases), and `max = "N%"`, a share of the
-//! Nodes `[lock.kubernetes] node_selector` matches (Leases only: etcd keeps no list of a
-//! group's nodes).
+//! nodes the store knows: on Leases the Nodes `[lock.kubernetes] node_selector` matches, on
+//! etcd the group's fleet members, holders and waiters (`lock::arbiter::share`). FleetLock and
+//! `none` keep no nodes to count.
 
 use super::{file_of, ConfigError, Limits, LockBackend};
 use serde::Deserialize;
@@ -104,7 +105,7 @@ pub(super) fn validate(
     })
 }
 
-/// `lock.max`: `"N%"` with N in 1..=100, on the kubernetes backend.
+/// `lock.max`: `"N%"` with N in 1..=100, on the kubernetes and etcd backends.
 fn max_percent(
     m: MaxInput,
     backend: &LockBackend,
@@ -134,14 +135,14 @@ fn max_percent(
             "must be a share of the nodes from \"1%\" to \"100%\"".into(),
         ));
     };
-    if !matches!(backend, LockBackend::Kubernetes(_)) {
+    if !matches!(backend, LockBackend::Kubernetes(_) | LockBackend::Etcd(_)) {
         return Err(invalid(
             "lock.max",
             format!("{text:?}"),
             format!(
-                "a share of the nodes needs lock.backend = \"kubernetes\" for now (it counts the \
-                 Nodes lock.kubernetes.node_selector matches; lock.backend = \"{}\" keeps no \
-                 list of the group's nodes); set a number of slots with `rebootctl set-max N`",
+                "a share of the nodes needs lock.backend = \"etcd\" or \"kubernetes\" (they \
+                 count the group's nodes; lock.backend = \"{}\" keeps no list of them); set a \
+                 number of slots with `rebootctl set-max N`, or on the FleetLock server",
                 backend.name()
             ),
         ));
@@ -285,7 +286,7 @@ mod tests {
     }
 
     #[test]
-    fn max_is_a_share_of_the_nodes_on_leases_only() {
+    fn max_is_a_share_of_the_nodes_on_leases_and_etcd_only() {
         let c = load(&format!(
             "{LEASES}max = \"10%\"\n[lock.kubernetes]\nnode_selector = \"pool=web\"\n"
         ))
@@ -302,9 +303,27 @@ mod tests {
             &format!("{LEASES}max = 3\n"),
             &["lock.max", "rebootctl set-max 3"],
         );
+        for api in ["v3", "v2"] {
+            let etcd = ETCD.replacen("]\n", &format!("]\napi = \"{api}\"\n"), 1);
+            let c = load(&format!("{etcd}max = \"10%\"\n")).unwrap();
+            assert_eq!(c.lock.limits.max_percent, Some(10), "{api}");
+            let LockBackend::Etcd(e) = &c.lock.backend else {
+                panic!("{:?}", c.lock.backend)
+            };
+            assert_eq!(format!("{:?}", e.api).to_lowercase(), api);
+        }
         refused(
-            &format!("{ETCD}max = \"10%\"\n"),
-            &["lock.max", "\"10%\"", "kubernetes"],
+            &format!("{ETCD}max = 2\n"),
+            &["lock.max", "rebootctl set-max 2"],
+        );
+        refused(
+            "[lock]\nmax = \"10%\"\n",
+            &["lock.max", "\"10%\"", "etcd", "kubernetes", "\"none\""],
+        );
+        refused(
+            "[lock]\nbackend = \"fleetlock\"\nmax = \"10%\"\n[lock.fleetlock]\n\
+             url = \"https://fl.example.com\"\n",
+            &["lock.max", "\"fleetlock\"", "FleetLock server"],
         );
     }
 }

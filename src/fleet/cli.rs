@@ -1,6 +1,7 @@
 //! `rebootctl fleet [--json] [--watch]`: the fleet view, read from the lock store with the
 //! credentials of `rebootctl status`; `--watch` redraws at each change the store reports (a
-//! watch, not a poll), at most [`REDRAW_EVERY`] apart.
+//! watch, not a poll), at most [`REDRAW_EVERY`] apart. `rebootctl fleet forget <id|node>`
+//! deletes a gone node's record ([`super::forget`]).
 
 use super::view::FleetView;
 use super::FleetStore;
@@ -23,10 +24,12 @@ pub enum FleetError {
     Lock(#[from] LockError),
     #[error("cannot write the output: {0}")]
     Output(String),
+    #[error(transparent)]
+    Forget(#[from] super::forget::ForgetError),
 }
 
-/// Run the command: print the view once, or follow it until interrupted.
-pub async fn run(config: &Config, json: bool, watch: bool) -> Result<(), FleetError> {
+/// The configured store's fleet side, or why there is none.
+async fn open(config: &Config) -> Result<Box<dyn crate::lock::Admin>, FleetError> {
     if let LockBackend::FleetLock(s) = &config.lock.backend {
         return Err(FleetError::Unsupported(format!(
             "{} (the FleetLock server at {} owns the semaphore)",
@@ -35,11 +38,35 @@ pub async fn run(config: &Config, json: bool, watch: bool) -> Result<(), FleetEr
         )));
     }
     let admin = crate::lock::open::open_admin(config).await?;
-    let Some(store) = admin.fleet() else {
+    if admin.fleet().is_none() {
         return Err(FleetError::Unsupported(super::unsupported(
             config.lock.backend.name(),
         )));
-    };
+    }
+    Ok(admin)
+}
+
+/// `rebootctl fleet forget <who>`: delete that node's record; says which.
+pub async fn forget(config: &Config, who: &str) -> Result<(), FleetError> {
+    let admin = open(config).await?;
+    let store = admin
+        .fleet()
+        .ok_or_else(|| FleetError::Unsupported(super::unsupported(config.lock.backend.name())))?;
+    let name = super::forget::forget(store, who).await?;
+    println!(
+        "forgot the fleet record {} of group {}",
+        crate::text::clean(&name),
+        crate::text::clean(&config.identity.group)
+    );
+    Ok(())
+}
+
+/// Run the command: print the view once, or follow it until interrupted.
+pub async fn run(config: &Config, json: bool, watch: bool) -> Result<(), FleetError> {
+    let admin = open(config).await?;
+    let store = admin
+        .fleet()
+        .ok_or_else(|| FleetError::Unsupported(super::unsupported(config.lock.backend.name())))?;
     if !watch {
         let read = store.read_fleet().await?;
         return print(&FleetView::of(&read, jiff::Timestamp::now()), json, false);

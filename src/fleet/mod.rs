@@ -15,6 +15,7 @@
 //! does not parse is shown as unreadable, and its node never writes over it.
 
 pub mod cli;
+pub mod forget;
 pub mod publish;
 pub mod record;
 pub mod render;
@@ -44,6 +45,8 @@ pub struct FleetRead {
     pub view: View,
     pub records: Vec<RecordRead>,
     pub pause: Option<GroupPause>,
+    /// With `lock.max = "N%"`: the share `view.max` is.
+    pub share: Option<crate::lock::arbiter::share::Share>,
     /// Where the read was in the store's history (revision, index, resourceVersion): a watch
     /// for the next change starts after it.
     pub at: String,
@@ -68,6 +71,18 @@ pub trait FleetStore: Send + Sync {
 
     /// Return at the first change of the group's keys after `read` (a store event, not a poll).
     async fn fleet_changed(&self, read: &FleetRead) -> Result<(), LockError>;
+
+    /// Delete the record named `name` ([`RecordRead::name`]) if the group is as `read` showed
+    /// it: the record unchanged, and its node neither holding a slot nor waiting for one since
+    /// ([`forget::resolve`] checked `read`). `Ok(false)`: something changed; read again.
+    async fn forget_record(&self, name: &str, read: &FleetRead) -> Result<bool, LockError> {
+        let _ = (name, read);
+        Err(LockError::Refused(
+            "this store's node records are not forgotten by rebootctl (on Leases, delete the \
+             node's member Lease)"
+                .into(),
+        ))
+    }
 }
 
 /// Why a backend keeps no fleet view.

@@ -11,9 +11,13 @@ pub fn render(v: &FleetView) -> String {
     let now = v.read_at;
     let mut out = String::new();
     let held = v.nodes.iter().filter(|n| n.role == Role::Holder).count();
+    let share = v
+        .share
+        .map(|s| format!(" (max {} is {})", v.max, s.describe(v.backend)))
+        .unwrap_or_default();
     let _ = writeln!(
         out,
-        "group {} ({}): {held} of {} slots held, {} free",
+        "group {} ({}): {held} of {} slots held, {} free{share}",
         v.group, v.backend, v.max, v.free
     );
     if let Some(p) = &v.group_paused {

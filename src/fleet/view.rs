@@ -67,6 +67,9 @@ pub struct FleetView {
     pub group: String,
     pub max: u64,
     pub free: i64,
+    /// With `lock.max = "N%"` on etcd: `max` is this share of the known nodes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub share: Option<crate::lock::arbiter::share::Share>,
     pub group_paused: Option<GroupPause>,
     /// Holders (in the store's order), then waiters in queue order, then the other nodes by
     /// name.
@@ -137,6 +140,7 @@ impl FleetView {
             group: read.group.clone(),
             max: read.view.max,
             free: read.view.free(),
+            share: read.share,
             group_paused: read.pause.clone(),
             nodes,
             read_at: now,
@@ -293,6 +297,7 @@ mod tests {
             },
             records,
             pause: None,
+            share: None,
             at: "9".into(),
         }
     }

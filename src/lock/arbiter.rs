@@ -326,4 +326,5 @@ mod tests;
 #[cfg(test)]
 mod zone_tests;
 
+pub mod share;
 pub mod zones;

@@ -272,9 +272,17 @@ impl SemaphoreDoc {
     /// Take a slot for `id`. Returns `Ok(false)` when `id` holds one already (nothing changed),
     /// `Ok(true)` when it took one, [`DocError::NoFreeSlot`] when none is free.
     pub fn lock(&mut self, id: &str) -> Result<bool, DocError> {
+        self.lock_within(id, self.max)
+    }
+
+    /// [`Self::lock`] with `max` slots in place of the document's (`lock.max = "N%"`, see
+    /// [`super::arbiter::share`]): taking one past the document's `max` leaves `semaphore`
+    /// negative, as a forced `set-max` below the holders does, so locksmith takes none then.
+    pub fn lock_within(&mut self, id: &str, max: u64) -> Result<bool, DocError> {
+        let held = u64::try_from(self.holders.len()).unwrap_or(u64::MAX);
         match self.holders.binary_search_by(|h| h.as_str().cmp(id)) {
             Ok(_) => Ok(false),
-            Err(_) if self.semaphore <= 0 => Err(DocError::NoFreeSlot {
+            Err(_) if held >= max => Err(DocError::NoFreeSlot {
                 free: self.semaphore,
                 max: self.max,
                 holders: self.holders.clone(),

@@ -28,6 +28,7 @@ pub struct EtcdStore {
     group: String,
     max_hold: Option<Duration>,
     max_per_zone: Option<u64>,
+    max_percent: Option<u8>,
     v2: OnceCell<EtcdV2Semaphore>,
     v3: OnceCell<EtcdSemaphore>,
     moved: AtomicBool,
@@ -40,6 +41,7 @@ impl EtcdStore {
             group: group.to_owned(),
             max_hold,
             max_per_zone: None,
+            max_percent: None,
             v2: OnceCell::new(),
             v3: OnceCell::new(),
             moved: AtomicBool::new(settings.api == EtcdApi::V3),
@@ -49,6 +51,12 @@ impl EtcdStore {
     /// With at most `max_per_zone` holders in one zone, on either store.
     pub fn with_max_per_zone(mut self, max_per_zone: Option<u64>) -> Self {
         self.max_per_zone = max_per_zone;
+        self
+    }
+
+    /// With the slots `percent` of the known nodes (`lock.max = "N%"`), on either store.
+    pub fn with_max_percent(mut self, percent: Option<u8>) -> Self {
+        self.max_percent = percent;
         self
     }
 
@@ -62,7 +70,10 @@ impl EtcdStore {
             .get_or_try_init(|| async {
                 EtcdV2Semaphore::connect(&self.settings, &self.group, self.max_hold)
                     .await
-                    .map(|s| s.with_max_per_zone(self.max_per_zone))
+                    .map(|s| {
+                        s.with_max_per_zone(self.max_per_zone)
+                            .with_max_percent(self.max_percent)
+                    })
             })
             .await
     }
@@ -76,7 +87,10 @@ impl EtcdStore {
                 };
                 EtcdSemaphore::connect(&settings, &self.group, self.max_hold)
                     .await
-                    .map(|s| s.with_max_per_zone(self.max_per_zone))
+                    .map(|s| {
+                        s.with_max_per_zone(self.max_per_zone)
+                            .with_max_percent(self.max_percent)
+                    })
             })
             .await
     }
@@ -167,6 +181,14 @@ impl crate::fleet::FleetStore for EtcdStore {
 
     async fn fleet_changed(&self, read: &crate::fleet::FleetRead) -> Result<(), LockError> {
         follow!(self, s => s.fleet_changed(read).await)
+    }
+
+    async fn forget_record(
+        &self,
+        name: &str,
+        read: &crate::fleet::FleetRead,
+    ) -> Result<bool, LockError> {
+        follow!(self, s => s.forget_record(name, read).await)
     }
 }
 

@@ -137,6 +137,10 @@ pub struct SemaphoreStatus {
     /// Free slots; negative when someone lowered `max` below the number of holders.
     pub free: i64,
     pub holders: Vec<Holder>,
+    /// With `lock.max = "N%"`: the share `max` is (`max` is then the share, not the count the
+    /// store keeps).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<arbiter::share::Share>,
 }
 
 /// Errors of every lock backend. Each names what it was talking to. What a store or server

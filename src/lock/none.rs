@@ -76,6 +76,7 @@ impl Admin for NoLock {
             max: 0,
             free: 0,
             holders: Vec::new(),
+            share: None,
         })
     }
 

@@ -71,7 +71,8 @@ pub fn fleetlock_has_no_admin(url: &str) -> LockError {
 fn etcd(settings: &config::Etcd, config: &Config) -> Box<EtcdStore> {
     Box::new(
         EtcdStore::new(settings, &config.identity.group, config.lock.max_hold)
-            .with_max_per_zone(config.lock.limits.max_per_zone),
+            .with_max_per_zone(config.lock.limits.max_per_zone)
+            .with_max_percent(config.lock.limits.max_percent),
     )
 }
 

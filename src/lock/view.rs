@@ -134,6 +134,7 @@ impl View {
             max: self.max,
             free: self.free(),
             holders,
+            share: None,
         }
     }
 

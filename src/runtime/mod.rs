@@ -32,6 +32,7 @@ use crate::state::{Phase, State, StateError, StateStore};
 use crate::trigger::{self, Need, TriggerSource};
 use duty::{duty, interruptible};
 use jiff::Timestamp;
+use observers::Reach;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tracing::{debug, info, info_span, warn, Instrument};
@@ -94,6 +95,16 @@ pub struct Runtime {
     scale_down_asked: std::sync::atomic::AtomicBool,
     /// This node's fleet record, written when what it shows changes ([`crate::fleet`]).
     fleet: crate::fleet::publish::Publisher,
+}
+
+/// How the wait on an action ended.
+enum Outcome {
+    /// The action's outcome.
+    Event(Event),
+    /// A need that starts a cycle, to be applied now the idle wait is over.
+    Need(Need),
+    /// Decide again (an operator's request came, or a noted need changed the phase).
+    Again,
 }
 
 /// The one-line status systemd shows: the phase and what it waits for.
@@ -198,36 +209,49 @@ impl Runtime {
             // no longer polled is not: it may hold what the next store call needs (the etcd
             // stores connect on first use, under a lock), and the step that makes that call
             // would wait on it for ever (RELIABILITY.md, finding 8).
-            let event = {
+            let outcome = {
                 let perform = self.perform(&action, &decided).instrument(span);
                 tokio::pin!(perform);
                 let heartbeat = self.heartbeat(state.slot_held, &last_beat);
                 tokio::pin!(heartbeat);
                 loop {
                     tokio::select! {
-                        event = watchdog.run(duty(&action), &mut perform) => break Some(event),
+                        event = watchdog.run(duty(&action), &mut perform) => break Outcome::Event(event),
                         never = &mut heartbeat => match never {},
                         // A wait gives way to an operator request (the loop applies it, then
                         // decides again); a call finishes first.
-                        _ = inbox.arrived(), if interruptible(&action) => break None,
-                        // A trigger is seen in every phase: idle, it starts a cycle; otherwise it is
-                        // noted and this cycle's reboot covers it (the action goes on undisturbed).
+                        _ = inbox.arrived(), if interruptible(&action) => break Outcome::Again,
+                        // A trigger is seen in every phase. Idle, it starts a cycle: the idle
+                        // wait ends and the need is applied after it. Otherwise it is noted
+                        // beside the action, which goes on undisturbed, and this cycle's reboot
+                        // covers it; that step reaches nothing that could wait on what the
+                        // action holds (`observers::Reach::Local`).
                         Some(need) = needs.recv() => {
+                            if state.phase == Phase::Idle {
+                                break Outcome::Need(need);
+                            }
                             let before = state.phase;
-                            match self.note(state.clone(), need, &mut last_noted).await {
+                            match self.note(state.clone(), need, &mut last_noted, Reach::Local).await {
                                 Ok(next) => state = next,
                                 Err(e) => break 'run Err(e),
                             }
                             if state.phase != before {
-                                break None;
+                                break Outcome::Again;
                             }
                         }
                         _ = &mut shutdown => break 'run Ok(()),
                     }
                 }
             };
-            let Some(event) = event else { continue };
-            match self.apply(state.clone(), event).await {
+            let next = match outcome {
+                Outcome::Event(event) => self.apply(state.clone(), event).await,
+                Outcome::Need(need) => {
+                    self.note(state.clone(), need, &mut last_noted, Reach::Everything)
+                        .await
+                }
+                Outcome::Again => continue,
+            };
+            match next {
                 Ok(next) => state = next,
                 Err(e) => break Err(e),
             }
@@ -276,10 +300,13 @@ impl Runtime {
         state: State,
         need: Need,
         last_noted: &mut Option<String>,
+        reach: Reach,
     ) -> Result<State, RuntimeError> {
         let said = need.to_string();
         let (phase, source) = (state.phase, need.source);
-        let next = self.apply(state, Event::RebootNeeded { need }).await?;
+        let next = self
+            .apply_reaching(state, Event::RebootNeeded { need }, reach)
+            .await?;
         if phase != Phase::Idle {
             // A sentinel command says so at every run: once in the log is enough.
             if last_noted.as_deref() != Some(said.as_str()) {

@@ -8,6 +8,12 @@
 //! that no longer holds, systemd's status line, Flatcar's coordinator file and the metrics;
 //! last, the node's fleet record, written only when what it shows changed
 //! ([`crate::fleet::publish`]).
+//!
+//! A step taken while an action is under way ([`Reach::Local`]: a need noted mid-action) calls
+//! nothing outside the host: the action's future is alive but not polled then, and may hold
+//! what a store call would wait on (the etcd stores connect on first use, under a lock), so a
+//! call from that step could wait for ever (RELIABILITY.md, finding 20). Such a step changes only
+//! the need on record; the observers that call out see it at the next step.
 
 use super::{status_line, Runtime, RuntimeError};
 use crate::agent::{self, Action, Event};
@@ -17,9 +23,29 @@ use crate::state::{Phase, State};
 use jiff::Timestamp;
 use tracing::{debug, info, warn};
 
+/// How far the observers of a step reach.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reach {
+    /// Everything: the host, the store, the API server, logind.
+    Everything,
+    /// The state file, the log, the metrics, systemd's status line, the coordinator file and
+    /// the webhook's queue; no call that can wait.
+    Local,
+}
+
 impl Runtime {
     /// Step, log, persist, publish.
     pub(super) async fn apply(&self, state: State, event: Event) -> Result<State, RuntimeError> {
+        self.apply_reaching(state, event, Reach::Everything).await
+    }
+
+    /// [`Runtime::apply`], with observers that reach as far as `reach` says.
+    pub(super) async fn apply_reaching(
+        &self,
+        state: State,
+        event: Event,
+        reach: Reach,
+    ) -> Result<State, RuntimeError> {
         debug!(?event, "event");
         // A proof (a report that wrote, or the take) outlives only the quick steps between it
         // and the action it serves (the slot taken, the checks before the reboot passed, the
@@ -54,7 +80,14 @@ impl Runtime {
             // state file sees it too); they see every step again below.
             self.metrics.observe(&next, Timestamp::now());
             self.store.save(&next)?;
-            self.on_change(&state, &next, failed).await;
+            match reach {
+                Reach::Everything => self.on_change(&state, &next, failed).await,
+                Reach::Local => self.send_notices(&state, &next),
+            }
+        }
+        if reach == Reach::Local {
+            self.on_step_locally(&next);
+            return Ok(next);
         }
         let next = self.scale_down_courtesy(next).await?;
         self.on_step(&state, &next).await;
@@ -77,6 +110,11 @@ impl Runtime {
     /// The observers of every step, changed or not, in order.
     async fn on_step(&self, before: &State, after: &State) {
         self.withdraw_users_warning(before, after).await;
+        self.on_step_locally(after);
+    }
+
+    /// The observers of every step that stay on the host and cannot wait.
+    fn on_step_locally(&self, after: &State) {
         notify::status(&status_line(after));
         if let Some(c) = &self.coordinator {
             c.update(after);

@@ -106,14 +106,40 @@ impl FleetStore for EtcdV2Semaphore {
                 })
             })
             .collect();
+        let mut view = snap.view(&self.keys, &doc, None);
+        view.max = self.effective_max(&snap, &doc);
         Ok(FleetRead {
             backend: BACKEND,
             group: self.keys.group.clone(),
-            view: snap.view(&self.keys, &doc, None),
+            view,
             records,
             pause: snap.pause.clone(),
+            share: self.share(&snap, &doc),
             at: index.to_string(),
         })
+    }
+
+    /// v2 has no transaction over two keys: the record is deleted by its index, after a read
+    /// that shows its node neither holding nor waiting.
+    async fn forget_record(&self, name: &str, _read: &FleetRead) -> Result<bool, LockError> {
+        let snap = self.read(true).await?;
+        let doc = self.document(&snap)?;
+        if snap.busy(&doc, name) {
+            return Ok(false);
+        }
+        let Some(entry) = snap.members.get(name) else {
+            return Ok(true);
+        };
+        let key = format!("{}{name}", self.node_records());
+        match self.client.delete(&key, Some(entry.modified)).await {
+            Ok(_) => {
+                tracing::info!(%key, "forgot a node's fleet record");
+                Ok(true)
+            }
+            Err(e) if e.is_key_not_found() => Ok(true),
+            Err(e) if e.is_compare_failed() => Ok(false),
+            Err(e) => Err(lock_error(e)),
+        }
     }
 
     async fn fleet_changed(&self, read: &FleetRead) -> Result<(), LockError> {

@@ -16,6 +16,7 @@
 mod connect;
 mod members;
 mod pause;
+mod share;
 pub mod tree;
 pub(in crate::lock) mod waiting;
 
@@ -71,6 +72,8 @@ pub struct EtcdV2Semaphore {
     max_hold: Option<Duration>,
     /// `lock.max_per_zone`: at most this many holders in one zone.
     max_per_zone: Option<u64>,
+    /// `lock.max = "N%"`: the slots are this share of the known nodes ([`Self::share`]).
+    max_percent: Option<u8>,
     timeouts: Timeouts,
     /// The group as the last phase report read it, for the release right after it.
     recent: Recent<Snapshot>,
@@ -125,6 +128,7 @@ impl EtcdV2Semaphore {
             keys: Keys::new(group),
             max_hold,
             max_per_zone: None,
+            max_percent: None,
             timeouts,
             recent: Recent::default(),
             before_report: Recent::default(),
@@ -550,9 +554,11 @@ impl Admin for EtcdV2Semaphore {
     async fn status(&self) -> Result<SemaphoreStatus, LockError> {
         let snap = self.read(false).await?;
         let doc = self.document(&snap)?;
-        Ok(snap
-            .view(&self.keys, &doc, None)
-            .status(BACKEND, &self.keys.group))
+        let mut view = snap.view(&self.keys, &doc, None);
+        view.max = self.effective_max(&snap, &doc);
+        let mut status = view.status(BACKEND, &self.keys.group);
+        status.share = self.share(&snap, &doc);
+        Ok(status)
     }
 
     #[tracing::instrument(skip(self), fields(key = %self.keys.doc))]

@@ -26,6 +26,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::super::arbiter::share;
 use super::super::document::{self, HolderRecord, SemaphoreDoc};
 use super::super::pause::{self, GroupPause};
 use super::super::view::{Beat, HolderView, Me, Ticket, View, WaiterView};
@@ -76,6 +77,8 @@ pub struct Keys {
     pub queue: String,
     /// The group's pause (under `root`).
     pub pause: String,
+    /// The group's fleet member records (ends with `/`, under `root`).
+    pub members: String,
     /// Keys under `root` that belong to other groups (the default group's directory holds them).
     skip: Option<String>,
 }
@@ -93,6 +96,7 @@ impl Keys {
             records: abs(document::holder_records_prefix(group)),
             queue,
             pause: abs(pause::etcd_key(group)),
+            members: abs(super::super::etcd_v3::members::prefix(group)),
             skip: document::is_default_group(group).then(|| format!("{root}/groups/")),
             doc,
             root,
@@ -106,6 +110,12 @@ impl Keys {
     fn in_queue(&self, key: &str) -> bool {
         key.strip_prefix(&self.queue)
             .is_some_and(|rest| rest.starts_with('/'))
+    }
+
+    /// The name of the member record at `key` (the id as escaped), if it is one.
+    pub fn member<'k>(&self, key: &'k str) -> Option<&'k str> {
+        key.strip_prefix(&self.members)
+            .filter(|name| !name.is_empty() && !name.contains('/'))
     }
 
     fn ours(&self, key: &str) -> bool {
@@ -191,6 +201,9 @@ pub struct Snapshot {
     pub queue: BTreeMap<String, Entry<QueueRecord>>,
     /// The group's pause, if set.
     pub pause: Option<GroupPause>,
+    /// The fleet member records by name (the id as escaped in the key); the value is `Some`
+    /// when it parses (what `lock.max = "N%"` counts, [`Snapshot::known_nodes`]).
+    pub members: BTreeMap<String, Entry<()>>,
 }
 
 impl Snapshot {
@@ -203,6 +216,7 @@ impl Snapshot {
             records: BTreeMap::new(),
             queue: BTreeMap::new(),
             pause: None,
+            members: BTreeMap::new(),
         };
         if let Some(root) = root {
             for node in root.leaves() {
@@ -230,10 +244,15 @@ impl Snapshot {
                 }
                 self.records.retain(|k, _| !k.starts_with(&dir));
                 self.queue.retain(|k, _| !k.starts_with(&dir));
+                if keys.members.starts_with(&dir) {
+                    self.members.clear();
+                }
             } else if key == keys.doc {
                 self.doc = DocState::Absent;
             } else if key == keys.pause {
                 self.pause = None;
+            } else if let Some(name) = keys.member(key) {
+                self.members.remove(name);
             } else {
                 self.records.remove(key);
                 self.queue.remove(key);
@@ -265,6 +284,15 @@ impl Snapshot {
                     modified: node.modified_index,
                 },
             );
+        } else if let Some(name) = keys.member(key) {
+            let entry = Entry {
+                value: crate::fleet::NodeRecord::parse(value.as_bytes())
+                    .ok()
+                    .map(|_| ()),
+                created: node.created_index,
+                modified: node.modified_index,
+            };
+            self.members.insert(name.to_owned(), entry);
         } else if keys.in_queue(key) {
             self.queue.insert(
                 key.to_owned(),
@@ -315,6 +343,41 @@ impl Snapshot {
             })
             .map(|(k, e)| (k.clone(), e.modified))
             .collect()
+    }
+
+    /// The nodes a share of `max` is of ([`share::known_nodes`]): the readable member records,
+    /// the holders of `doc` and the readable queue entries, each id as escaped in the keys.
+    pub fn known_nodes(&self, doc: &SemaphoreDoc) -> u64 {
+        let members = self.members.values().filter(|e| e.value.is_some()).count();
+        let others: Vec<String> = doc
+            .holders
+            .iter()
+            .map(String::as_str)
+            .chain(
+                self.queue
+                    .values()
+                    .filter_map(|e| Some(e.value.as_ref()?.id.as_str())),
+            )
+            .map(document::query_escape)
+            .collect();
+        share::known_beside(
+            u64::try_from(members).unwrap_or(u64::MAX),
+            |id| self.members.get(id).is_some_and(|e| e.value.is_some()),
+            others.iter().map(String::as_str),
+        )
+    }
+
+    /// Whether the node of the record named `name` holds a slot of `doc` or waits.
+    pub fn busy(&self, doc: &SemaphoreDoc, name: &str) -> bool {
+        doc.holders
+            .iter()
+            .map(String::as_str)
+            .chain(
+                self.queue
+                    .values()
+                    .filter_map(|e| Some(e.value.as_ref()?.id.as_str())),
+            )
+            .any(|id| id == name || document::query_escape(id) == name)
     }
 
     /// The store-neutral view for the arbiter (the document must be locksmith's: the caller
@@ -488,6 +551,45 @@ mod tests {
         dir.dir = true;
         assert!(s.apply(&k, &event(Action::Delete, dir)));
         assert_eq!(s.pause, None);
+    }
+
+    /// `lock.max = "N%"` counts readable member records, holders and readable queue entries,
+    /// each id once, and follows the records' events.
+    #[test]
+    fn known_nodes_follow_the_records_read_and_watched() {
+        let k = Keys::new("default");
+        let member = |id: &str, i: u64| {
+            let v = format!(
+                r#"{{"node":"n-{id}","id":"{id}","phase":"idle","since":"2026-11-28T00:00:00Z"}}"#
+            );
+            node(&format!("{}{id}", k.members), &v, i, i)
+        };
+        let doc = r#"{"semaphore":-1,"max":1,"holders":["a","ls"]}"#;
+        let mut nodes = vec![node(&k.doc, doc, 2, 2)];
+        nodes.extend([member("a", 3), member("m1", 4), member("m2", 5)]);
+        nodes.push(node(&format!("{}junk", k.members), "not json", 6, 6));
+        nodes.push(node(&format!("{}/7", k.queue), &waiter("w", "t"), 7, 7));
+        nodes.push(node(&format!("{}/8", k.queue), &waiter("m1", "t"), 8, 8));
+        nodes.push(node(&format!("{}/9", k.queue), "not json", 9, 9));
+        let root = Node {
+            key: k.root.clone(),
+            value: None,
+            dir: true,
+            nodes,
+            created_index: 1,
+            modified_index: 1,
+            ttl: None,
+        };
+        let mut s = Snapshot::from_read(&k, Some(&root), 9);
+        let doc = s.document().unwrap();
+        // a, m1, m2, ls, w.
+        assert_eq!(s.known_nodes(&doc), 5);
+        assert!(s.busy(&doc, "a") && s.busy(&doc, "w") && !s.busy(&doc, "m2"));
+        let m2 = format!("{}m2", k.members);
+        assert!(s.apply(&k, &event(Action::Delete, node(&m2, "", 5, 10))));
+        assert_eq!(s.known_nodes(&doc), 4);
+        assert!(s.apply(&k, &event(Action::Set, member("m3", 11))));
+        assert_eq!(s.known_nodes(&doc), 5);
     }
 
     #[test]

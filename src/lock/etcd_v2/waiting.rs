@@ -246,6 +246,9 @@ impl Waiting for V2Waiting<'_> {
             self.stream = Some(stream.map_err(lock_error)?);
         }
         let snap = self.store.read(false).await?;
+        if let Some(doc) = snap.document() {
+            self.store.note_share(&snap, &doc);
+        }
         self.contact.answered(Instant::now());
         self.next_index = None;
         self.lost.clear();
@@ -264,6 +267,7 @@ impl Waiting for V2Waiting<'_> {
         let snap = self.snap()?;
         let doc = self.store.document(snap)?;
         let mut view = snap.view(&self.store.keys, &doc, Some(&self.me.as_me()));
+        view.max = self.store.effective_max(snap, &doc);
         view.my_zone = self.me.zone.clone();
         Ok(view)
     }
@@ -271,7 +275,8 @@ impl Waiting for V2Waiting<'_> {
     async fn take(&mut self, _rank: usize) -> Result<bool, LockError> {
         let snap = self.snap()?.clone();
         let mut doc = self.store.document(&snap)?;
-        if doc.lock(&self.me.id).is_err() {
+        let max = self.store.effective_max(&snap, &doc);
+        if doc.lock_within(&self.me.id, max).is_err() {
             return Ok(false);
         }
         // My record, claimed when my slot was taken back, left by a reclaim that died before
@@ -307,8 +312,9 @@ impl Waiting for V2Waiting<'_> {
     async fn reclaim(&mut self, holder: &str, take_over: bool) -> Result<bool, LockError> {
         let snap = self.snap()?.clone();
         let mut doc = self.store.document(&snap)?;
+        let max = self.store.effective_max(&snap, &doc);
         doc.unlock(holder);
-        if take_over && doc.lock(&self.me.id).is_err() {
+        if take_over && doc.lock_within(&self.me.id, max).is_err() {
             return Ok(false);
         }
         // The holder's record first (its write and this claim exclude each other), then the
@@ -388,6 +394,10 @@ impl Waiting for V2Waiting<'_> {
                     let ours = self.snap.as_mut().is_some_and(|s| {
                         event.node.modified_index > s.index && s.apply(keys, &event)
                     });
+                    // A node record decides something only when it counts for max.
+                    let ours = ours
+                        && (self.store.max_percent.is_some()
+                            || keys.member(&event.node.key).is_none());
                     if ours && self.lost.decides(&event.node.key) && !self.far_back() {
                         return Ok(Wake::Changed);
                     }
@@ -444,7 +454,8 @@ impl V2Waiting<'_> {
             return false;
         }
         let ahead = snap.queue.range::<String, _>(..mine).count();
-        acquire::far_back(doc.max, ahead, doc.holders.len())
+        let max = self.store.effective_max(snap, &doc);
+        acquire::far_back(max, ahead, doc.holders.len())
     }
 
     /// The streaming watch the wait goes on with: the one kept, or a new one from the index

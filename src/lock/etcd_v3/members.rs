@@ -7,7 +7,7 @@
 //! and the records) and followed by one watch from the records to the document.
 
 use async_trait::async_trait;
-use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse, WatchOptions};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse, WatchOptions};
 
 use super::super::document::{holder_records_prefix, query_escape};
 use super::super::{Identity, LockError};
@@ -92,13 +92,10 @@ impl FleetStore for EtcdSemaphore {
     #[tracing::instrument(level = "debug", skip_all)]
     async fn read_fleet(&self) -> Result<FleetRead, LockError> {
         let prefix = prefix(&self.keys.group);
-        let mut gets = self.read_ops(true);
-        gets.push(TxnOp::get(
-            prefix.clone(),
-            Some(GetOptions::new().with_prefix()),
-        ));
+        let gets = self.read_ops(true, true);
+        let expected = gets.len();
         let resp = self.txn(Txn::new().and_then(gets)).await?;
-        let snap = self.snapshot_of(&resp, 5)?;
+        let snap = self.snapshot_of(&resp, expected)?;
         let mut records = Vec::new();
         for op in resp.op_responses() {
             let TxnOpResponse::Get(get) = op else {
@@ -113,14 +110,38 @@ impl FleetStore for EtcdSemaphore {
                 }
             }
         }
+        let mut view = snap.view(&self.keys, None);
+        view.max = self.effective_max(&snap);
         Ok(FleetRead {
             backend: BACKEND,
             group: self.keys.group.clone(),
-            view: snap.view(&self.keys, None),
+            view,
             records,
             pause: snap.pause.clone(),
+            share: self.share(&snap),
             at: snap.revision.to_string(),
         })
+    }
+
+    /// One transaction: the record, the document (so the holders) unchanged since `read`, and
+    /// no queue entry of that id.
+    async fn forget_record(&self, name: &str, read: &FleetRead) -> Result<bool, LockError> {
+        let at = read.at.parse::<i64>().unwrap_or(0);
+        let key = format!("{}{name}", prefix(&self.keys.group));
+        let queue_key = format!("{}{name}", self.keys.queue);
+        let compares = vec![
+            Compare::mod_revision(key.clone(), CompareOp::Less, at + 1),
+            Compare::mod_revision(self.keys.doc.clone(), CompareOp::Less, at + 1),
+            Compare::create_revision(queue_key, CompareOp::Equal, 0),
+        ];
+        let done = self
+            .commit_when(compares, vec![TxnOp::delete(key.clone(), None)])
+            .await?
+            .is_some();
+        if done {
+            tracing::info!(%key, "forgot a node's fleet record");
+        }
+        Ok(done)
     }
 
     async fn fleet_changed(&self, read: &FleetRead) -> Result<(), LockError> {

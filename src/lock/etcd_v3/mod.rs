@@ -11,9 +11,11 @@
 //! revision too, so a holder that beats at the last moment keeps its slot.
 
 mod import;
+mod lease_guard;
 pub mod members;
 mod pause;
 mod report;
+mod share;
 pub mod snapshot;
 pub(in crate::lock) mod waiting;
 #[cfg(test)]
@@ -47,6 +49,8 @@ pub struct EtcdSemaphore {
     max_hold: Option<Duration>,
     /// `lock.max_per_zone`: at most this many holders in one zone.
     max_per_zone: Option<u64>,
+    /// `lock.max = "N%"`: the slots are this share of the known nodes ([`Self::share`]).
+    max_percent: Option<u8>,
     timeouts: Timeouts,
     /// My record as this process last wrote it (see [`report`]).
     written: report::Written,
@@ -120,6 +124,7 @@ impl EtcdSemaphore {
             target,
             max_hold,
             max_per_zone: None,
+            max_percent: None,
             timeouts,
             written: report::Written::default(),
             last_pause: super::pause::LastRead::default(),
@@ -235,14 +240,22 @@ impl EtcdSemaphore {
     /// document that does not parse is [`LockError::Corrupt`].
     #[tracing::instrument(level = "debug", skip(self), fields(key = %self.keys.doc))]
     async fn read(&self, with_queue: bool) -> Result<Snapshot, LockError> {
-        let gets = self.read_ops(with_queue);
+        self.read_with(with_queue, with_queue && self.max_percent.is_some())
+            .await
+    }
+
+    /// [`Self::read`], with the fleet member records when `members` (to count the nodes).
+    async fn read_with(&self, with_queue: bool, members: bool) -> Result<Snapshot, LockError> {
+        let gets = self.read_ops(with_queue, members);
+        let expected = gets.len();
         let resp = self.txn(Txn::new().and_then(gets)).await?;
-        self.snapshot_of(&resp, if with_queue { 4 } else { 2 })
+        self.snapshot_of(&resp, expected)
     }
 
     /// The reads of [`Self::read`]: the document, the records, and the queue and the group's
-    /// pause when `with_queue` (what a waiter follows).
-    fn read_ops(&self, with_queue: bool) -> Vec<TxnOp> {
+    /// pause when `with_queue` (what a waiter follows), and the fleet member records when
+    /// `members`.
+    fn read_ops(&self, with_queue: bool, members: bool) -> Vec<TxnOp> {
         let prefix = |p: &str| TxnOp::get(p.to_owned(), Some(GetOptions::new().with_prefix()));
         let mut gets = vec![
             TxnOp::get(self.keys.doc.clone(), None),
@@ -251,6 +264,9 @@ impl EtcdSemaphore {
         if with_queue {
             gets.push(prefix(&self.keys.queue));
             gets.push(TxnOp::get(self.keys.pause.clone(), None));
+        }
+        if members {
+            gets.push(prefix(&self.keys.members));
         }
         gets
     }
@@ -515,10 +531,15 @@ impl Admin for EtcdSemaphore {
 
     #[tracing::instrument(skip(self), fields(key = %self.keys.doc))]
     async fn status(&self) -> Result<SemaphoreStatus, LockError> {
-        let snap = self.read(false).await?;
-        Ok(snap
-            .view(&self.keys, None)
-            .status(BACKEND, &self.keys.group))
+        // With a share, the queue too: waiters without a record count as the waiters see them.
+        let counting = self.max_percent.is_some();
+        let snap = self.read_with(counting, counting).await?;
+        let mut view = snap.view(&self.keys, None);
+        let share = self.share(&snap);
+        view.max = self.effective_max(&snap);
+        let mut status = view.status(BACKEND, &self.keys.group);
+        status.share = share;
+        Ok(status)
     }
 
     #[tracing::instrument(skip(self), fields(key = %self.keys.doc))]

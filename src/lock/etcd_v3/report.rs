@@ -96,10 +96,10 @@ impl EtcdSemaphore {
                 )])
                 .and_then(
                     std::iter::once(TxnOp::put(key.clone(), record.to_json(), None))
-                        .chain(self.read_ops(false))
+                        .chain(self.read_ops(false, false))
                         .collect::<Vec<_>>(),
                 )
-                .or_else(self.read_ops(false));
+                .or_else(self.read_ops(false, false));
             let resp = self.txn(txn).await?;
             let read = self.snapshot_of(&resp, 2)?;
             if resp.succeeded() {

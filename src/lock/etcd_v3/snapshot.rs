@@ -9,7 +9,10 @@
 
 use std::collections::HashMap;
 
-use super::super::document::{self, DocError, HolderRecord, SemaphoreDoc, WaiterRecord};
+use super::super::arbiter::share;
+use super::super::document::{
+    self, query_escape, DocError, HolderRecord, SemaphoreDoc, WaiterRecord,
+};
 use super::super::view::{Beat, Me, Ticket, View, WaiterView};
 use super::super::{holding, Fence, GroupPause, LockError};
 
@@ -29,6 +32,8 @@ pub struct Keys {
     pub queue: String,
     /// The group's pause ([`super::super::pause`]).
     pub pause: String,
+    /// The group's fleet member records (prefix, [`super::members`]).
+    pub members: String,
 }
 
 impl Keys {
@@ -39,6 +44,7 @@ impl Keys {
             records: document::holder_records_prefix(group),
             queue: document::waiter_queue_prefix(group),
             pause: super::super::pause::etcd_key(group),
+            members: super::members::prefix(group),
         }
     }
 
@@ -135,6 +141,9 @@ pub struct Snapshot {
     pub queue: HashMap<String, QueueEntry>,
     /// The group's pause; read (and watched) with the queue only.
     pub pause: Option<GroupPause>,
+    /// The fleet member records by name (the id as escaped in the key): whether each parses.
+    /// Read only to count the nodes (`lock.max = "N%"`); never watched.
+    pub members: HashMap<String, bool>,
 }
 
 impl Snapshot {
@@ -147,6 +156,7 @@ impl Snapshot {
             records: HashMap::new(),
             queue: HashMap::new(),
             pause: None,
+            members: HashMap::new(),
         }
     }
 
@@ -172,6 +182,9 @@ impl Snapshot {
                 mod_revision: kv.mod_revision,
             };
             self.records.insert(key.into_owned(), entry);
+        } else if let Some(name) = key.strip_prefix(&keys.members) {
+            let readable = crate::fleet::NodeRecord::parse(&kv.value).is_ok();
+            self.members.insert(name.to_owned(), readable);
         } else if key.starts_with(&keys.queue) {
             let entry = QueueEntry {
                 create_revision: kv.create_revision,
@@ -231,6 +244,23 @@ impl Snapshot {
             .collect();
         stale.sort();
         stale
+    }
+
+    /// The nodes a share of `max` is of ([`share::known_nodes`]): the readable member records
+    /// read, the holders and the readable queue entries, each id as escaped in the keys.
+    pub fn known_nodes(&self, keys: &Keys) -> u64 {
+        let members = self.members.values().filter(|readable| **readable).count();
+        let holders: Vec<String> = self.doc.holders.iter().map(|h| query_escape(h)).collect();
+        let waiters = self
+            .queue
+            .iter()
+            .filter(|(_, e)| e.record.is_some())
+            .filter_map(|(key, _)| key.strip_prefix(&keys.queue));
+        share::known_beside(
+            u64::try_from(members).unwrap_or(u64::MAX),
+            |id| self.members.get(id) == Some(&true),
+            holders.iter().map(String::as_str).chain(waiters),
+        )
     }
 
     /// Whether `me` holds its slot, by the lock core's rule ([`holding::fence`]).
@@ -398,6 +428,35 @@ mod tests {
             .unwrap();
         assert_eq!(s.view(&k, None).holders[0].beat, Beat::Silent);
         assert_eq!(s.revision, 21);
+    }
+
+    /// `lock.max = "N%"` counts readable member records, holders (locksmith's too) and
+    /// readable queue entries, each id once; a record that does not parse does not count.
+    #[test]
+    fn known_nodes_are_readable_records_holders_and_waiters() {
+        let k = keys();
+        let member = |id: &str| {
+            format!(
+                r#"{{"node":"n-{id}","id":"{id}","phase":"idle","since":"2026-11-28T00:00:00Z"}}"#
+            )
+        };
+        let mut s = Snapshot::empty(1);
+        let doc = r#"{"semaphore":-1,"max":1,"holders":["a","ls"]}"#;
+        let mut events = vec![(true, kv(&k.doc, doc, 2, 2, 0))];
+        for id in ["a", "m1", "m2"] {
+            events.push((
+                true,
+                kv(&format!("{}{id}", k.members), &member(id), 3, 3, 0),
+            ));
+        }
+        events.push((true, kv(&format!("{}junk", k.members), "not json", 3, 3, 0)));
+        events.push((true, kv(&k.waiter("w"), &waiter(), 4, 4, 7)));
+        events.push((true, kv(&k.waiter("m1"), &waiter(), 5, 5, 8)));
+        events.push((true, kv(&k.waiter("bad"), "not json", 6, 6, 9)));
+        s.apply(&k, &events).unwrap();
+        assert_eq!(s.members.len(), 4);
+        // a, m1, m2, ls, w.
+        assert_eq!(s.known_nodes(&k), 5);
     }
 
     #[test]

@@ -14,8 +14,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use etcd_client::{
-    Client, EventType, LeaseKeepAliveStream, LeaseKeeper, PutOptions, TxnOp, WatchOptions,
-    WatchStream,
+    EventType, LeaseKeepAliveStream, LeaseKeeper, PutOptions, TxnOp, WatchOptions, WatchStream,
 };
 
 use super::super::acquire::{self, Settings, Waiting, Wake};
@@ -23,6 +22,7 @@ use super::super::contact::Contact;
 use super::super::document::{HolderRecord, WaiterRecord};
 use super::super::view::View;
 use super::super::{Acquired, GroupPause, Identity, LockError};
+use super::lease_guard::LeaseGuard;
 use super::snapshot::{Kv, QueueEntry, Snapshot};
 use super::{EtcdSemaphore, BACKEND};
 use crate::state::Phase;
@@ -86,53 +86,6 @@ pub(in crate::lock) fn waiting<'a>(store: &'a EtcdSemaphore, me: &'a Identity) -
         kept_alive_at: None,
         left: false,
         contact: Contact::new(store.timeouts.queue_ttl),
-    }
-}
-
-/// The lease of my queue entry; revoked (from a spawned task, best effort) when dropped, so an
-/// `acquire` that returns or is cancelled leaves no entry behind. If the process dies instead,
-/// the lease expires. Forgotten without a revoke once my entry went with the take.
-struct LeaseGuard {
-    client: Client,
-    request: Duration,
-    /// The lease and its granted time to live.
-    lease: Option<(i64, Duration)>,
-}
-
-impl LeaseGuard {
-    /// Stop minding the lease without revoking it (it holds no key): it expires by its TTL.
-    fn forget(&mut self) {
-        if let Some((id, ttl)) = self.lease.take() {
-            tracing::debug!(lease = id, ?ttl, "queue lease holds no key; left to expire");
-        }
-    }
-
-    fn revoke(&mut self) {
-        let Some((id, _)) = self.lease.take() else {
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let mut lease = self.client.lease_client();
-        let request = self.request;
-        runtime.spawn(async move {
-            match tokio::time::timeout(request, lease.revoke(id)).await {
-                Ok(Ok(_)) => tracing::debug!(lease = id, "queue lease revoked"),
-                Ok(Err(e)) => {
-                    tracing::debug!(lease = id, error = %e, "queue lease not revoked; it expires")
-                }
-                Err(_) => {
-                    tracing::debug!(lease = id, "queue lease not revoked in time; it expires")
-                }
-            }
-        });
-    }
-}
-
-impl Drop for LeaseGuard {
-    fn drop(&mut self) {
-        self.revoke();
     }
 }
 
@@ -294,7 +247,8 @@ impl V3Waiting<'_> {
             .values()
             .filter(|e| e.create_revision < mine.create_revision)
             .count();
-        acquire::far_back(snap.doc.max, ahead, snap.doc.holders.len())
+        let max = self.store.effective_max(snap);
+        acquire::far_back(max, ahead, snap.doc.holders.len())
     }
 
     /// Note my entry, put at `revision`, in the snapshot (its revision stays: the watch still
@@ -321,13 +275,17 @@ impl Waiting for V3Waiting<'_> {
         // The watch and the keep-alive stream start again from this read.
         self.watch = None;
         self.keep_alive = None;
-        self.snap = Some(self.store.read(true).await?);
+        let snap = self.store.read(true).await?;
+        self.store.note_share(&snap);
+        self.snap = Some(snap);
         self.contact.answered(Instant::now());
         Ok(())
     }
 
     fn view(&self) -> Result<View, LockError> {
-        let mut view = self.snap()?.view(&self.store.keys, Some(&self.me.as_me()));
+        let snap = self.snap()?;
+        let mut view = snap.view(&self.store.keys, Some(&self.me.as_me()));
+        view.max = self.store.effective_max(snap);
         view.my_zone = self.me.zone.clone();
         Ok(view)
     }
@@ -335,7 +293,8 @@ impl Waiting for V3Waiting<'_> {
     async fn take(&mut self, _rank: usize) -> Result<bool, LockError> {
         let snap = self.snap()?;
         let mut doc = snap.doc.clone();
-        if !matches!(doc.lock(&self.me.id), Ok(true)) {
+        let max = self.store.effective_max(snap);
+        if !matches!(doc.lock_within(&self.me.id, max), Ok(true)) {
             return Ok(false);
         }
         let store = self.store;
@@ -375,8 +334,9 @@ impl Waiting for V3Waiting<'_> {
         let snap = self.snap()?;
         let store = self.store;
         let mut doc = snap.doc.clone();
+        let max = store.effective_max(snap);
         doc.unlock(holder);
-        if take_over && !matches!(doc.lock(&self.me.id), Ok(true)) {
+        if take_over && !matches!(doc.lock_within(&self.me.id, max), Ok(true)) {
             return Ok(false);
         }
         let mut ops = vec![store.put_doc(&doc)];

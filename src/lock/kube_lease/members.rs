@@ -154,6 +154,10 @@ impl FleetStore for KubeLeaseSemaphore {
             }
         }
         snap.max = self.max_of(&snap)?;
+        let share = self.share(&snap).await?;
+        if let Some(share) = &share {
+            snap.max = share.max();
+        }
         let view = self.view(&snap, "", &HashMap::new())?;
         Ok(FleetRead {
             backend: BACKEND,
@@ -161,6 +165,7 @@ impl FleetStore for KubeLeaseSemaphore {
             view,
             records,
             pause: snap.pause.as_ref().map(|(p, _)| p.clone()),
+            share,
             at,
         })
     }

@@ -421,7 +421,14 @@ impl Admin for KubeLeaseSemaphore {
     async fn status(&self) -> Result<SemaphoreStatus, LockError> {
         self.check()?;
         let snap = self.read().await?;
-        Ok(snap.holders_view().status(BACKEND, &self.name))
+        let mut view = snap.holders_view();
+        let share = self.share(&snap).await?;
+        if let Some(share) = &share {
+            view.max = share.max();
+        }
+        let mut status = view.status(BACKEND, &self.name);
+        status.share = share;
+        Ok(status)
     }
 
     /// Writes `max` on the control Lease (creating it if absent), then creates the missing

@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::coordination::v1::Lease;
 
+use super::super::arbiter::share::Share;
 use super::super::arbiter::{self, Decision};
 use super::super::holding::{self, AnotherHost};
 use super::super::view::{Beat, HolderView, Ticket, View, WaiterView};
@@ -145,6 +146,21 @@ impl KubeLeaseSemaphore {
             }
             None => max,
         })
+    }
+
+    /// With `lock.max = "N%"`, what the slots are a share of, for `rebootctl status` and
+    /// `fleet`: the Nodes counted now (one list), beside the control Lease's count.
+    pub(super) async fn share(&self, snap: &Snapshot) -> Result<Option<Share>, LockError> {
+        let Some(percent) = self.max_percent else {
+            return Ok(None);
+        };
+        let stored_max = self.max_of(snap)?;
+        let known = self.count_nodes().await?;
+        Ok(Some(Share {
+            percent,
+            known,
+            stored_max,
+        }))
     }
 
     pub(super) fn max_of(&self, snap: &Snapshot) -> Result<u64, LockError> {
