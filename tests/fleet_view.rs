@@ -101,6 +101,8 @@ async fn scenario(store: &dyn Store, a: &mut Node, b: &Node, c: &Node, c_window:
     );
     assert_eq!(ea["waiting"], "slot", "{view:#}");
     assert_eq!(ea["phase"], Phase::AcquiringSlot.as_str());
+    // A waiter writes no record: since when it waits comes from its queue entry.
+    assert!(ea["since"].is_string(), "{view:#}");
     assert_eq!(ec["role"], "member");
     if c_window {
         assert!(ec["detail"].as_str().unwrap().contains("window"), "{ec:#}");

@@ -143,6 +143,7 @@ mod tests {
             beat: Beat::Ttl,
             mine: false,
             zone: None,
+            since: None,
         };
         FleetRead {
             backend: Backend::Etcd,

@@ -52,10 +52,11 @@ pub struct Unreadable {
 
 impl NodeRecord {
     /// The record of a node in `state` at `now`, or `None` when there is nothing new to show:
-    /// while it holds a slot (its holder record says its phase then), and while it works on a
-    /// need without waiting for anything (the moment between the need and the window check:
-    /// the record moves at the next wait). `cancelled`: when its last need was cancelled, if it
-    /// has none since.
+    /// while it holds a slot (its holder record says its phase then), while it waits for one in
+    /// the queue (its queue entry says that, and since when), and while it works on a need
+    /// without waiting for anything (the moment between the need and the window check: the
+    /// record moves at the next wait). `cancelled`: when its last need was cancelled, if it has
+    /// none since.
     pub fn of(
         node: &str,
         id: &str,
@@ -67,11 +68,11 @@ impl NodeRecord {
             return None;
         }
         let why = waiting(state, now);
-        if why.is_none() && state.reason.is_some() {
+        if why == Some(Waiting::Slot) || (why.is_none() && state.reason.is_some()) {
             return None;
         }
         let detail = match why {
-            None | Some(Waiting::Slot) => None,
+            None => None,
             Some(_) => state
                 .waiting_for
                 .as_deref()
@@ -172,10 +173,14 @@ mod tests {
         let r = NodeRecord::of("n", "m", &gated, t(10), None).unwrap();
         assert_eq!(r.waiting.as_deref(), Some("gate"));
         assert!(r.detail.unwrap().contains("NodeDown firing"));
-        let queued = after(vec![Event::WindowOpen]);
-        let r = NodeRecord::of("n", "m", &queued, t(10), Some(t(1))).unwrap();
-        assert_eq!((r.waiting.as_deref(), r.detail), (Some("slot"), None));
+        let r = NodeRecord::of("n", "m", &gated, t(10), Some(t(1))).unwrap();
         assert_eq!(r.cancelled, None, "a need since the cancel");
+        let queued = after(vec![Event::WindowOpen]);
+        assert_eq!(
+            NodeRecord::of("n", "m", &queued, t(10), None),
+            None,
+            "in the queue: its entry says so"
+        );
         let held = after(vec![Event::WindowOpen, Event::SlotAcquired]);
         assert_eq!(NodeRecord::of("n", "m", &held, t(10), None), None);
         let needed = after(vec![]);

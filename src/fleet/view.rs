@@ -5,7 +5,8 @@
 use super::{FleetRead, NodeRecord, RecordRead, Unreadable};
 use crate::lock::document::query_escape;
 use crate::lock::{Backend, GroupPause};
-use crate::state::Pause;
+use crate::metrics::Waiting;
+use crate::state::{Pause, Phase};
 use jiff::Timestamp;
 use serde::Serialize;
 
@@ -117,9 +118,14 @@ impl FleetView {
             n.id = w.id.clone().or(n.id);
             n.position = Some(i + 1);
             n.behind = Some(i);
-            if n.waiting.is_none() {
-                n.waiting = Some("slot".into());
-            }
+            // In the queue, it waits for a slot since its entry says: its record is the one
+            // before the wait (a waiter writes none; the entry says it), and keeps its last
+            // reboot.
+            n.phase = Some(Phase::AcquiringSlot.as_str().to_owned());
+            n.waiting = Some(Waiting::Slot.label().to_owned());
+            n.detail = None;
+            n.since = w.since;
+            n.for_seconds = w.since.map(|s| seconds(s, now));
             nodes.push(n);
         }
         let mut rest: Vec<FleetNode> = records
@@ -272,6 +278,7 @@ mod tests {
             beat: Beat::Ttl,
             mine: false,
             zone: None,
+            since: Some(t(order * 10)),
         };
         FleetRead {
             backend: Backend::Etcd,
@@ -350,14 +357,34 @@ mod tests {
 
     #[test]
     fn on_leases_records_join_by_node_and_strings_are_escaped() {
-        let mut evil = record("c", Some("gate"));
+        let mut evil = record("d", Some("gate"));
         evil.detail = Some("\x1b[2Jgate".into());
-        let recs = vec![RecordRead {
-            name: "c".into(),
-            record: Ok(evil),
-        }];
+        let mut queued = record("c", Some("window"));
+        queued.detail = Some("before it queued".into());
+        let recs = vec![
+            RecordRead {
+                name: "c".into(),
+                record: Ok(queued),
+            },
+            RecordRead {
+                name: "d".into(),
+                record: Ok(evil),
+            },
+        ];
         let v = FleetView::of(&read(true, recs), t(200));
-        assert_eq!(v.nodes[2].record, RecordState::Ok);
-        assert_eq!(v.nodes[2].detail.as_deref(), Some("\\u{1b}[2Jgate"));
+        let c = &v.nodes[2];
+        assert_eq!((c.role, c.record), (Role::Waiter, RecordState::Ok));
+        assert_eq!(
+            (
+                c.phase.as_deref(),
+                c.waiting.as_deref(),
+                c.detail.as_deref()
+            ),
+            (Some("acquiring_slot"), Some("slot"), None),
+            "in the queue, whatever its record said before"
+        );
+        assert_eq!(c.since, Some(t(20)), "from its queue entry");
+        assert_eq!(v.nodes[3].record, RecordState::Ok);
+        assert_eq!(v.nodes[3].detail.as_deref(), Some("\\u{1b}[2Jgate"));
     }
 }

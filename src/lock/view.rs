@@ -86,6 +86,9 @@ pub struct WaiterView {
     pub mine: bool,
     /// The zone its entry claims (`None`: unknown, counted in every zone).
     pub zone: Option<String>,
+    /// When it started waiting, as its entry says (its writer's clock: shown only, never
+    /// compared).
+    pub since: Option<jiff::Timestamp>,
 }
 
 /// The semaphore as read, store-neutral.
@@ -261,6 +264,7 @@ pub(crate) mod test_support {
             beat: Beat::Ttl,
             mine: false,
             zone: None,
+            since: None,
         }
     }
 

@@ -202,6 +202,7 @@ fn waiters(b: &mut Bytes) -> Vec<WaiterView> {
                 beat: b.beat(),
                 mine,
                 zone: b.zone(),
+                since: None,
             }
         })
         .collect()

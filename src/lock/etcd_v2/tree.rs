@@ -417,6 +417,7 @@ impl Snapshot {
                     beat: Beat::Ttl,
                     mine: me.is_some_and(|m| r.is_some_and(|r| r.id == m.id && r.token == m.token)),
                     zone: super::super::document::zone_of(r.and_then(|r| r.zone.as_deref())),
+                    since: r.map(|r| r.since),
                 }
             })
             .collect();

@@ -308,6 +308,7 @@ impl Snapshot {
                 beat: Beat::Ttl,
                 mine: my_key.as_ref() == Some(key),
                 zone: document::zone_of(e.record.as_ref().and_then(|r| r.zone.as_deref())),
+                since: e.record.as_ref().map(|r| r.since),
             })
             .collect();
         waiters.sort_by(|a, b| a.ticket.cmp(&b.ticket));

@@ -285,6 +285,7 @@ impl KubeLeaseSemaphore {
                 beat: beat(&w.lease),
                 mine: w.name == my_waiter,
                 zone: crate::lock::document::zone_of(annotation(&w.lease, ANNOTATION_ZONE)),
+                since: Some(super::queue::since(&w.lease)).filter(|t| *t != jiff::Timestamp::MIN),
             })
             .collect();
         waiters.sort_by(|a, b| a.ticket.cmp(&b.ticket));
