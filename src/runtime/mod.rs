@@ -173,25 +173,9 @@ impl Runtime {
             watchdog.feed();
             // Operator requests first (pause, resume, cancel): they change what comes next.
             if let Some((path, envelope)) = inbox.next() {
-                let request = envelope.request.name();
-                let event = envelope.request.event();
-                // Said even when nothing changes (a cancel that comes too late).
-                let why = agent::step(&state, event.clone(), Timestamp::now(), &self.policy).why;
-                let requested_at = envelope.requested_at;
-                info!(request, %requested_at, "operator request {request} (made {requested_at}): {why}");
-                let before = state.phase;
-                match self.apply(state.clone(), event).await {
+                match self.request(state.clone(), envelope).await {
                     Ok(next) => state = next,
                     Err(e) => break Err(e),
-                }
-                // Backing out of this reboot (pause, cancel): a Node gate's before-reboot
-                // label and annotations go, as they would right before the logind call.
-                if before != state.phase
-                    && matches!(state.phase, Phase::Uncordoning | Phase::Releasing)
-                {
-                    if let Err(e) = self.gates.used().await {
-                        warn!(error = %e, "cannot remove the Node gates' label: {e}");
-                    }
                 }
                 inbox.done(&path);
                 continue;
@@ -262,6 +246,29 @@ impl Runtime {
             t.abort();
         }
         result
+    }
+
+    /// Apply an operator's request (pause, resume, cancel), said in the log even when it
+    /// changes nothing (a cancel that comes too late). Backing out of this reboot, a Node gate's
+    /// before-reboot label and annotations go, as they would right before the logind call.
+    async fn request(
+        &self,
+        state: State,
+        envelope: control::Envelope,
+    ) -> Result<State, RuntimeError> {
+        let request = envelope.request.name();
+        let event = envelope.request.event();
+        let why = agent::step(&state, event.clone(), Timestamp::now(), &self.policy).why;
+        let requested_at = envelope.requested_at;
+        info!(request, %requested_at, "operator request {request} (made {requested_at}): {why}");
+        let before = state.phase;
+        let state = self.apply(state, event).await?;
+        if before != state.phase && matches!(state.phase, Phase::Uncordoning | Phase::Releasing) {
+            if let Err(e) = self.gates.used().await {
+                warn!(error = %e, "cannot remove the Node gates' label: {e}");
+            }
+        }
+        Ok(state)
     }
 
     /// The state on record (idle when there is none), and a holder's first act: a beat. The
