@@ -105,7 +105,7 @@ pub async fn forget(store: &dyn FleetStore, who: &str) -> Result<String, ForgetE
 mod tests {
     use super::*;
     use crate::fleet::{NodeRecord, RecordRead};
-    use crate::lock::view::{Beat, HolderView, Ticket, View, WaiterView};
+    use crate::lock::view::{test_support, HolderView, View, WaiterView};
     use crate::lock::Backend;
 
     fn record(name: &str, node: &str) -> RecordRead {
@@ -120,30 +120,13 @@ mod tests {
 
     fn read() -> FleetRead {
         let holder = HolderView {
-            id: "h1".into(),
             node: Some("node-h".into()),
-            boot_id: None,
-            phase: None,
-            since: None,
-            token: None,
-            beat: Beat::Silent,
-            gone: None,
-            foreign: None,
-            claimed_by: None,
-            zone: None,
+            ..test_support::holder("h1")
         };
         let waiter = WaiterView {
-            key: "q/w1".into(),
-            ticket: Ticket {
-                order: (1, 0),
-                name: "q/w1".into(),
-            },
             id: Some("w1".into()),
             node: Some("node-w".into()),
-            beat: Beat::Ttl,
-            mine: false,
-            zone: None,
-            since: None,
+            ..test_support::waiter("q/w1", 1)
         };
         FleetRead {
             backend: Backend::Etcd,
