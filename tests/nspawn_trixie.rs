@@ -264,9 +264,16 @@ async fn trixie_takes_its_window_from_loginds_designated_maintenance_time() {
         "maint",
         "[triggers]\nupdate_engine = false\n\n[[window]]\nsource = \"logind\"\nlength = \"90m\"\n",
     );
+    // Two days from now, so that the 90-minute window is never open while the test runs.
+    let day = jiff::Timestamp::now()
+        .to_zoned(jiff::tz::TimeZone::UTC)
+        .checked_add(jiff::Span::new().days(2))
+        .unwrap()
+        .strftime("%a")
+        .to_string();
     host.write(
         "/etc/systemd/logind.conf.d/50-maintenance.conf",
-        "[Login]\nDesignatedMaintenanceTime=Sat *-*-* 03:15 UTC\n",
+        &format!("[Login]\nDesignatedMaintenanceTime={day} *-*-* 03:15 UTC\n"),
         0o644,
     )
     .unwrap();
@@ -291,14 +298,14 @@ async fn trixie_takes_its_window_from_loginds_designated_maintenance_time() {
         })
         .await
         .unwrap();
-    assert!(line.contains("Sat"), "{line}");
-    // rebootctl reads the same window from logind: outside it now (unless it is Saturday
-    // 03:15-04:45 UTC), a requested reboot waits for it.
+    assert!(line.contains(&day), "{line}");
+    // rebootctl reads the same window from logind: outside it now, a requested reboot waits
+    // for it.
     let status: Value =
         serde_json::from_str(&host.run(&["rebootctl", "status", "--json"]).await.unwrap()).unwrap();
     let windows = status["windows"].as_str().unwrap_or_default().to_string();
     assert!(
-        windows.contains("Sat") && windows.contains("03:15"),
+        windows.contains(&day) && windows.contains("03:15"),
         "{status}"
     );
     let next = status["next_window"].as_str().unwrap_or_default();
