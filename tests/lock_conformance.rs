@@ -32,15 +32,20 @@ use common::logs::Logs;
 use common::stores::{every_store, run_on, Kind, Store, World};
 
 impl World {
+    /// A plain etcd v3 client of the test's etcd, beside the stores.
+    async fn v3_client(&self) -> etcd_client::Client {
+        let etcd = self.etcd.as_ref().expect("etcd");
+        etcd_client::Client::connect([etcd.endpoint()], None)
+            .await
+            .expect("test client")
+    }
+
     /// A mark that changes whenever anything is written to the store: etcd's revision (v3), the
     /// count of v2 writes etcd reports, the stand-in's resourceVersion (Leases).
     async fn writes(&self) -> String {
         match self.kind {
             Kind::V3(_) => {
-                let etcd = self.etcd.as_ref().expect("etcd");
-                let mut c = etcd_client::Client::connect([etcd.endpoint()], None)
-                    .await
-                    .expect("test client");
+                let mut c = self.v3_client().await;
                 let header = c.get("any", None).await.expect("get");
                 format!("revision {}", header.header().expect("header").revision())
             }
@@ -82,10 +87,7 @@ impl World {
     async fn corrupt(&self, bad: &str) -> String {
         match self.kind {
             Kind::V3(_) => {
-                let etcd = self.etcd.as_ref().expect("etcd");
-                let mut c = etcd_client::Client::connect([etcd.endpoint()], None)
-                    .await
-                    .expect("test client");
+                let mut c = self.v3_client().await;
                 c.put(SEMAPHORE_KEY, bad, None).await.expect("put");
                 SEMAPHORE_KEY.to_string()
             }
@@ -127,10 +129,7 @@ impl World {
     async fn semaphore_raw(&self) -> String {
         match self.kind {
             Kind::V3(_) => {
-                let etcd = self.etcd.as_ref().expect("etcd");
-                let mut c = etcd_client::Client::connect([etcd.endpoint()], None)
-                    .await
-                    .expect("test client");
+                let mut c = self.v3_client().await;
                 let r = c.get(SEMAPHORE_KEY, None).await.expect("get");
                 let kv = r.kvs().first().expect("the document");
                 format!(

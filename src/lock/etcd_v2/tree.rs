@@ -349,15 +349,8 @@ impl Snapshot {
     /// the holders of `doc` and the readable queue entries, each id as escaped in the keys.
     pub fn known_nodes(&self, doc: &SemaphoreDoc) -> u64 {
         let members = self.members.values().filter(|e| e.value.is_some()).count();
-        let others: Vec<String> = doc
-            .holders
-            .iter()
-            .map(String::as_str)
-            .chain(
-                self.queue
-                    .values()
-                    .filter_map(|e| Some(e.value.as_ref()?.id.as_str())),
-            )
+        let others: Vec<String> = self
+            .holder_and_waiter_ids(doc)
             .map(document::query_escape)
             .collect();
         share::known_beside(
@@ -367,16 +360,21 @@ impl Snapshot {
         )
     }
 
+    /// The ids of `doc`'s holders and of the readable waiter entries, as written.
+    fn holder_and_waiter_ids<'a>(
+        &'a self,
+        doc: &'a SemaphoreDoc,
+    ) -> impl Iterator<Item = &'a str> + 'a {
+        doc.holders.iter().map(String::as_str).chain(
+            self.queue
+                .values()
+                .filter_map(|e| Some(e.value.as_ref()?.id.as_str())),
+        )
+    }
+
     /// Whether the node of the record named `name` holds a slot of `doc` or waits.
     pub fn busy(&self, doc: &SemaphoreDoc, name: &str) -> bool {
-        doc.holders
-            .iter()
-            .map(String::as_str)
-            .chain(
-                self.queue
-                    .values()
-                    .filter_map(|e| Some(e.value.as_ref()?.id.as_str())),
-            )
+        self.holder_and_waiter_ids(doc)
             .any(|id| id == name || document::query_escape(id) == name)
     }
 
