@@ -32,21 +32,33 @@ impl Backoff {
         self.next = self.min;
     }
 
+    /// A pause drawn evenly from zero to the pause due now ("full jitter"), so that many that
+    /// lost one race try again spread over the bound rather than together; the next bound is
+    /// twice this one (up to `max`).
+    pub fn next_full_jitter(&mut self) -> Duration {
+        self.next_delay().mul_f64(unit_random())
+    }
+
     /// The pause to make now with ±10 % jitter, so a fleet that failed together does not retry
     /// in lockstep; the next one is twice the unjittered pause (up to `max`).
     pub fn next_jittered(&mut self) -> Duration {
-        use std::hash::{BuildHasher, Hasher};
-        let r = std::collections::hash_map::RandomState::new()
-            .build_hasher()
-            .finish();
-        self.next_delay()
-            .mul_f64(0.9 + (r % 2001) as f64 / 10_000.0)
+        self.next_delay().mul_f64(0.9 + 0.2 * unit_random())
     }
 
     /// The longest pause.
     pub fn max(&self) -> Duration {
         self.max
     }
+}
+
+/// A number from 0 to 1, from the standard library's randomly keyed hasher (no more is needed
+/// to spread retries).
+fn unit_random() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let r = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    (r % 10_001) as f64 / 10_000.0
 }
 
 #[cfg(test)]
@@ -69,5 +81,19 @@ mod tests {
             let d = b.next_jittered();
             assert!((900..=1100).contains(&d.as_millis()), "{d:?}");
         }
+    }
+
+    #[test]
+    fn full_jitter_spreads_below_a_doubling_bound() {
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_millis(400));
+        let draws: Vec<Duration> = (0..40).map(|_| b.next_full_jitter()).collect();
+        assert!(draws[0] <= Duration::from_millis(100));
+        assert!(draws[1] <= Duration::from_millis(200));
+        assert!(draws.iter().all(|d| *d <= Duration::from_millis(400)));
+        let low = draws
+            .iter()
+            .filter(|d| **d < Duration::from_millis(200))
+            .count();
+        assert!(low > 0 && low < draws.len(), "not spread: {draws:?}");
     }
 }

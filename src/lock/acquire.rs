@@ -12,6 +12,7 @@ use async_trait::async_trait;
 
 use super::arbiter::{self, Decision, Policy};
 use super::contact::Contact;
+use super::lost_race::Spread;
 use super::retry;
 use super::view::{HolderView, Observations, View};
 use super::{Acquired, GroupPause, Identity, LockError};
@@ -181,28 +182,16 @@ async fn run(
     follow_pause: bool,
 ) -> Result<Acquired, LockError> {
     let mut backoff = Backoff::new(settings.backoff_min, settings.backoff_max);
-    let mut observations = Observations::default();
-    let mut logged: Option<Logged> = None;
-    let mut reported_duplicate = false;
+    let mut kept = Kept::default();
     let started = Instant::now();
     loop {
         let session = Instant::now();
-        let failed = match round(
-            w,
-            me,
-            settings,
-            &mut observations,
-            &mut logged,
-            &mut reported_duplicate,
-            follow_pause,
-        )
-        .await
-        {
+        let failed = match round(w, me, settings, &mut kept, follow_pause).await {
             Ok(RoundEnd::Paused(pause)) => return Ok(Acquired::Paused(pause)),
             Ok(RoundEnd::Held) => {
                 let dead = arbiter::dead_waiters(
                     &w.view().unwrap_or_else(|_| empty_view()),
-                    &observations,
+                    &kept.observations,
                     &settings.policy,
                     2,
                     Instant::now(),
@@ -229,7 +218,7 @@ async fn run(
         let pause = backoff.next_delay();
         tracing::warn!(backend = %settings.backend, target = %settings.target, error = %failed, retry_in = ?pause, "{} trouble while waiting for a slot; retrying", settings.label);
         // Say again what we wait for once the store answers.
-        logged = None;
+        kept.logged = None;
         tokio::time::sleep(pause).await;
     }
 }
@@ -244,17 +233,33 @@ fn empty_view() -> View {
     }
 }
 
+/// What one `acquire` keeps from round to round.
+#[derive(Default)]
+struct Kept {
+    observations: Observations,
+    /// What was last logged as waited for.
+    logged: Option<Logged>,
+    /// A holder under my id with another token was reported.
+    reported_duplicate: bool,
+    /// The pause after lost takes.
+    spread: Spread,
+}
+
 /// Read, then decide and act until holding, paused (when `follow_pause`), or the view must be
 /// read again.
 async fn round(
     w: &mut impl Waiting,
     me: &Identity,
     settings: &Settings,
-    observations: &mut Observations,
-    logged: &mut Option<Logged>,
-    reported_duplicate: &mut bool,
+    kept: &mut Kept,
     follow_pause: bool,
 ) -> Result<RoundEnd, LockError> {
+    let Kept {
+        observations,
+        logged,
+        reported_duplicate,
+        spread,
+    } = kept;
     w.read().await?;
     let who = me.as_me();
     loop {
@@ -278,6 +283,10 @@ async fn round(
                 }
                 (None, false, None)
             }
+            // Lost a race before: not before the pause that spreads the losers out.
+            Decision::Take { .. } if spread.held_until(now).is_some() => {
+                (spread.held_until(now), false, None)
+            }
             Decision::Take { rank } => {
                 if w.take(rank).await? {
                     tracing::info!(
@@ -291,6 +300,7 @@ async fn round(
                     );
                     return Ok(RoundEnd::Held);
                 }
+                spread.lost(Instant::now());
                 (None, false, None)
             }
             Decision::Reclaim { .. } if !w.contact().fresh(Instant::now()) => {

@@ -3,9 +3,51 @@
 //! those the view still shows what the lost write was made on, so a decision would be the same
 //! and lose again. Until the change of the key it lost on comes, changes are taken into the
 //! view without deciding; should it not come within a time limit, the waiter reads again.
-//! Pure: no I/O.
+//!
+//! When it comes, every waiter that lost decides on the same view, and all but one lose again:
+//! k contenders for free slots would cost about k²/2 writes. So after each lost race the next try
+//! waits a random pause below a bound that doubles ([`Spread`]), and they spread out. A waiter
+//! that never lost (a quiet hand-off) tries at once. Pure: no I/O.
 
 use std::time::{Duration, Instant};
+
+use crate::backoff::Backoff;
+
+/// The first bound of the pause after a lost race: about one write's round trip.
+pub const SPREAD_MIN: Duration = Duration::from_millis(5);
+/// Its largest bound.
+pub const SPREAD_MAX: Duration = Duration::from_secs(1);
+
+/// When a write that lost races may be tried again: not before a pause drawn below a bound that
+/// doubles with each loss ([`Backoff::next_full_jitter`]).
+#[derive(Debug)]
+pub struct Spread {
+    backoff: Backoff,
+    not_before: Option<Instant>,
+}
+
+impl Default for Spread {
+    fn default() -> Self {
+        Spread {
+            backoff: Backoff::new(SPREAD_MIN, SPREAD_MAX),
+            not_before: None,
+        }
+    }
+}
+
+impl Spread {
+    /// A write lost at `now`: the pause before the next try, which is then due.
+    pub fn lost(&mut self, now: Instant) -> Duration {
+        let pause = self.backoff.next_full_jitter();
+        self.not_before = Some(now + pause);
+        pause
+    }
+
+    /// Until when a try is held back at `now`, if it is.
+    pub fn held_until(&self, now: Instant) -> Option<Instant> {
+        self.not_before.filter(|at| *at > now)
+    }
+}
 
 /// The key a write lost on, and until when its change is awaited.
 #[derive(Debug, Default)]
@@ -61,5 +103,25 @@ mod tests {
         r.clear();
         assert_eq!(r.deadline(), None);
         assert!(r.decides("slot-1"));
+    }
+
+    #[test]
+    fn a_try_after_a_lost_race_waits_below_a_doubling_bound() {
+        let mut s = Spread::default();
+        let now = Instant::now();
+        assert_eq!(s.held_until(now), None, "never lost: at once");
+        let mut bounds = Vec::new();
+        for _ in 0..12 {
+            let pause = s.lost(now);
+            assert_eq!(
+                s.held_until(now),
+                (pause > Duration::ZERO).then_some(now + pause)
+            );
+            assert_eq!(s.held_until(now + pause), None, "due once the pause passed");
+            bounds.push(pause);
+        }
+        assert!(bounds[0] <= SPREAD_MIN);
+        assert!(bounds[1] <= SPREAD_MIN * 2);
+        assert!(bounds.iter().all(|p| *p <= SPREAD_MAX));
     }
 }

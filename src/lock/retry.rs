@@ -1,9 +1,14 @@
 //! Retrying, written once for every store: which errors are worth another try (the pause
 //! between tries is [`crate::backoff::Backoff`]), and the compare-and-swap loop of the calls other than
-//! `acquire` ([`cas_loop!`]: read, build, commit on what was read; a lost race reads again, up
-//! to [`MAX_CONFLICTS`] times).
+//! `acquire` ([`cas_loop!`]: read, build, commit on what was read; a lost race reads again after
+//! a pause that spreads the losers out ([`crate::lock::lost_race::Spread`]'s bounds), up to
+//! [`MAX_CONFLICTS`] times).
 
+use std::time::Duration;
+
+use super::lost_race::{SPREAD_MAX, SPREAD_MIN};
 use super::LockError;
+use crate::backoff::Backoff;
 use crate::lock::Backend;
 
 /// Whether retrying later may succeed: the store did not answer, or answered "not now"
@@ -34,6 +39,7 @@ pub struct Conflicts<'a, D: std::fmt::Display> {
     what: &'a str,
     target: D,
     lost: usize,
+    spread: Backoff,
 }
 
 impl<'a, D: std::fmt::Display> Conflicts<'a, D> {
@@ -43,15 +49,18 @@ impl<'a, D: std::fmt::Display> Conflicts<'a, D> {
             what,
             target,
             lost: 0,
+            spread: Backoff::new(SPREAD_MIN, SPREAD_MAX),
         }
     }
 
-    /// One more lost race: `Ok` to read again and retry, or the error that ends the update.
-    pub fn lost(&mut self) -> Result<(), LockError> {
+    /// One more lost race: `Ok` with the pause before reading again and retrying, or the error
+    /// that ends the update.
+    pub fn lost(&mut self) -> Result<Duration, LockError> {
         self.lost += 1;
-        tracing::debug!(what = self.what, target = %self.target, lost = self.lost, "lost a race; reading again");
         if self.lost < MAX_CONFLICTS {
-            return Ok(());
+            let pause = self.spread.next_full_jitter();
+            tracing::debug!(what = self.what, target = %self.target, lost = self.lost, ?pause, "lost a race; reading again after a pause");
+            return Ok(pause);
         }
         Err(LockError::Backend {
             backend: self.backend,
@@ -66,7 +75,8 @@ impl<'a, D: std::fmt::Display> Conflicts<'a, D> {
 /// The compare-and-swap loop of every store, written once: runs `$attempt` (one read, a
 /// decision on it and a write conditional on what was read, an expression giving
 /// `Result<Cas<T>, LockError>`) until it is done, an error, or it has lost [`MAX_CONFLICTS`]
-/// races, counted by [`Conflicts`]; it evaluates to `Result<T, LockError>`. A macro rather than
+/// races, counted by [`Conflicts`], pausing after each as it says; it evaluates to
+/// `Result<T, LockError>`. A macro rather than
 /// a function taking an async closure: such a closure borrows the store and the caller's
 /// decision closure, and its future is then not `Send` inside `async_trait` methods.
 macro_rules! cas_loop {
@@ -75,11 +85,10 @@ macro_rules! cas_loop {
         loop {
             match $attempt {
                 Ok($crate::lock::retry::Cas::Done(t)) => break Ok(t),
-                Ok($crate::lock::retry::Cas::Conflict) => {
-                    if let Err(e) = conflicts.lost() {
-                        break Err(e);
-                    }
-                }
+                Ok($crate::lock::retry::Cas::Conflict) => match conflicts.lost() {
+                    Ok(pause) => ::tokio::time::sleep(pause).await,
+                    Err(e) => break Err(e),
+                },
                 Err(e) => break Err(e),
             }
         }
@@ -119,8 +128,8 @@ mod tests {
         );
     }
 
-    #[test]
-    fn the_loop_retries_lost_races_stops_at_an_error_and_gives_up_at_the_cap() {
+    #[tokio::test(start_paused = true)]
+    async fn the_loop_retries_lost_races_stops_at_an_error_and_gives_up_at_the_cap() {
         let mut tries = 0;
         let done: Result<u32, LockError> = cas_loop!(Backend::Etcd, "report phase", "k", {
             tries += 1;
@@ -150,5 +159,15 @@ mod tests {
         });
         assert_eq!(tries, MAX_CONFLICTS);
         assert!(lost.unwrap_err().to_string().contains("gave up after 64"));
+    }
+
+    #[test]
+    fn each_lost_race_pauses_below_a_doubling_bound() {
+        let mut c = Conflicts::new(Backend::Etcd, "release", "k");
+        let pauses: Vec<Duration> = (0..10).map(|_| c.lost().unwrap()).collect();
+        assert!(pauses[0] <= SPREAD_MIN);
+        assert!(pauses[2] <= SPREAD_MIN * 4);
+        assert!(pauses.iter().all(|p| *p <= SPREAD_MAX));
+        assert!(pauses.iter().any(|p| *p > SPREAD_MIN), "{pauses:?}");
     }
 }

@@ -20,6 +20,7 @@ use etcd_client::{
 use super::super::acquire::{self, Settings, Waiting, Wake};
 use super::super::contact::Contact;
 use super::super::document::{HolderRecord, WaiterRecord};
+use super::super::lost_race::LostRace;
 use super::super::view::View;
 use super::super::{Acquired, GroupPause, Identity, LockError};
 use super::lease_guard::LeaseGuard;
@@ -85,6 +86,7 @@ pub(in crate::lock) fn waiting<'a>(store: &'a EtcdSemaphore, me: &'a Identity) -
         keep_alive: None,
         kept_alive_at: None,
         left: false,
+        lost_race: LostRace::default(),
         contact: Contact::new(store.timeouts.queue_ttl),
     }
 }
@@ -113,6 +115,8 @@ pub(in crate::lock) struct V3Waiting<'a> {
     kept_alive_at: Option<Instant>,
     /// My queue entry went with the transaction that made me a holder.
     left: bool,
+    /// The document's write that beat my take, until the watch brings it.
+    lost_race: LostRace,
     /// When etcd last answered: reads, watch events, keep-alives.
     contact: Contact,
 }
@@ -120,6 +124,7 @@ pub(in crate::lock) struct V3Waiting<'a> {
 /// What ended one wait of the `select!` in [`V3Waiting::wait`].
 enum Woken {
     Timer,
+    LostRace,
     KeepAliveDue,
     KeepAlive(Result<Option<etcd_client::LeaseKeepAliveResponse>, etcd_client::Error>),
     Watch(Result<Option<etcd_client::WatchResponse>, etcd_client::Error>),
@@ -276,6 +281,7 @@ impl Waiting for V3Waiting<'_> {
         self.watch = None;
         self.keep_alive = None;
         let snap = self.store.read(true).await?;
+        self.lost_race.clear();
         self.store.note_share(&snap);
         self.snap = Some(snap);
         self.contact.answered(Instant::now());
@@ -306,6 +312,7 @@ impl Waiting for V3Waiting<'_> {
         ops.extend(store.stale_record_deletes(snap, &doc));
         ops.push(TxnOp::delete(self.queue_key.clone(), None));
         let Some(at) = store.commit_at(snap, Vec::new(), ops).await? else {
+            self.lost_race.lost(&store.keys.doc, store.timeouts.request);
             return Ok(false);
         };
         // The first phase report after the take is then one request.
@@ -424,18 +431,27 @@ impl Waiting for V3Waiting<'_> {
         }
         loop {
             let keep_alive_at = self.keep_alive_due();
+            let lost_race = self.lost_race.deadline();
             let Some(watch) = self.watch.as_mut() else {
                 return Ok(Wake::Reread);
             };
             let keep_alive = &mut self.keep_alive;
             let woken = tokio::select! {
                 () = sleep_until(until), if until.is_some() => Woken::Timer,
+                () = sleep_until(lost_race), if lost_race.is_some() => Woken::LostRace,
                 () = sleep_until(keep_alive_at), if keep_alive_at.is_some() => Woken::KeepAliveDue,
                 r = keep_alive_response(keep_alive) => Woken::KeepAlive(r),
                 m = watch.message() => Woken::Watch(m),
             };
             match woken {
                 Woken::Timer => return Ok(Wake::Changed),
+                Woken::LostRace => {
+                    self.lost_race.clear();
+                    tracing::debug!(
+                        "a lost race's winner did not come on the watch in time; reading again"
+                    );
+                    return Ok(Wake::Reread);
+                }
                 Woken::KeepAliveDue => {
                     if !self.send_keep_alive().await? {
                         self.lease_lost();
@@ -487,7 +503,13 @@ impl Waiting for V3Waiting<'_> {
                         snap.apply(keys, &events)?;
                     }
                     let paused = self.snap.as_ref().is_some_and(|s| s.pause.is_some());
-                    if !paused && (self.only_others_records(&events) || self.far_back()) {
+                    // After a lost take, only the write that beat it decides again.
+                    let lost_race = &mut self.lost_race;
+                    let awaited = events
+                        .iter()
+                        .any(|(_, kv)| lost_race.decides(&String::from_utf8_lossy(&kv.key)));
+                    if !paused && (!awaited || self.only_others_records(&events) || self.far_back())
+                    {
                         continue;
                     }
                     return Ok(Wake::Changed);

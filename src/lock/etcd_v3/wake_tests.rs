@@ -215,3 +215,41 @@ async fn a_waiter_far_back_keeps_its_lease_alive_half_as_often() {
     );
     assert!(far <= 2, "far back: a keep-alive every 2 s, {far} in 4.5 s");
 }
+
+/// A take that lost its race decides nothing on the events before the write that beat it: on
+/// those the view still shows the document it lost on, and a take would lose again. The wait
+/// ends with the winner's write in the view.
+#[tokio::test]
+async fn after_a_lost_take_only_the_winners_write_wakes_the_waiter() {
+    let Some(etcd) = etcd().await else { return };
+    let group = "lost";
+    let other = connect(&etcd, group, None).await;
+    // Room for a host that comes after two waiters.
+    crate::lock::Admin::set_max(&other, 3, false)
+        .await
+        .expect("set-max 3");
+    let store = connect(&etcd, group, None).await;
+    let w = me("w");
+    let mut me_w = waiting(&store, &w);
+    me_w.read().await.expect("read");
+    me_w.enqueue().await.expect("queue");
+    // The watch opens from the read, so it also brings my own queue entry: let it pass.
+    let _ = quiet(&mut me_w, 300).await;
+    // Another waiter queues (an event before the winner's), then a host takes a slot.
+    let x = me("x");
+    let mut queued = queue_all(&store, std::slice::from_ref(&x)).await;
+    other.acquire(&me("y")).await.expect("y takes a slot");
+    assert!(!me_w.take(0).await.expect("take"), "the take lost its race");
+    let woken = quiet(&mut me_w, 10_000).await;
+    assert_eq!(woken.expect("woken").expect("wait"), Wake::Changed);
+    let view = me_w.view().expect("view");
+    assert_eq!(
+        view.holders
+            .iter()
+            .map(|h| h.id.as_str())
+            .collect::<Vec<_>>(),
+        vec!["y"],
+        "woken before the winner's write was in the view: {view:?}"
+    );
+    queued.remove(0).leave(Vec::new()).await;
+}
