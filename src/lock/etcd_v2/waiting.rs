@@ -13,6 +13,16 @@
 //! request per change, so a rollout's requests grew with the fleet). It opens before the read,
 //! from etcd's next index, so it never starts in etcd's history (which etcd answers with one
 //! event and closes); events the read already has are skipped by their index.
+//!
+//! etcd drops a streaming watcher whose events come faster than it can send them (its buffer of
+//! 100 full: a burst of changes in a large group) without ending the answer, so the stream just
+//! goes quiet. A quiet stream is therefore checked at no request's cost: when it brought
+//! nothing for a whole refresh interval, the next refresh of my entry is a write of its value
+//! (an event) instead of a TTL refresh (none), and the stream must bring that write back within
+//! the request time limit. Far back, refreshes are sparse only while the stream is heard: a
+//! quiet one is checked at the near rate, so a dropped watcher costs a waiter at most a third of
+//! the TTL and the request time limit. If it does not, or if a lost race's winner does not come in time,
+//! the stream is given up for a new one and a read.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -26,7 +36,7 @@ use super::super::view::View;
 use super::super::{Acquired, GroupPause, Identity, LockError};
 use super::tree::{DocState, QueueRecord, Snapshot};
 use super::{lock_error, EtcdV2Semaphore, BACKEND};
-use crate::clients::etcd_v2::{KeysClient, Response, V2Error, WatchStream};
+use crate::clients::etcd_v2::{KeysClient, Put, Response, V2Error, WatchStream};
 use crate::state::Phase;
 
 /// Take a slot for `me` in `store`, waiting in its queue as long as it takes.
@@ -81,6 +91,8 @@ pub(in crate::lock) fn waiting<'a>(store: &'a EtcdV2Semaphore, me: &'a Identity)
         next_index: None,
         behind: false,
         lost: LostRace::default(),
+        heard: true,
+        probe: None,
         contact: Contact::new(store.timeouts.queue_ttl),
     }
 }
@@ -131,6 +143,11 @@ pub(in crate::lock) struct V2Waiting<'a> {
     behind: bool,
     /// The key a compare-and-swap of mine lost on, until the watch brings its change.
     lost: LostRace,
+    /// Whether the stream brought anything since my entry's last refresh.
+    heard: bool,
+    /// The index of my entry's write that checks a quiet stream, and until when the stream must
+    /// bring it back.
+    probe: Option<(u64, Instant)>,
     /// When etcd last answered: reads, watch events and ends, refreshes, queueing.
     contact: Contact,
 }
@@ -141,6 +158,8 @@ enum Got {
     LostRace,
     Refresh,
     Until,
+    /// The stream did not bring my probing write back in time.
+    Deaf,
 }
 
 impl V2Waiting<'_> {
@@ -156,7 +175,9 @@ impl V2Waiting<'_> {
             return Some(Instant::now());
         };
         let ttl = self.store.timeouts.queue_ttl;
-        Some(acquire::beat_due(at, ttl, self.far_back()))
+        // Sparse far back only while the stream is heard: a quiet one is checked at the near rate.
+        let sparse = self.far_back() && (self.heard || self.probe.is_some());
+        Some(acquire::beat_due(at, ttl, sparse))
     }
 
     /// Note a write of mine in the snapshot (without moving its index: the watch still has to
@@ -205,20 +226,40 @@ impl V2Waiting<'_> {
         self.refreshed_at = None;
     }
 
-    /// Refresh my entry's TTL; `Ok(false)` when it is gone (expired).
+    /// Refresh my entry's TTL; `Ok(false)` when it is gone (expired). After a quiet interval
+    /// the refresh writes the entry's value, an event the stream must bring back (see the
+    /// module's notes).
     async fn refresh(&mut self) -> Result<bool, LockError> {
         let Some(key) = self.entry.key.clone() else {
             return Ok(false);
         };
-        match self
-            .store
-            .client
-            .refresh(&key, self.store.timeouts.queue_ttl)
-            .await
-        {
-            Ok(_) => {
-                self.refreshed_at = Some(Instant::now());
-                self.contact.answered(Instant::now());
+        let ttl = self.store.timeouts.queue_ttl;
+        let value = (!self.heard && self.probe.is_none())
+            .then(|| self.snap.as_ref()?.queue.get(&key)?.value.as_ref())
+            .flatten()
+            .map(QueueRecord::to_json);
+        let answer = match &value {
+            Some(value) => {
+                let put = Put {
+                    prev_exist: Some(true),
+                    ttl: Some(ttl),
+                    ..Put::default()
+                };
+                self.store.client.put(&key, value, put).await
+            }
+            None => self.store.client.refresh(&key, ttl).await,
+        };
+        match answer {
+            Ok(written) => {
+                let now = Instant::now();
+                self.refreshed_at = Some(now);
+                self.contact.answered(now);
+                self.heard = false;
+                // An earlier probe still awaited keeps its time limit.
+                if value.is_some() && self.probe.is_none() {
+                    let by = now + self.store.client.timeouts().request;
+                    self.probe = Some((written.node.modified_index, by));
+                }
                 Ok(true)
             }
             Err(e) if e.is_key_not_found() => {
@@ -252,6 +293,8 @@ impl Waiting for V2Waiting<'_> {
         self.contact.answered(Instant::now());
         self.next_index = None;
         self.lost.clear();
+        self.heard = true;
+        self.probe = None;
         // A restarted rebootd (same token) takes its old entry over, keeping its place.
         if self.entry.key.is_none() {
             if let Some((key, _)) = snap.my_entry(&self.me.id, &self.me.token) {
@@ -353,20 +396,27 @@ impl Waiting for V2Waiting<'_> {
             };
             let refresh_at = self.refresh_at();
             let lost_by = self.lost.deadline();
+            let probe_by = self.probe.map(|(_, by)| by);
             let got = tokio::select! {
                 answer = stream.next() => Got::Event(Box::new(answer)),
                 _ = sleep_until(lost_by), if lost_by.is_some() => Got::LostRace,
+                _ = sleep_until(probe_by), if probe_by.is_some() => Got::Deaf,
                 _ = sleep_until(refresh_at), if refresh_at.is_some() => Got::Refresh,
                 _ = sleep_until(until), if until.is_some() => Got::Until,
             };
             let answer = match got {
                 Got::Event(answer) => *answer,
+                // The stream is dropped: the read opens another.
                 Got::LostRace => {
-                    self.stream = Some(stream);
                     self.lost.clear();
                     tracing::debug!(
-                        "a lost race's winner did not come on the watch in time; reading again"
+                        "a lost race's winner did not come on the watch in time; reading again on a new watch"
                     );
+                    return Ok(Wake::Reread);
+                }
+                Got::Deaf => {
+                    self.probe = None;
+                    tracing::info!(key = %keys.root, "the watch did not bring back a write of my own queue entry: etcd dropped this watcher (it does so, without ending the stream, when a watcher falls behind a burst of changes); reading again on a new watch");
                     return Ok(Wake::Reread);
                 }
                 Got::Refresh => {
@@ -387,6 +437,13 @@ impl Waiting for V2Waiting<'_> {
             }
             match answer {
                 Ok(Some(event)) => {
+                    self.heard = true;
+                    if self
+                        .probe
+                        .is_some_and(|(i, _)| event.node.modified_index >= i)
+                    {
+                        self.probe = None;
+                    }
                     self.behind = stream.ended() && event.node.modified_index < stream.opened_at();
                     self.stream = Some(stream);
                     self.next_index = Some(event.node.modified_index + 1);

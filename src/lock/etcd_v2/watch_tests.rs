@@ -177,7 +177,22 @@ async fn a_waiter_far_back_refreshes_its_entry_half_as_often() {
     }
     let (n0, f0) = (near_store.requests(), far_store.requests());
     let until = std::time::Instant::now() + Duration::from_millis(4_500);
-    let (near, far) = tokio::join!(wait_until(&mut n, until), wait_until(&mut f, until));
+    // The far waiter's group is busy (its holder reports), so its watch is heard: a quiet one
+    // is checked at the near rate.
+    let busy = async {
+        let phases = [
+            crate::state::Phase::Rebooting,
+            crate::state::Phase::Draining,
+        ];
+        for phase in phases.iter().cycle() {
+            if std::time::Instant::now() >= until {
+                break;
+            }
+            holder.report_phase(&me("h"), *phase).await.expect("report");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    };
+    let (near, far, ()) = tokio::join!(wait_until(&mut n, until), wait_until(&mut f, until), busy);
     assert!(near.is_ok() && far.is_ok(), "{near:?} {far:?}");
     let (near, far) = (near_store.requests() - n0, far_store.requests() - f0);
     assert!(
@@ -205,4 +220,57 @@ async fn wait_until(
         w.wait(Some(until), false).await?;
     }
     Ok(())
+}
+
+/// etcd drops a streaming watcher that falls behind a burst of changes (its buffer of 100
+/// events full) without ending its answer: the stream goes quiet for good. A waiter that did
+/// not read its stream through a burst bigger than the socket's buffers and etcd's still sees
+/// the release that follows: a quiet interval makes its next refresh a write the stream must
+/// bring back; it does not come, and the waiter reads again on a new watch.
+#[tokio::test]
+async fn a_watch_etcd_dropped_in_a_burst_is_noticed_and_replaced() {
+    let Some(etcd) = etcd().await else { return };
+    let holder = v2(&etcd).await;
+    let h = me("h");
+    holder.acquire(&h).await.expect("h takes the only slot");
+    let settings = super::super::super::race_tests::settings(&etcd, crate::config::EtcdApi::V2);
+    let timeouts = Timeouts {
+        queue_ttl: Duration::from_secs(3),
+        client: crate::clients::etcd_v2::Timeouts {
+            request: Duration::from_secs(2),
+            ..Default::default()
+        },
+        ..Timeouts::default()
+    };
+    let store = EtcdV2Semaphore::connect_with(&settings, "default", None, timeouts)
+        .await
+        .expect("v2");
+    let me_w = me("w");
+    let mut w = waiting(&store, &me_w);
+    w.read().await.expect("read");
+    w.enqueue().await.expect("queue");
+    // Another group's key, in the directory the waiter watches, written over and over (each
+    // event carries the value and the one before); the waiter reads nothing meanwhile.
+    let value = "x".repeat(48 * 1024);
+    let key = format!("{}/groups/burst/k", holder.keys.root);
+    for _ in 0..400 {
+        let put = crate::clients::etcd_v2::Put::default();
+        holder.client.put(&key, &value, put).await.expect("put");
+    }
+    holder.release(&h).await.expect("release");
+    let seen = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            if w.wait(None, false).await? == Wake::Reread {
+                w.read().await?;
+            }
+            if w.view()?.holders.is_empty() {
+                return Ok::<_, crate::lock::LockError>(());
+            }
+        }
+    })
+    .await;
+    assert!(
+        matches!(seen, Ok(Ok(()))),
+        "the release never reached the waiter: {seen:?}"
+    );
 }
