@@ -1,6 +1,7 @@
 //! `acquire` on the v2 store: the lock core's loop over [`V2Waiting`]. A waiter queues as an
 //! in-order key with a TTL under `rebootd/waiters/` (refreshed every third of the TTL, two
-//! thirds far back, without waking anyone), and waits on a watch of the group's directory: each change is applied to the
+//! thirds far back, without waking anyone unless its stream went quiet: below), and waits on a
+//! watch of the group's directory: each change is applied to the
 //! snapshot, and the arbiter decides again. A release by locksmith or rebootd therefore reaches
 //! the head of the queue as one watch event, never by polling. A cancelled `acquire` deletes its entry (from a spawned task); a dead one's entry
 //! expires with its TTL.
