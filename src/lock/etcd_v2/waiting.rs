@@ -20,10 +20,10 @@
 //! goes quiet. A quiet stream is therefore checked at no request's cost: when it brought
 //! nothing for a whole refresh interval, the next refresh of my entry is a write of its value
 //! (an event) instead of a TTL refresh (none), and the stream must bring that write back within
-//! the request time limit. Far back, refreshes are sparse only while the stream is heard: a
-//! quiet one is checked at the near rate, so a dropped watcher costs a waiter at most a third of
-//! the TTL and the request time limit. If it does not, or if a lost race's winner does not come in time,
-//! the stream is given up for a new one and a read.
+//! the request time limit. If it does not, or if a lost race's winner does not come in time,
+//! the stream is given up for a new one and a read. Far back, refreshes are sparse only while
+//! the stream is heard: a quiet one is checked at the near rate, so a dropped watcher costs a
+//! waiter at most a third of the TTL and the request time limit.
 
 use std::sync::Arc;
 use std::time::Instant;
