@@ -1,14 +1,13 @@
 //! Retrying, written once for every store: which errors are worth another try (the pause
 //! between tries is [`crate::backoff::Backoff`]), and the compare-and-swap loop of the calls other than
 //! `acquire` ([`cas_loop!`]: read, build, commit on what was read; a lost race reads again after
-//! a pause that spreads the losers out ([`crate::lock::lost_race::Spread`]'s bounds), up to
+//! a pause that spreads the losers out ([`crate::lock::lost_race::Spread`]), up to
 //! [`MAX_CONFLICTS`] times).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::lost_race::{SPREAD_MAX, SPREAD_MIN};
+use super::lost_race::Spread;
 use super::LockError;
-use crate::backoff::Backoff;
 use crate::lock::Backend;
 
 /// Whether retrying later may succeed: the store did not answer, or answered "not now"
@@ -39,7 +38,7 @@ pub struct Conflicts<'a, D: std::fmt::Display> {
     what: &'a str,
     target: D,
     lost: usize,
-    spread: Backoff,
+    spread: Spread,
 }
 
 impl<'a, D: std::fmt::Display> Conflicts<'a, D> {
@@ -49,7 +48,7 @@ impl<'a, D: std::fmt::Display> Conflicts<'a, D> {
             what,
             target,
             lost: 0,
-            spread: Backoff::new(SPREAD_MIN, SPREAD_MAX),
+            spread: Spread::default(),
         }
     }
 
@@ -58,7 +57,7 @@ impl<'a, D: std::fmt::Display> Conflicts<'a, D> {
     pub fn lost(&mut self) -> Result<Duration, LockError> {
         self.lost += 1;
         if self.lost < MAX_CONFLICTS {
-            let pause = self.spread.next_full_jitter();
+            let pause = self.spread.lost(Instant::now());
             tracing::debug!(what = self.what, target = %self.target, lost = self.lost, ?pause, "lost a race; reading again after a pause");
             return Ok(pause);
         }
@@ -76,9 +75,9 @@ impl<'a, D: std::fmt::Display> Conflicts<'a, D> {
 /// decision on it and a write conditional on what was read, an expression giving
 /// `Result<Cas<T>, LockError>`) until it is done, an error, or it has lost [`MAX_CONFLICTS`]
 /// races, counted by [`Conflicts`], pausing after each as it says; it evaluates to
-/// `Result<T, LockError>`. A macro rather than
-/// a function taking an async closure: such a closure borrows the store and the caller's
-/// decision closure, and its future is then not `Send` inside `async_trait` methods.
+/// `Result<T, LockError>`. A macro rather than a function taking an async closure: such a
+/// closure borrows the store and the caller's decision closure, and its future is then not
+/// `Send` inside `async_trait` methods.
 macro_rules! cas_loop {
     ($backend:expr, $what:expr, $target:expr, $attempt:expr) => {{
         let mut conflicts = $crate::lock::retry::Conflicts::new($backend, $what, $target);
@@ -99,6 +98,7 @@ pub(crate) use cas_loop;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lock::lost_race::{SPREAD_MAX, SPREAD_MIN};
 
     #[test]
     fn only_unreachable_is_transient() {
