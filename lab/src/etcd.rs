@@ -645,14 +645,28 @@ impl EtcdServer {
     /// How many lease keep-alives this etcd has renewed (`etcd_debugging_lease_renewed_total`),
     /// as etcd counts them.
     pub fn lease_renewals(&self) -> Result<u64, EtcdLabError> {
-        self.metrics()?
+        self.counter("etcd_debugging_lease_renewed_total")
+    }
+
+    /// One counter of etcd's `/metrics`, `series` as it is written there (a name, with its
+    /// labels when it has any: `etcd_debugging_store_reads_total{action="getRecursive"}`). A
+    /// series etcd has not counted yet is 0.
+    pub fn counter(&self, series: &str) -> Result<u64, EtcdLabError> {
+        let text = self.metrics()?;
+        if !text.contains("etcd_server_has_leader") {
+            return Err(EtcdLabError::State(format!(
+                "{}/metrics: not etcd's metrics: {:.200}",
+                self.endpoint(),
+                text
+            )));
+        }
+        let value = text
             .lines()
-            .find_map(|l| l.strip_prefix("etcd_debugging_lease_renewed_total "))
-            .and_then(|v| v.trim().parse::<f64>().ok())
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .map_or(Ok(0.0), |v| v.trim().parse::<f64>());
+        value
             .map(|v| v as u64)
-            .ok_or_else(|| {
-                EtcdLabError::State("no etcd_debugging_lease_renewed_total in /metrics".into())
-            })
+            .map_err(|e| EtcdLabError::State(format!("{series} in /metrics does not parse: {e}")))
     }
 
     /// Turn on the v2 API's own authentication (separate from v3's): a v2 `root` user with

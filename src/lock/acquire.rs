@@ -55,6 +55,14 @@ pub fn far_back_at(max: u64, uncertain: usize) -> usize {
         .max(FAR_BACK)
 }
 
+/// Sleep until `at`; never, when there is none (a `select!` arm with nothing due).
+pub async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// How a wait ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wake {

@@ -65,6 +65,18 @@ impl Default for Timeouts {
     }
 }
 
+/// What the next attempt of [`EtcdV2Semaphore::update_doc`] writes on.
+enum Basis {
+    /// Nothing yet: read the group.
+    Unread,
+    /// The group as just read: write on it.
+    Read(Snapshot),
+    /// A read whose write lost: read the document again, and only it. The records read before
+    /// still name the orphans to delete, each delete guarded by the record's index as read, so
+    /// a record written since is left alone.
+    Lost(Snapshot),
+}
+
 /// locksmith's semaphore in etcd v2, plus rebootd's records and waiter queue beside it.
 pub struct EtcdV2Semaphore {
     pub(crate) client: Arc<KeysClient>,
@@ -333,16 +345,40 @@ impl EtcdV2Semaphore {
         Ok(self.put_record(&key, previous, &record).await?.is_some())
     }
 
+    /// Read locksmith's document again into `snap`, and nothing else (a lost write's retry:
+    /// the document alone decides it, where the group's directory grows with the queue).
+    async fn reread_doc(&self, snap: &mut Snapshot) -> Result<(), LockError> {
+        let get = Get {
+            recursive: false,
+            sorted: false,
+            quorum: false,
+        };
+        match self.client.get(&self.keys.doc, get).await {
+            Ok(r) => snap.reread_doc(Some(&r.node), r.etcd_index),
+            Err(V2Error::Etcd {
+                code: crate::clients::etcd_v2::code::KEY_NOT_FOUND,
+                index,
+                ..
+            }) => snap.reread_doc(None, index),
+            Err(e) => return Err(lock_error(e)),
+        }
+        Ok(())
+    }
+
     /// One attempt of a compare-and-swap update of the document (`f` returns the new
     /// document, or `None` when nothing is to change); orphan records are deleted after it.
     async fn try_update_doc(
         &self,
-        first: &mut Option<Snapshot>,
+        basis: &mut Basis,
         f: &mut (dyn FnMut(&SemaphoreDoc) -> Result<Option<SemaphoreDoc>, LockError> + Send),
     ) -> Result<Cas<()>, LockError> {
-        let snap = match first.take() {
-            Some(s) => s,
-            None => self.read(false).await?,
+        let snap = match std::mem::replace(basis, Basis::Unread) {
+            Basis::Read(s) => s,
+            Basis::Lost(mut s) => {
+                self.reread_doc(&mut s).await?;
+                s
+            }
+            Basis::Unread => self.read(false).await?,
         };
         let doc = self.document(&snap)?;
         let Some(new) = f(&doc)? else {
@@ -350,6 +386,7 @@ impl EtcdV2Semaphore {
             return Ok(Cas::Done(()));
         };
         if !self.write_doc(&snap, &new).await? {
+            *basis = Basis::Lost(snap);
             return Ok(Cas::Conflict);
         }
         self.delete_orphans(&snap, &new).await;
@@ -361,14 +398,15 @@ impl EtcdV2Semaphore {
     async fn update_doc(
         &self,
         what: &str,
-        mut first: Option<Snapshot>,
+        first: Option<Snapshot>,
         mut f: impl FnMut(&SemaphoreDoc) -> Result<Option<SemaphoreDoc>, LockError> + Send,
     ) -> Result<(), LockError> {
+        let mut basis = first.map_or(Basis::Unread, Basis::Read);
         cas_loop!(
             BACKEND,
             what,
             &self.keys.doc,
-            self.try_update_doc(&mut first, &mut f).await
+            self.try_update_doc(&mut basis, &mut f).await
         )
     }
 

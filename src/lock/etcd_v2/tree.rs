@@ -226,6 +226,15 @@ impl Snapshot {
         s
     }
 
+    /// Take locksmith's document from a read of its key alone (`node`; `None`: not there)
+    /// answered at etcd index `index`. Everything else stays as read before.
+    pub fn reread_doc(&mut self, node: Option<&Node>, index: u64) {
+        self.index = self.index.max(index);
+        self.doc = node.map_or(DocState::Absent, |n| {
+            DocState::parse(n.value.as_deref().unwrap_or_default(), n.modified_index)
+        });
+    }
+
     /// Apply a watched change. Returns whether it touched this group's keys.
     pub fn apply(&mut self, keys: &Keys, event: &Response) -> bool {
         self.index = self.index.max(event.node.modified_index);

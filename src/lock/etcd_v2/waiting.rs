@@ -30,7 +30,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 
-use super::super::acquire::{self, Settings, Waiting, Wake};
+use super::super::acquire::{self, sleep_until, Settings, Waiting, Wake};
 use super::super::contact::Contact;
 use super::super::lost_race::LostRace;
 use super::super::view::View;
@@ -576,13 +576,6 @@ impl V2Waiting<'_> {
     }
 }
 
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
-        None => std::future::pending().await,
-    }
-}
-
 #[cfg(test)]
 #[path = "claim_tests.rs"]
 mod claim_tests;
@@ -590,3 +583,7 @@ mod claim_tests;
 #[cfg(test)]
 #[path = "watch_tests.rs"]
 mod watch_tests;
+
+#[cfg(test)]
+#[path = "retry_tests.rs"]
+mod retry_tests;

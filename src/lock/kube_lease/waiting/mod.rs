@@ -42,8 +42,9 @@ mod nodes;
 mod renew;
 mod watch;
 
+use super::super::acquire::sleep_until;
 use nodes::NodeWatches;
-use watch::{initial, lease_watcher, sleep_until, watch_error};
+use watch::{initial, lease_watcher, watch_error};
 
 type LeaseEvents = BoxStream<'static, Result<watcher::Event<Lease>, watcher::Error>>;
 /// One event of a holder's Node watcher, with the node's name.

@@ -1,8 +1,6 @@
 //! The watcher of the semaphore's Leases: its first list, in one request, and its errors as the
 //! lock core sees them.
 
-use std::time::Instant;
-
 use futures_util::StreamExt;
 use kube::runtime::watcher;
 
@@ -67,12 +65,5 @@ pub(super) async fn initial(
             "listing Leases: no answer within {:?}",
             store.timeouts.request
         ))),
-    }
-}
-
-pub(super) async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
-        None => std::future::pending().await,
     }
 }
