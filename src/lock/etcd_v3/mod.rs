@@ -12,6 +12,7 @@
 
 mod import;
 mod lease_guard;
+mod marker;
 pub mod members;
 mod pause;
 mod report;

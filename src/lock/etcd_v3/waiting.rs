@@ -1,7 +1,8 @@
 //! `acquire` on the v3 store: the lock core's loop over [`V3Waiting`]. A waiter queues as the key
 //! `…/rebootd/waiters/<id>` under an etcd lease it keeps alive (every third of its time to live,
 //! on one keep-alive stream), and waits on one watch of the group's keys, from the group's pause
-//! to the document, opened after a read (of them all, in one transaction) from the revision read:
+//! to the document (far back in a long queue: one entry ahead and the pause, [`super::marker`]),
+//! opened after a read (of them all, in one transaction) from the revision read:
 //! the pause costs no request of its own (`acquire_unless_paused`); each change is applied to the
 //! snapshot and the arbiter decides again without a request. Decisions are committed in one
 //! transaction each, guarded by the document's mod revision (and, to reclaim or adopt a slot, by
@@ -17,7 +18,7 @@ use etcd_client::{
     EventType, LeaseKeepAliveStream, LeaseKeeper, PutOptions, TxnOp, WatchOptions, WatchStream,
 };
 
-use super::super::acquire::{self, Settings, Waiting, Wake};
+use super::super::acquire::{self, sleep_until, Settings, Waiting, Wake};
 use super::super::contact::Contact;
 use super::super::document::{HolderRecord, WaiterRecord};
 use super::super::lost_race::LostRace;
@@ -83,6 +84,7 @@ pub(in crate::lock) fn waiting<'a>(store: &'a EtcdSemaphore, me: &'a Identity) -
             lease: None,
         },
         watch: None,
+        marker: None,
         keep_alive: None,
         kept_alive_at: None,
         left: false,
@@ -110,6 +112,8 @@ pub(in crate::lock) struct V3Waiting<'a> {
     lease: LeaseGuard,
     /// The watch from the last read on; opened at the first wait after it.
     watch: Option<WatchStream>,
+    /// The queue entry that watch follows in place of the group, far back ([`super::marker`]).
+    marker: Option<String>,
     keep_alive: Option<KeepAlive>,
     /// When my lease was granted or last kept alive.
     kept_alive_at: Option<Instant>,
@@ -217,6 +221,16 @@ impl V3Waiting<'_> {
             .await
     }
 
+    /// Watch my marker and the pause from the snapshot's revision on (it has every change
+    /// before), in place of the group's watch.
+    async fn follow(&mut self, marker: String) -> Result<(), LockError> {
+        let from = self.snap()?.revision + 1;
+        tracing::debug!(key = %self.queue_key, %marker, "far back: watching the entry ahead and the pause");
+        self.watch = Some(super::marker::watch(self.store, &marker, from).await?);
+        self.marker = Some(marker);
+        Ok(())
+    }
+
     /// Whether `events` change nothing but other holders' records (their phase reports), which
     /// decide nothing for me without `max_hold` (with it, a record's new revision is a beat the
     /// arbiter must see). The snapshot takes them all the same; the arbiter is not asked again,
@@ -230,30 +244,22 @@ impl V3Waiting<'_> {
             })
     }
 
-    /// Whether I am far back in a long queue ([`acquire::far_back`]): entries live by their
-    /// lease, so none ahead is judged dead by silence; the uncertain ones are the left-over
-    /// entries holders may have. Nearer the head every change is decided on and logged.
+    /// Whether I am far back in a long queue ([`super::marker::far_back`]). Nearer the head
+    /// every change is decided on and logged.
     fn far_back(&self) -> bool {
-        let Some(snap) = &self.snap else {
-            return false;
-        };
-        // Waiters ahead in full zones are passed over: any change may let me act.
-        if self.store.max_per_zone.is_some() {
-            return false;
-        }
-        let Some(mine) = snap.queue.get(&self.queue_key) else {
-            return false;
-        };
-        if snap.doc.holders.contains(&self.me.id) {
-            return false;
-        }
-        let ahead = snap
-            .queue
-            .values()
-            .filter(|e| e.create_revision < mine.create_revision)
-            .count();
+        self.snap.as_ref().is_some_and(|snap| {
+            let max = self.store.effective_max(snap);
+            let zoned = self.store.max_per_zone.is_some();
+            super::marker::far_back(snap, &self.store.keys, &self.queue_key, max, zoned)
+        })
+    }
+
+    /// My marker in the snapshot, when I am far enough back for one ([`super::marker`]).
+    fn place_marker(&self) -> Option<String> {
+        let snap = self.snap.as_ref()?;
         let max = self.store.effective_max(snap);
-        acquire::far_back(max, ahead, snap.doc.holders.len())
+        let zoned = self.store.max_per_zone.is_some();
+        super::marker::marker(snap, &self.store.keys, &self.queue_key, max, zoned)
     }
 
     /// Note my entry, put at `revision`, in the snapshot (its revision stays: the watch still
@@ -279,6 +285,7 @@ impl Waiting for V3Waiting<'_> {
     async fn read(&mut self) -> Result<(), LockError> {
         // The watch and the keep-alive stream start again from this read.
         self.watch = None;
+        self.marker = None;
         self.keep_alive = None;
         let snap = self.store.read(true).await?;
         self.lost_race.clear();
@@ -426,8 +433,10 @@ impl Waiting for V3Waiting<'_> {
 
     async fn wait(&mut self, until: Option<Instant>, _head: bool) -> Result<Wake, LockError> {
         if self.watch.is_none() {
-            let from = self.snap()?.revision + 1;
-            self.watch = Some(self.open_watch(from).await?);
+            match self.place_marker() {
+                Some(marker) => self.follow(marker).await?,
+                None => self.watch = Some(self.open_watch(self.snap()?.revision + 1).await?),
+            }
         }
         loop {
             let keep_alive_at = self.keep_alive_due();
@@ -498,6 +507,12 @@ impl Waiting for V3Waiting<'_> {
                     if events.is_empty() {
                         continue;
                     }
+                    if let Some(marker) = &self.marker {
+                        if events.iter().any(|(_, kv)| kv.key == marker.as_bytes()) {
+                            tracing::debug!(%marker, "the entry ahead changed or left; reading again");
+                            return Ok(Wake::Reread);
+                        }
+                    }
                     let keys = &self.store.keys;
                     if let Some(snap) = self.snap.as_mut() {
                         snap.apply(keys, &events)?;
@@ -508,11 +523,21 @@ impl Waiting for V3Waiting<'_> {
                     let awaited = events
                         .iter()
                         .any(|(_, kv)| lost_race.decides(&String::from_utf8_lossy(&kv.key)));
-                    if !paused && (!awaited || self.only_others_records(&events) || self.far_back())
-                    {
+                    if paused {
+                        return Ok(Wake::Changed);
+                    }
+                    if !awaited || self.only_others_records(&events) {
                         continue;
                     }
-                    return Ok(Wake::Changed);
+                    if !self.far_back() {
+                        return Ok(Wake::Changed);
+                    }
+                    // Moved far back on the group's watch (the queue ahead came after my read).
+                    if self.marker.is_none() {
+                        if let Some(marker) = self.place_marker() {
+                            self.follow(marker).await?;
+                        }
+                    }
                 }
                 Woken::Watch(Ok(None)) => {
                     return Err(self.store.unreachable("watch stream ended".into()))
@@ -562,13 +587,6 @@ async fn keep_alive_response(
 ) -> Result<Option<etcd_client::LeaseKeepAliveResponse>, etcd_client::Error> {
     match keep_alive {
         Some(k) => k.stream.message().await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
         None => std::future::pending().await,
     }
 }

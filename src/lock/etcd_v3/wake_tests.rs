@@ -253,3 +253,80 @@ async fn after_a_lost_take_only_the_winners_write_wakes_the_waiter() {
     );
     queued.remove(0).leave(Vec::new()).await;
 }
+
+/// Far back in a long queue (`max` and `MARKER_BEYOND_MAX` ahead), a waiter watches one entry
+/// ahead of it (its marker) and the pause, not the whole group: etcd sends it no event of the
+/// queue's other changes (counted by etcd), a pause still wakes it, and its marker's leaving
+/// makes it read again. Whether the queue ahead was in its read or came on the group's watch
+/// after it (a start burst: every waiter read an empty queue).
+#[tokio::test]
+async fn a_waiter_far_back_watches_only_its_marker_and_the_pause() {
+    let Some(etcd) = etcd().await else { return };
+    for read_first in [false, true] {
+        let group = format!("marker-{read_first}");
+        let holder = connect(&etcd, &group, None).await;
+        holder
+            .acquire(&me("h"))
+            .await
+            .expect("h takes the only slot");
+        let store = connect(&etcd, &group, None).await;
+        let w = me("w");
+        let mut me_w = waiting(&store, &w);
+        if read_first {
+            me_w.read().await.expect("read");
+        }
+        // 70 ahead, max 1: the marker is 1 + FAR_BACK / 2 places ahead of me, a61.
+        let ids: Vec<_> = (0..70).map(|i| me(&format!("a{i:02}"))).collect();
+        let mut ahead = queue_all(&store, &ids).await;
+        if !read_first {
+            me_w.read().await.expect("read");
+        }
+        me_w.enqueue().await.expect("queue");
+        // Read first, the queue ahead comes on the watch: a wake for each change that leaves
+        // it near, until it is far.
+        let mut wakes = 0;
+        while quiet(&mut me_w, 300).await.is_ok() {
+            wakes += 1;
+            assert!(read_first && wakes < 75, "woken far back");
+        }
+        let sent = || {
+            etcd.counter("etcd_debugging_mvcc_events_total")
+                .expect("etcd's count")
+        };
+        let before = sent();
+        let behind: Vec<_> = (0..10).map(|i| me(&format!("b{i:02}"))).collect();
+        let _behind = queue_all(&store, &behind).await;
+        ahead.remove(0).leave(Vec::new()).await;
+        assert!(quiet(&mut me_w, 500).await.is_err(), "woken far back");
+        assert_eq!(
+            sent() - before,
+            0,
+            "read first: {read_first}: the queue's changes reached the far waiter"
+        );
+        let pause = crate::lock::GroupPause::parse("kernel freeze");
+        crate::lock::Admin::pause_group(&holder, &pause)
+            .await
+            .expect("pause");
+        let woken = quiet(&mut me_w, 10_000).await;
+        assert_eq!(
+            woken.expect("woken by the pause").expect("wait"),
+            Wake::Changed
+        );
+        assert_eq!(me_w.paused(), Some(pause));
+        crate::lock::Admin::resume_group(&holder)
+            .await
+            .expect("resume");
+        assert!(
+            quiet(&mut me_w, 500).await.is_err(),
+            "woken by the resume far back"
+        );
+        // a61 is now the 60th ahead.
+        ahead.remove(60).leave(Vec::new()).await;
+        let woken = quiet(&mut me_w, 10_000).await;
+        assert_eq!(
+            woken.expect("woken by the marker").expect("wait"),
+            Wake::Reread,
+            "read first: {read_first}"
+        );
+    }
+}
