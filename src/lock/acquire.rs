@@ -35,6 +35,19 @@ pub fn far_back(max: u64, entries_ahead: usize, uncertain: usize) -> bool {
     entries_ahead >= FAR_BACK && entries_ahead.saturating_sub(uncertain) >= max
 }
 
+/// How many places ahead of a waiter its *marker* is, when it is far enough back for one: a
+/// store that can watch one waiter's entry has a waiter with `ahead` live waiters ahead of it,
+/// at least `max` plus `beyond_max`, watch the entry this many places ahead (`max` plus half
+/// of [`FAR_BACK`]) in place of the whole semaphore, and read again when it changes. While it
+/// is there the waiter cannot act: whatever lets it act lets the marker act first, being ahead
+/// of it, and only the head reclaims; when it takes a slot, at least `FAR_BACK / 2` waiters
+/// stand between it and me. `beyond_max` is the store's: what a marker costs it against the
+/// changes it saves.
+pub fn marker_distance(max: u64, ahead: usize, beyond_max: usize) -> Option<usize> {
+    let max = usize::try_from(max).unwrap_or(usize::MAX);
+    (ahead >= max.saturating_add(beyond_max)).then(|| max.saturating_add(FAR_BACK / 2))
+}
+
 /// When a waiter's queue entry, kept alive by a time to live `ttl` and last kept alive at
 /// `kept`, is due for its next beat: a third of the TTL later near the front, two thirds while
 /// [`far_back`]. Near the front a beat may fail once and the entry still lives; far back a
@@ -421,4 +434,20 @@ fn log_waiting(
         }
     );
     *logged = Some(state);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_marker_from_max_and_beyond_max_ahead_is_max_and_half_far_back_away() {
+        assert_eq!(marker_distance(10, 10 + 63, 64), None);
+        assert_eq!(marker_distance(10, 10 + 64, 64), Some(10 + FAR_BACK / 2));
+        assert_eq!(
+            marker_distance(3, 3 + FAR_BACK, FAR_BACK),
+            Some(3 + FAR_BACK / 2)
+        );
+        assert_eq!(marker_distance(u64::MAX, usize::MAX, 1), Some(usize::MAX));
+    }
 }

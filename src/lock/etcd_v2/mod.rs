@@ -354,12 +354,12 @@ impl EtcdV2Semaphore {
             quorum: false,
         };
         match self.client.get(&self.keys.doc, get).await {
-            Ok(r) => snap.reread_doc(Some(&r.node), r.etcd_index),
+            Ok(r) => snap.reread_doc(&self.keys, Some(&r.node), r.etcd_index),
             Err(V2Error::Etcd {
                 code: crate::clients::etcd_v2::code::KEY_NOT_FOUND,
                 index,
                 ..
-            }) => snap.reread_doc(None, index),
+            }) => snap.reread_doc(&self.keys, None, index),
             Err(e) => return Err(lock_error(e)),
         }
         Ok(())

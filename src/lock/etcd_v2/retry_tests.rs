@@ -8,19 +8,22 @@ use crate::state::Phase;
 
 const WHOLE_READS: &str = "etcd_debugging_store_reads_total{action=\"getRecursive\"}";
 
-/// A release on a read another host's take made stale loses its first write; the retry reads
-/// the document alone (no read of the group's directory), gives back only my slot, and still
-/// deletes my record, by the index the first read saw.
+/// A release on a read that other hosts made stale (one gave its slot back, one took a slot)
+/// loses its first write; the retry reads the document alone (no read of the group's
+/// directory), gives back only my slot, and deletes my record by the index the first read saw,
+/// and no record of a holder that left meanwhile (its own release deletes it).
 #[tokio::test]
 async fn a_release_that_lost_a_race_rereads_only_the_document() {
     let Some(etcd) = etcd().await else { return };
     let (a, b) = (v2(&etcd).await, v2(&etcd).await);
-    a.set_max(2, false).await.expect("set-max 2");
-    let (h, x) = (me("h"), me("x"));
+    a.set_max(3, false).await.expect("set-max 3");
+    let (h, x, y) = (me("h"), me("x"), me("y"));
+    b.acquire(&y).await.expect("y takes a slot");
     a.acquire(&h).await.expect("h takes a slot");
     // The release right after a report writes on the report's read.
     a.report_phase(&h, Phase::Rebooting).await.expect("report");
-    b.acquire(&x).await.expect("x takes the other slot");
+    b.release(&y).await.expect("y gives its slot back");
+    b.acquire(&x).await.expect("x takes a slot");
     let before = etcd.counter(WHOLE_READS).expect("etcd's count");
     let writes = a.requests();
     a.release(&h).await.expect("release");

@@ -227,12 +227,27 @@ impl Snapshot {
     }
 
     /// Take locksmith's document from a read of its key alone (`node`; `None`: not there)
-    /// answered at etcd index `index`. Everything else stays as read before.
-    pub fn reread_doc(&mut self, node: Option<&Node>, index: u64) {
+    /// answered at etcd index `index`. Everything else stays as read before, but the records
+    /// of holders that left the document meanwhile: each one's release deletes its own after
+    /// its document write, so they are not orphans to this read.
+    pub fn reread_doc(&mut self, keys: &Keys, node: Option<&Node>, index: u64) {
+        let before = self.holders();
         self.index = self.index.max(index);
         self.doc = node.map_or(DocState::Absent, |n| {
             DocState::parse(n.value.as_deref().unwrap_or_default(), n.modified_index)
         });
+        let now = self.holders();
+        for gone in before.iter().filter(|h| !now.contains(h)) {
+            self.records.remove(&keys.record(gone));
+        }
+    }
+
+    /// The holders of the document as read (none when it is absent or unreadable).
+    fn holders(&self) -> Vec<String> {
+        match &self.doc {
+            DocState::Doc { doc, .. } => doc.holders.clone(),
+            _ => Vec::new(),
+        }
     }
 
     /// Apply a watched change. Returns whether it touched this group's keys.

@@ -70,27 +70,22 @@ pub(super) fn marker(
     if zoned || snap.doc.holders.iter().any(|h| keys.waiter(h) == mine) {
         return None;
     }
-    let max = usize::try_from(max).unwrap_or(usize::MAX).max(1);
     let ahead = || {
         snap.queue
             .iter()
             .filter(move |(_, e)| e.create_revision < my_ticket)
     };
     // Counted first, a comparison per entry (this runs at every change while far back); the
-    // entries holders may have left are uncertain, as in `far_back`.
-    let enough = max
-        .saturating_add(snap.doc.holders.len())
-        .saturating_add(MARKER_BEYOND_MAX);
-    if ahead().count() < enough {
-        return None;
-    }
+    // entries holders may have left are not counted live, as in `far_back`.
+    let live = ahead().count().saturating_sub(snap.doc.holders.len());
+    let distance = acquire::marker_distance(max.max(1), live, MARKER_BEYOND_MAX)?;
     let holders: HashSet<String> = snap.doc.holders.iter().map(|h| keys.waiter(h)).collect();
     let mut waiters: Vec<(i64, &String)> = ahead()
         .filter(|(k, _)| !holders.contains(*k))
         .map(|(k, e)| (e.create_revision, k))
         .collect();
     waiters.sort_unstable();
-    let at = waiters.len().checked_sub(max + FAR_BACK / 2)?;
+    let at = waiters.len().checked_sub(distance)?;
     waiters.get(at).map(|(_, k)| (*k).clone())
 }
 

@@ -37,7 +37,7 @@ use futures_util::stream::{BoxStream, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{WatchEvent, WatchParams};
 
-use super::super::acquire::FAR_BACK;
+use super::super::acquire::{self, FAR_BACK};
 use super::calls::CallError;
 use super::snapshot::{ticket, Snapshot};
 use super::{KubeLeaseSemaphore, LockError};
@@ -64,29 +64,12 @@ impl std::fmt::Debug for Marker {
     }
 }
 
-/// How many waiters ahead make a waiter far: `max` plus [`FAR_BACK`].
-fn far(max: u64) -> usize {
-    usize::try_from(max)
-        .unwrap_or(usize::MAX)
-        .saturating_add(FAR_BACK)
-}
-
-/// How many places ahead of mine the marker is: `max` plus half of [`FAR_BACK`], so that
-/// when it takes a slot at least `FAR_BACK / 2` waiters stand between it and me.
-fn distance(max: u64) -> usize {
-    usize::try_from(max)
-        .unwrap_or(usize::MAX)
-        .saturating_add(FAR_BACK / 2)
-}
-
 impl Marker {
     /// The marker of my waiter Lease `mine` in `snap`, when the arbiter counted `behind` live
     /// waiters ahead of me with `max` slots: `None` unless I am far back (at least `max +
     /// FAR_BACK` ahead) and queued.
     pub(super) fn pick(snap: &Snapshot, mine: &str, behind: usize, max: u64) -> Option<Marker> {
-        if behind < far(max) {
-            return None;
-        }
+        let distance = acquire::marker_distance(max, behind, FAR_BACK)?;
         let my_ticket = ticket(snap.waiters.get(mine)?);
         let mut ahead: Vec<_> = snap
             .waiters
@@ -94,7 +77,7 @@ impl Marker {
             .filter(|w| w.name != mine && ticket(w) < my_ticket)
             .collect();
         ahead.sort_by_cached_key(|w| std::cmp::Reverse(ticket(w)));
-        let w = ahead.get(distance(max).checked_sub(1)?)?;
+        let w = ahead.get(distance.checked_sub(1)?)?;
         Some(Marker {
             resume: w
                 .lease
@@ -213,8 +196,8 @@ mod tests {
     #[test]
     fn a_waiter_is_far_from_max_plus_far_back_live_waiters_ahead() {
         let snap = queue(40);
-        assert!(Marker::pick(&snap, MINE, far(3) - 1, 3).is_none());
-        let s = Marker::pick(&snap, MINE, far(3), 3).unwrap();
+        assert!(Marker::pick(&snap, MINE, 3 + FAR_BACK - 1, 3).is_none());
+        let s = Marker::pick(&snap, MINE, 3 + FAR_BACK, 3).unwrap();
         // max + FAR_BACK / 2 = 11 places ahead of mine (w-node-39 is the first).
         assert_eq!(s.name(), "w-node-29");
         assert_eq!(s.resume, "129");
