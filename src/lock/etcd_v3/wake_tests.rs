@@ -113,16 +113,7 @@ async fn a_pause_wakes_a_waiter_even_far_back() {
     assert_eq!(me_w.paused(), None);
     me_w.enqueue().await.expect("queue");
     assert!(quiet(&mut me_w, 500).await.is_err(), "woken far back");
-    let pause = crate::lock::GroupPause::parse("kernel freeze");
-    crate::lock::Admin::pause_group(&holder, &pause)
-        .await
-        .expect("pause");
-    let woken = quiet(&mut me_w, 10_000).await;
-    assert_eq!(
-        woken.expect("woken by the pause").expect("wait"),
-        Wake::Changed
-    );
-    assert_eq!(me_w.paused(), Some(pause.clone()));
+    let pause = pause_wakes(&holder, &mut me_w).await;
     // Read afresh, the pause is in the read.
     let mut again = waiting(&store, &w);
     again.read().await.expect("read");
@@ -153,6 +144,24 @@ async fn queue_all<'a>(
         queued.push(q);
     }
     queued
+}
+
+/// Pause the group through `holder`: `w` wakes to it and sees it.
+async fn pause_wakes(
+    holder: &EtcdSemaphore,
+    w: &mut super::waiting::V3Waiting<'_>,
+) -> crate::lock::GroupPause {
+    let pause = crate::lock::GroupPause::parse("kernel freeze");
+    crate::lock::Admin::pause_group(holder, &pause)
+        .await
+        .expect("pause");
+    let woken = quiet(w, 10_000).await;
+    assert_eq!(
+        woken.expect("woken by the pause").expect("wait"),
+        Wake::Changed
+    );
+    assert_eq!(w.paused(), Some(pause.clone()));
+    pause
 }
 
 /// `w`'s next wake within `ms` (`Err`: none came).
@@ -303,16 +312,7 @@ async fn a_waiter_far_back_watches_only_its_marker_and_the_pause() {
             0,
             "read first: {read_first}: the queue's changes reached the far waiter"
         );
-        let pause = crate::lock::GroupPause::parse("kernel freeze");
-        crate::lock::Admin::pause_group(&holder, &pause)
-            .await
-            .expect("pause");
-        let woken = quiet(&mut me_w, 10_000).await;
-        assert_eq!(
-            woken.expect("woken by the pause").expect("wait"),
-            Wake::Changed
-        );
-        assert_eq!(me_w.paused(), Some(pause));
+        pause_wakes(&holder, &mut me_w).await;
         crate::lock::Admin::resume_group(&holder)
             .await
             .expect("resume");
