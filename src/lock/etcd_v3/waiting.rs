@@ -225,7 +225,7 @@ impl V3Waiting<'_> {
     /// before), in place of the group's watch.
     async fn follow(&mut self, marker: String) -> Result<(), LockError> {
         let from = self.snap()?.revision + 1;
-        tracing::debug!(key = %self.queue_key, %marker, "far back: watching the entry ahead and the pause");
+        tracing::debug!(key = %self.queue_key, marker = %crate::text::clean(&marker), "far back: watching the entry ahead and the pause");
         self.watch = Some(super::marker::watch(self.store, &marker, from).await?);
         self.marker = Some(marker);
         Ok(())
@@ -509,7 +509,7 @@ impl Waiting for V3Waiting<'_> {
                     }
                     if let Some(marker) = &self.marker {
                         if events.iter().any(|(_, kv)| kv.key == marker.as_bytes()) {
-                            tracing::debug!(%marker, "the entry ahead changed or left; reading again");
+                            tracing::debug!(marker = %crate::text::clean(marker), "the entry ahead changed or left; reading again");
                             return Ok(Wake::Reread);
                         }
                     }
