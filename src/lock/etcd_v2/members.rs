@@ -83,15 +83,7 @@ impl FleetStore for EtcdV2Semaphore {
             sorted: true,
             quorum: false,
         };
-        let (root, index) = match self.client.get(&self.keys.root, get).await {
-            Ok(r) => (Some(r.node), r.etcd_index),
-            Err(crate::clients::etcd_v2::V2Error::Etcd {
-                code: crate::clients::etcd_v2::code::KEY_NOT_FOUND,
-                index,
-                ..
-            }) => (None, index),
-            Err(e) => return Err(lock_error(e)),
-        };
+        let (root, index) = self.get_or_absent(&self.keys.root, get).await?;
         let snap = super::tree::Snapshot::from_read(&self.keys, root.as_ref(), index);
         let doc = self.document(&snap)?;
         let prefix = self.node_records();

@@ -35,7 +35,7 @@ use super::retry::{cas_loop, Cas};
 use super::{
     Acquired, Admin, Fence, GroupPause, Identity, LockError, Reported, Semaphore, SemaphoreStatus,
 };
-use crate::clients::etcd_v2::{Get, KeysClient, Put, V2Error};
+use crate::clients::etcd_v2::{Get, KeysClient, Node, Put, V2Error};
 use crate::config;
 pub use connect::{client_settings, lock_error};
 use tree::{DocState, Keys, Snapshot};
@@ -163,13 +163,23 @@ impl EtcdV2Semaphore {
             sorted: true,
             quorum,
         };
-        match self.client.get(&self.keys.root, get).await {
-            Ok(r) => Ok(Snapshot::from_read(&self.keys, Some(&r.node), r.etcd_index)),
+        let (root, index) = self.get_or_absent(&self.keys.root, get).await?;
+        Ok(Snapshot::from_read(&self.keys, root.as_ref(), index))
+    }
+
+    /// `key` as read with `get` (`None`: etcd has no such key), and etcd's index of the answer.
+    pub(super) async fn get_or_absent(
+        &self,
+        key: &str,
+        get: Get,
+    ) -> Result<(Option<Node>, u64), LockError> {
+        match self.client.get(key, get).await {
+            Ok(r) => Ok((Some(r.node), r.etcd_index)),
             Err(V2Error::Etcd {
                 code: crate::clients::etcd_v2::code::KEY_NOT_FOUND,
                 index,
                 ..
-            }) => Ok(Snapshot::from_read(&self.keys, None, index)),
+            }) => Ok((None, index)),
             Err(e) => Err(lock_error(e)),
         }
     }

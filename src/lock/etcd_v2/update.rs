@@ -7,7 +7,7 @@ use super::super::retry::{cas_loop, Cas};
 use super::super::LockError;
 use super::tree::{DocState, Snapshot};
 use super::{lock_error, EtcdV2Semaphore, BACKEND};
-use crate::clients::etcd_v2::{Get, V2Error};
+use crate::clients::etcd_v2::Get;
 
 /// What the next attempt of [`EtcdV2Semaphore::update_doc`] writes on.
 enum Basis {
@@ -77,15 +77,8 @@ impl EtcdV2Semaphore {
             sorted: false,
             quorum: false,
         };
-        match self.client.get(&self.keys.doc, get).await {
-            Ok(r) => snap.reread_doc(&self.keys, Some(&r.node), r.etcd_index),
-            Err(V2Error::Etcd {
-                code: crate::clients::etcd_v2::code::KEY_NOT_FOUND,
-                index,
-                ..
-            }) => snap.reread_doc(&self.keys, None, index),
-            Err(e) => return Err(lock_error(e)),
-        }
+        let (node, index) = self.get_or_absent(&self.keys.doc, get).await?;
+        snap.reread_doc(&self.keys, node.as_ref(), index);
         Ok(())
     }
 

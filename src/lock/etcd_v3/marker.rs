@@ -35,12 +35,9 @@ use super::EtcdSemaphore;
 /// silence; the uncertain ones are the left-over entries holders may have. `zoned`: waiters
 /// ahead in full zones are passed over, so any change may let it act (never far).
 pub(super) fn far_back(snap: &Snapshot, keys: &Keys, mine: &str, max: u64, zoned: bool) -> bool {
-    let Some(my_ticket) = snap.queue.get(mine).map(|e| e.create_revision) else {
+    let Some(my_ticket) = waiting_ticket(snap, keys, mine, zoned) else {
         return false;
     };
-    if zoned || snap.doc.holders.iter().any(|h| keys.waiter(h) == mine) {
-        return false;
-    }
     let ahead = snap
         .queue
         .values()
@@ -52,7 +49,7 @@ pub(super) fn far_back(snap: &Snapshot, keys: &Keys, mine: &str, max: u64, zoned
 /// How many waiters' entries beyond `max` ahead make a waiter far enough back for a marker:
 /// the group's changes it then does not receive (about seven a reboot ahead of it) must
 /// outweigh what the marker costs: a read of the group and three watch creates more.
-pub const MARKER_BEYOND_MAX: usize = 4 * FAR_BACK;
+const MARKER_BEYOND_MAX: usize = 4 * FAR_BACK;
 
 /// The key of the queue entry a waiter behind `mine` in `snap` watches, when it is far enough
 /// back (`max`, [`MARKER_BEYOND_MAX`] and one per holder ahead of it: a holder's left-over
@@ -66,10 +63,7 @@ pub(super) fn marker(
     max: u64,
     zoned: bool,
 ) -> Option<String> {
-    let my_ticket = snap.queue.get(mine)?.create_revision;
-    if zoned || snap.doc.holders.iter().any(|h| keys.waiter(h) == mine) {
-        return None;
-    }
+    let my_ticket = waiting_ticket(snap, keys, mine, zoned)?;
     let ahead = || {
         snap.queue
             .iter()
@@ -87,6 +81,14 @@ pub(super) fn marker(
     waiters.sort_unstable();
     let at = waiters.len().checked_sub(distance)?;
     waiters.get(at).map(|(_, k)| (*k).clone())
+}
+
+/// The ticket (create revision) of the queue entry `mine`, when it is a waiter's that may be
+/// far back: queued, not a holder's, and no zones to pass waiters over.
+fn waiting_ticket(snap: &Snapshot, keys: &Keys, mine: &str, zoned: bool) -> Option<i64> {
+    let ticket = snap.queue.get(mine)?.create_revision;
+    let holder = snap.doc.holders.iter().any(|h| keys.waiter(h) == mine);
+    (!zoned && !holder).then_some(ticket)
 }
 
 /// One watch stream of `marker` and the group's pause, both from `revision`.
