@@ -273,7 +273,7 @@ const OPERATOR_SEEDS_FROM: u64 = 95_000;
 /// CI-sized chaos with an operator (`--operators`), v3 and v2 side by side: 5 nodes (max 2),
 /// the usual kills, etcd faults and API faults, while an operator runs the real `rebootctl`:
 /// pause and resume a node and the group, cancel a node's cycle, unlock a holder's slot and
-/// set-max. Each trial must pass and the operator must have acted; the long runs are in
+/// set-max. Each trial must pass and the operator must have acted three times; the long runs are in
 /// RELIABILITY.md ("Operators").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_smoke_with_an_operator_on_etcd_v3_and_v2() {
@@ -296,8 +296,9 @@ async fn chaos_smoke_with_an_operator_on_etcd_v3_and_v2() {
     for (opts, report) in [(&v3, a), (&v2, b)] {
         let what = format!("{} with an operator", opts.backend);
         let t = &one_ok(&what, opts, report);
+        // The harness does not end a trial before the operator took three actions.
         assert!(
-            t.stats.operator.len() >= 2,
+            t.stats.operator.values().sum::<u32>() >= 3,
             "the operator did too little: {}",
             t.stats
         );

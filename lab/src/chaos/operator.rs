@@ -27,6 +27,16 @@ const APPLY: Duration = Duration::from_secs(30);
 /// How long the operator keeps trying `resume --group` (the store may be down a while).
 const RESUME_TRIES: Duration = Duration::from_secs(60);
 
+/// The rollout is not judged complete before the operator took this many actions (or all it
+/// was given): a small fleet can finish within the first action (a pause held up to 4 s), and
+/// an operator who never acted tests nothing.
+pub(super) const AT_LEAST: usize = 3;
+
+/// Whether the operator took [`AT_LEAST`] actions, or all `actions` it was given.
+pub(super) fn acted_enough(shared: &Shared, actions: usize) -> bool {
+    shared.operated.load(Ordering::SeqCst) >= actions.min(AT_LEAST)
+}
+
 /// The operator's actions: up to `actions`, each 0.2–1.5 s after the last.
 pub(super) async fn operator(
     mut rng: Rng,
@@ -58,6 +68,7 @@ pub(super) async fn operator(
             5..=6 => op.unlock(&mut rng).await,
             _ => op.set_max(&mut rng).await,
         }
+        op.shared.operated.fetch_add(1, Ordering::SeqCst);
     }
 }
 
@@ -256,6 +267,9 @@ impl Operator {
                     before.as_ref().map_or("?".into(), |s| s.phase.to_string())
                 ));
             }
+        } else {
+            // A new cycle began between the two reads: nothing to judge.
+            self.count("cancel overtaken");
         }
         // Not rebooted yet: the need was dropped; a restart reads update_engine again.
         if end.last_reboot.is_none() {

@@ -22,7 +22,7 @@ use rebootd::lock::document::SemaphoreDoc;
 use rebootd::state::{Phase, State, StateStore};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -74,6 +74,9 @@ pub(super) struct Shared {
     pub two_docs: AtomicBool,
     /// `rebootctl migrate` succeeded (`--migrate`: the rollout is not complete before).
     pub migrated: AtomicBool,
+    /// The operator's actions taken so far (`--operators`: the rollout is not complete before
+    /// [`operator::AT_LEAST`] of them).
+    pub operated: AtomicUsize,
     /// The rollout is over (or the trial is being torn down): the chaos stops.
     pub stop: AtomicBool,
 }
@@ -101,6 +104,7 @@ impl Shared {
             docs: Mutex::new(Vec::new()),
             two_docs: AtomicBool::new(false),
             migrated: AtomicBool::new(false),
+            operated: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
         }
     }
@@ -765,7 +769,10 @@ async fn run_trial(
                 .flatten()
                 .is_some_and(|s| check::done(&s))
         }) && rig.locksmiths.iter().all(|n| mixed::done(n, shared))
-            && (!opts.migrate || shared.migrated.load(Ordering::SeqCst));
+            && (!opts.migrate || shared.migrated.load(Ordering::SeqCst))
+            && (!opts.operators
+                || operator::acted_enough(shared, opts.actions)
+                || operating.as_ref().is_some_and(|h| h.is_finished()));
         if all_done {
             break;
         }
