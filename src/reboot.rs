@@ -76,6 +76,10 @@ pub enum RebootError {
     Refused(String),
     #[error("cannot reach logind on the system bus: {0}")]
     Bus(String),
+    /// The reboot call was sent but no answer came back (the connection or the bus failed):
+    /// logind may have accepted it.
+    #[error("no answer from logind to the reboot call: {0}")]
+    Unanswered(String),
     /// This implementation cannot do `what` (e.g. a stand-in host without logind's sessions).
     #[error("{what} is not supported here")]
     Unsupported { what: &'static str },
@@ -112,6 +116,26 @@ fn error_name(e: &zbus::Error) -> Option<String> {
             _ => None,
         },
         _ => None,
+    }
+}
+
+/// Whether an error from a call sent to logind is logind's answer. The bus's own "no reply",
+/// time-outs, a lost connection or a broken read are not: the call may have been carried out.
+fn answered(e: &zbus::Error) -> bool {
+    use zbus::fdo::Error as Fdo;
+    const NOT_ANSWERS: [&str; 4] = [
+        "org.freedesktop.DBus.Error.NoReply",
+        "org.freedesktop.DBus.Error.Timeout",
+        "org.freedesktop.DBus.Error.TimedOut",
+        "org.freedesktop.DBus.Error.Disconnected",
+    ];
+    match e {
+        zbus::Error::MethodError(name, _, _) => !NOT_ANSWERS.contains(&name.as_str()),
+        zbus::Error::FDO(fdo) => !matches!(
+            **fdo,
+            Fdo::NoReply(_) | Fdo::Timeout(_) | Fdo::TimedOut(_) | Fdo::Disconnected(_)
+        ),
+        _ => false,
     }
 }
 
@@ -202,11 +226,12 @@ impl Rebooter for Logind {
                     holders: describe_blockers(&proxy).await,
                 })
             }
+            Err(e) if !answered(&e) => Err(RebootError::Unanswered(e.to_string())),
             Err(zbus::Error::MethodError(name, msg, _)) => Err(RebootError::Refused(format!(
                 "{name}: {}",
                 msg.unwrap_or_default()
             ))),
-            Err(e) => Err(RebootError::Bus(e.to_string())),
+            Err(e) => Err(RebootError::Refused(e.to_string())),
         }
     }
 

@@ -261,6 +261,40 @@ async fn restart_in_the_same_boot_is_not_a_reboot_and_a_lost_reboot_is_retried()
     assert_eq!(s.last_reboot, None, "not counted as a reboot");
 }
 
+/// logind accepts the reboot but the host goes down before its answer is out (the bus says
+/// NoReply): the request stays on record, so the boot that follows is rebootd's reboot, not
+/// one "outside rebootd's control".
+#[tokio::test]
+async fn a_reboot_call_without_an_answer_is_taken_as_accepted() {
+    let mut opts = NodeOptions::new("n6b");
+    opts.logind.lose_reboot_answers = true;
+    let mut node = Node::start(Path::new(REBOOTD), opts).await.unwrap();
+    let mut reboots = node.logind.subscribe();
+    idle(&node).await;
+    node.update_engine.set_status(NEED, "5.1").await.unwrap();
+    next_reboot(&node, &mut reboots, WAIT).await;
+    let s = node
+        .wait_state("the unanswered call on record", WAIT, |s| {
+            s.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("did not answer"))
+        })
+        .await
+        .unwrap();
+    assert_eq!(s.phase, Phase::Rebooting, "{s:?}");
+    assert!(s.reboot.as_ref().is_some_and(|r| r.called), "{s:?}");
+    assert!(s.logind_asked(), "cancel is refused: {s:?}");
+    node.reboot().await.unwrap();
+    let s = node
+        .wait_state("idle in the new boot", WAIT, |s| s.phase == Phase::Idle)
+        .await
+        .unwrap();
+    assert_eq!(s.reboots, 1, "{s:?}");
+    let log = node.log();
+    assert!(log.contains("rebooted: boot id"), "{log}");
+    assert!(!log.contains("outside rebootd's control"), "{log}");
+}
+
 #[tokio::test]
 async fn falls_back_to_reboot_when_logind_lacks_reboot_with_flags() {
     let mut opts = NodeOptions::new("n6");

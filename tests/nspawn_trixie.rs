@@ -231,12 +231,17 @@ async fn trixie_soft_reboots_through_logind_proves_it_by_the_count_and_releases_
             "cat",
         ])
         .unwrap();
-    follow
+    if let Err(e) = follow
         .expect("the full reboot proven by the boot id", BOOT, |l| {
             l.contains("rebooted: boot id")
         })
         .await
-        .unwrap();
+    {
+        panic!(
+            "{e}\n--- rebootd, every boot ---\n{}",
+            host.unit_journal("rebootd")
+        );
+    }
     follow
         .expect("the slot released", BOOT, |l| {
             l.contains("slot released; cycle complete")

@@ -78,12 +78,17 @@ pub struct FakeLogindOptions {
     /// Serve `RebootWithFlags` (systemd >= 248). When false the method does not exist at all,
     /// so callers get `org.freedesktop.DBus.Error.UnknownMethod` and must fall back to `Reboot`.
     pub reboot_with_flags: bool,
+    /// Accept a reboot call, then leave the bus without answering it, as logind does when the
+    /// host goes down before its answer is out: the caller gets the bus's `NoReply`. The call
+    /// is recorded (and announced) like any accepted one.
+    pub lose_reboot_answers: bool,
 }
 
 impl Default for FakeLogindOptions {
     fn default() -> Self {
         FakeLogindOptions {
             reboot_with_flags: true,
+            lose_reboot_answers: false,
         }
     }
 }
@@ -173,11 +178,13 @@ struct Shared {
     reboots: broadcast::Sender<RebootCall>,
     shutdown: watch::Sender<bool>,
     sessions: sessions::Sessions,
+    lose_reboot_answers: bool,
 }
 
 impl Shared {
-    fn new() -> Self {
+    fn new(lose_reboot_answers: bool) -> Self {
         Shared {
+            lose_reboot_answers,
             inhibitors: watch::Sender::new(Vec::new()),
             next_id: AtomicU64::new(1),
             calls: Mutex::new(Vec::new()),
@@ -277,6 +284,19 @@ impl Shared {
             flags: 0,
         });
         Ok(())
+    }
+
+    /// The answer to an accepted reboot call: at once, or (`lose_reboot_answers`) never, the
+    /// connection closed instead.
+    async fn answer(&self, conn: &zbus::Connection) -> Result<(), LogindError> {
+        if !self.lose_reboot_answers {
+            return Ok(());
+        }
+        let conn = conn.clone();
+        tokio::spawn(async move {
+            let _ = conn.close().await;
+        });
+        std::future::pending().await
     }
 
     fn list(&self) -> Vec<ListedInhibitor> {
@@ -384,7 +404,8 @@ impl Manager {
         flags: u64,
     ) -> Result<(), LogindError> {
         let caller = Shared::caller_uid(conn, &header).await?;
-        self.shared.reboot_with_flags(caller, flags)
+        self.shared.reboot_with_flags(caller, flags)?;
+        self.shared.answer(conn).await
     }
 
     async fn reboot(
@@ -394,7 +415,8 @@ impl Manager {
         interactive: bool,
     ) -> Result<(), LogindError> {
         let caller = Shared::caller_uid(conn, &header).await?;
-        self.shared.reboot(caller, interactive)
+        self.shared.reboot(caller, interactive)?;
+        self.shared.answer(conn).await
     }
 
     async fn inhibit(
@@ -538,7 +560,7 @@ pub struct FakeLogind {
 impl FakeLogind {
     /// Connects to `bus_address`, serves the manager object and owns `org.freedesktop.login1`.
     pub async fn start(bus_address: &str, opts: FakeLogindOptions) -> Result<Self, LabError> {
-        let shared = Arc::new(Shared::new());
+        let shared = Arc::new(Shared::new(opts.lose_reboot_answers));
         let builder = zbus::connection::Builder::address(bus_address)?;
         let builder = if opts.reboot_with_flags {
             builder.serve_at(

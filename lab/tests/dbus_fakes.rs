@@ -534,6 +534,7 @@ async fn legacy_logind_has_no_reboot_with_flags() {
         bus.address(),
         FakeLogindOptions {
             reboot_with_flags: false,
+            ..FakeLogindOptions::default()
         },
     )
     .await
@@ -571,6 +572,28 @@ async fn legacy_logind_has_no_reboot_with_flags() {
             flags: 0
         }]
     );
+}
+
+/// A logind that goes down before its answer is out: the real client gets the bus's NoReply,
+/// and the call is on record as accepted.
+#[tokio::test]
+async fn a_lost_reboot_answer_reaches_dbus_send_as_no_reply() {
+    let bus = PrivateBus::start().await.expect("start bus");
+    let logind = FakeLogind::start(
+        bus.address(),
+        FakeLogindOptions {
+            lose_reboot_answers: true,
+            ..FakeLogindOptions::default()
+        },
+    )
+    .await
+    .expect("start logind");
+    let mut calls = logind.subscribe();
+    let out = logind_send(bus.address(), "RebootWithFlags", &["uint64:1"]).await;
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("org.freedesktop.DBus.Error.NoReply"), "{err}");
+    assert_eq!(next_reboot(&mut calls).await.method, "RebootWithFlags");
 }
 
 #[tokio::test]

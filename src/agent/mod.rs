@@ -96,6 +96,9 @@ pub enum Event {
     RebootAccepted,
     /// logind refused (inhibitor, error).
     RebootRefused { error: String },
+    /// The reboot call got no answer (the bus or the connection failed after it was sent):
+    /// logind may have accepted it.
+    RebootUnanswered { error: String },
     /// The block inhibitors on shutdown held right before the reboot (empty: none any more).
     Inhibited { by: Vec<Inhibitor> },
     /// An accepted reboot did not happen within the timeout.
@@ -143,6 +146,7 @@ impl Event {
             Event::ReadyToReboot(_) => "ready_to_reboot",
             Event::RebootAccepted => "reboot_accepted",
             Event::RebootRefused { .. } => "reboot_refused",
+            Event::RebootUnanswered { .. } => "reboot_unanswered",
             Event::Inhibited { .. } => "inhibited",
             Event::RebootTimedOut => "reboot_timed_out",
             Event::Healthy => "healthy",
@@ -216,7 +220,7 @@ pub fn admit(s: &State, event: &Event) -> Result<(), Refused> {
             p == Rebooting && s.users_warned.is_some(),
             "rebooting, with logged-in users warned",
         ),
-        Event::RebootAccepted => (
+        Event::RebootAccepted | Event::RebootUnanswered { .. } => (
             p == Rebooting && s.reboot.is_some(),
             "rebooting, with the request on record",
         ),
@@ -419,6 +423,7 @@ fn handle(s: &mut State, event: Event, now: Timestamp, policy: &Policy) -> Strin
         Event::UsersWarningOver => reboot::users_warning_over(s),
         Event::ReadyToReboot(plan) => reboot::ready(s, plan, now),
         Event::RebootAccepted => reboot::accepted(s, policy),
+        Event::RebootUnanswered { error } => reboot::unanswered(s, &error, policy),
         Event::RebootRefused { error } => reboot::refused(s, &error, now, policy),
         Event::Inhibited { by } => reboot::inhibited(s, by),
         Event::RebootTimedOut => reboot::timed_out(s, policy),

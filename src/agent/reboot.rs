@@ -70,6 +70,20 @@ pub(super) fn accepted(s: &mut State, policy: &Policy) -> String {
     "logind accepted the reboot".into()
 }
 
+/// The call got no answer: logind may have accepted it, and the host may be going down now.
+/// It is taken as accepted (the request stays on record, so a reboot that follows is known as
+/// this one and `cancel` is refused); the host is given until `reboot_timeout` to go down, then
+/// logind is asked again.
+pub(super) fn unanswered(s: &mut State, error: &str, policy: &Policy) -> String {
+    accepted(s, policy);
+    let why = format!("logind did not answer the reboot call ({error}); it may have accepted it");
+    s.last_error = Some(why.clone());
+    match &s.waiting_for {
+        Some(w) => format!("{why}: waiting for {w} as if it had, then asking again"),
+        None => why,
+    }
+}
+
 /// logind refused: the request goes, and is made again after `retry_interval`.
 pub(super) fn refused(s: &mut State, error: &str, now: Timestamp, policy: &Policy) -> String {
     s.reboot = None;

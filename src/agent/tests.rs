@@ -186,6 +186,43 @@ fn refused_reboot_backs_off_then_retries() {
     assert_eq!(next_action(&s, &policy()), Action::PrepareReboot);
 }
 
+/// A reboot call with no answer (logind or the bus went away first) may have been accepted:
+/// the request stays on record, the host is given the time-out, the boot that follows is
+/// rebootd's, and it cannot be cancelled meanwhile.
+#[test]
+fn an_unanswered_reboot_call_is_taken_as_accepted() {
+    let s = run(
+        &State::new("boot1", t(0)),
+        vec![
+            needed(),
+            Event::WindowOpen,
+            Event::SlotAcquired,
+            Event::ReadyToReboot(RebootPlan::default()),
+            Event::RebootUnanswered {
+                error: "NoReply".into(),
+            },
+        ],
+    );
+    assert!(s.reboot.as_ref().is_some_and(|r| r.called), "{s:?}");
+    assert!(s.logind_asked());
+    assert!(s
+        .last_error
+        .as_deref()
+        .unwrap()
+        .contains("may have accepted"));
+    assert!(matches!(
+        next_action(&s, &policy()),
+        Action::AwaitReboot { .. }
+    ));
+    let rebooted = run(&s, vec![started("boot2")]);
+    assert_eq!(rebooted.phase, Phase::WaitingForHealthy);
+    assert_eq!(rebooted.reboots, 1, "counted as rebootd's reboot");
+    // It did not happen: asked again after the time-out, as an accepted one would be.
+    let s = run(&s, vec![Event::RebootTimedOut]);
+    assert_eq!(s.failed_attempts, 1);
+    assert_eq!(next_action(&s, &policy()), Action::PrepareReboot);
+}
+
 fn inhibitor(who: &str, uid: u32) -> Inhibitor {
     Inhibitor {
         what: "shutdown".into(),

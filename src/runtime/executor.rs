@@ -459,6 +459,13 @@ impl Runtime {
                     error: e.to_string(),
                 }
             }
+            Err(e @ RebootError::Unanswered(_)) => {
+                error!(error = %e, "logind did not answer the reboot call; it may have accepted it");
+                self.metrics.error(ErrorKind::Logind);
+                Event::RebootUnanswered {
+                    error: e.to_string(),
+                }
+            }
             Err(e) => {
                 error!(error = %e, "the reboot request failed; will ask again");
                 self.metrics.error(ErrorKind::Logind);

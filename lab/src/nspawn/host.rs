@@ -270,11 +270,22 @@ impl Host {
     /// The last lines of the host's persistent journal, read from outside (so also when the
     /// container hangs in a shutdown): for failure messages.
     fn journal_tail(&self, n: usize) -> String {
+        self.journal(&["-n", &n.to_string()])
+    }
+
+    /// One unit's lines in the host's persistent journal, every boot, read from outside: for
+    /// failure messages that need the boot before the one a test follows.
+    pub fn unit_journal(&self, unit: &str) -> String {
+        self.journal(&["-u", unit])
+    }
+
+    fn journal(&self, args: &[&str]) -> String {
         let dir = self.root().join("var/log/journal");
         let out = std::process::Command::new("journalctl")
             .arg("-D")
             .arg(&dir)
-            .args(["--no-pager", "-o", "short-monotonic", "-n", &n.to_string()])
+            .args(["--no-pager", "-o", "short-monotonic"])
+            .args(args)
             .stdin(Stdio::null())
             .output();
         match out {
