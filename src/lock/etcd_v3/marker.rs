@@ -4,9 +4,11 @@
 //! whole group: one queue entry ahead of it and the group's pause. On the group's watch every
 //! change reached every waiter, about seven a reboot, so each waiter's events grew with the
 //! fleet and the fleet's with its square; a far waiter's watch brings the pause and its
-//! marker's end. It follows a marker from the first wait after a read, or from the change on
-//! the group's watch that showed it far enough back (the waiters that queued ahead of it after
-//! its read).
+//! marker's end. It follows a marker from the first wait after a read: placed by the read, or,
+//! when its entry came after a burst of writes that the read did not show ([`after_burst`]),
+//! by one narrow read of the entries nearest ahead of it (its snapshot then lacks the queue
+//! ahead, so any wake but its marker's reads again). Or from the change on the group's watch
+//! that showed it far enough back.
 //!
 //! The marker is the queue entry `max + FAR_BACK / 2` places ahead of mine, counting waiters'
 //! entries only (a holder's left-over entry may go at any time). While it is there I cannot
@@ -23,7 +25,9 @@
 
 use std::collections::HashSet;
 
-use etcd_client::{WatchOptions, WatchStream};
+use etcd_client::{
+    GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchOptions, WatchStream,
+};
 
 use super::super::acquire::{self, FAR_BACK};
 use super::super::LockError;
@@ -91,21 +95,107 @@ fn waiting_ticket(snap: &Snapshot, keys: &Keys, mine: &str, zoned: bool) -> Opti
     (!zoned && !holder).then_some(ticket)
 }
 
-/// One watch stream of `marker` and the group's pause, both from `revision`.
+/// After a start burst: my entry `mine` was put after my read (`snap`), with enough writes
+/// between them for a queue to have formed ahead of it that the read did not show (in a start
+/// burst every waiter reads an empty queue). On the group's watch each of those entries would
+/// reach me before I knew I was far back. So I ask etcd first, in one transaction, for the
+/// document and the entries nearest ahead of mine (keys only, nearest first, at most `max` plus
+/// [`MARKER_BEYOND_MAX`] plus the holders and [`FAR_BACK`] of them: bytes O(max)). My marker
+/// among them, and the revision of that answer, when I am far enough back for one; `None` (the
+/// group's watch, as read) otherwise.
+pub(super) async fn after_burst(
+    store: &EtcdSemaphore,
+    snap: &Snapshot,
+    mine: &str,
+    max: u64,
+    zoned: bool,
+) -> Result<Option<(String, i64)>, LockError> {
+    let keys = &store.keys;
+    let Some(ticket) = waiting_ticket(snap, keys, mine, zoned) else {
+        return Ok(None);
+    };
+    // Ahead of me at most: the entries read, and one per write between the read and my entry.
+    let read_ahead = snap
+        .queue
+        .values()
+        .filter(|e| e.create_revision < ticket)
+        .count();
+    let since_read = usize::try_from(ticket - snap.revision - 1).unwrap_or(0);
+    let max = max.max(1);
+    if since_read == 0
+        || acquire::marker_distance(max, read_ahead + since_read, MARKER_BEYOND_MAX).is_none()
+    {
+        return Ok(None);
+    }
+    let limit = usize::try_from(max)
+        .unwrap_or(usize::MAX)
+        .saturating_add(MARKER_BEYOND_MAX + FAR_BACK + snap.doc.holders.len());
+    let nearest = GetOptions::new()
+        .with_prefix()
+        .with_keys_only()
+        .with_max_create_revision(ticket - 1)
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
+    let txn = Txn::new().and_then(vec![
+        TxnOp::get(keys.doc.clone(), None),
+        TxnOp::get(keys.queue.clone(), Some(nearest)),
+    ]);
+    let resp = store.txn(txn).await?;
+    let at = resp.header().map(|h| h.revision()).unwrap_or_default();
+    let mut now = Snapshot::empty(at);
+    let mut gets = resp.op_responses().into_iter().filter_map(|op| match op {
+        TxnOpResponse::Get(get) => Some(get),
+        _ => None,
+    });
+    let (Some(doc), Some(queue)) = (gets.next(), gets.next()) else {
+        return Err(LockError::Backend {
+            backend: super::BACKEND,
+            reason: format!("unexpected answer to a read of {}", keys.queue),
+        });
+    };
+    for kv in doc.kvs() {
+        now.put(keys, &super::snapshot::Kv::from(kv))?;
+    }
+    let holders: HashSet<String> = now.doc.holders.iter().map(|h| keys.waiter(h)).collect();
+    let nearest = queue
+        .kvs()
+        .iter()
+        .map(|kv| String::from_utf8_lossy(kv.key()).into_owned());
+    Ok(nearest_marker(nearest, &holders, max).map(|k| (k, at)))
+}
+
+/// The marker among the queue's `nearest` keys ahead of mine (nearest first), the entries of
+/// `holders` (left over, they may go at any time) not counted: when enough are live waiters.
+fn nearest_marker(
+    nearest: impl Iterator<Item = String>,
+    holders: &HashSet<String>,
+    max: u64,
+) -> Option<String> {
+    let waiters: Vec<String> = nearest.filter(|k| !holders.contains(k)).collect();
+    let distance = acquire::marker_distance(max, waiters.len(), MARKER_BEYOND_MAX)?;
+    waiters.into_iter().nth(distance.checked_sub(1)?)
+}
+
+/// One watch stream of `marker` from revision `marker_from` and the group's pause from
+/// `pause_from`.
 pub(super) async fn watch(
     store: &EtcdSemaphore,
     marker: &str,
-    revision: i64,
+    marker_from: i64,
+    pause_from: i64,
 ) -> Result<WatchStream, LockError> {
-    let from = WatchOptions::new().with_start_revision(revision);
+    let from = |revision| WatchOptions::new().with_start_revision(revision);
     let mut watch = store.client.watch_client();
     let mut stream = store
         .request(
             "opening a watch: ",
-            watch.watch(marker.to_owned(), Some(from.clone())),
+            watch.watch(marker.to_owned(), Some(from(marker_from))),
         )
         .await?;
-    if let Err(e) = stream.watch(store.keys.pause.clone(), Some(from)).await {
+    if let Err(e) = stream
+        .watch(store.keys.pause.clone(), Some(from(pause_from)))
+        .await
+    {
         return Err(store.classify(e));
     }
     Ok(stream)
@@ -140,6 +230,31 @@ mod tests {
         snap.doc.holders = holders.iter().map(|h| (*h).to_owned()).collect();
         let mine = keys.waiter("me");
         (snap, keys, mine)
+    }
+
+    #[test]
+    fn after_a_burst_the_marker_is_counted_among_the_nearest_waiters() {
+        let max = 3;
+        let need = 3 + MARKER_BEYOND_MAX;
+        let nearest = |n: usize| (0..n).map(|i| format!("w{i:03}"));
+        let none = HashSet::new();
+        assert_eq!(
+            nearest_marker(nearest(need - 1), &none, max),
+            None,
+            "one too few"
+        );
+        let distance = 3 + FAR_BACK / 2;
+        assert_eq!(
+            nearest_marker(nearest(need), &none, max),
+            Some(format!("w{:03}", distance - 1))
+        );
+        // A holder's left-over entry among them is neither counted nor the marker.
+        let holder: HashSet<String> = [format!("w{:03}", distance - 1)].into();
+        assert_eq!(nearest_marker(nearest(need), &holder, max), None);
+        assert_eq!(
+            nearest_marker(nearest(need + 1), &holder, max),
+            Some(format!("w{distance:03}"))
+        );
     }
 
     #[test]

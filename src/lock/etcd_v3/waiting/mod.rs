@@ -11,12 +11,12 @@
 //! One that took its slot in the transaction deleting its entry leaves the lease, holding no key,
 //! to expire instead of revoking it.
 
-use std::time::{Duration, Instant};
+mod keep_alive;
+
+use std::time::Instant;
 
 use async_trait::async_trait;
-use etcd_client::{
-    EventType, LeaseKeepAliveStream, LeaseKeeper, PutOptions, TxnOp, WatchOptions, WatchStream,
-};
+use etcd_client::{EventType, PutOptions, TxnOp, WatchOptions, WatchStream};
 
 use super::super::acquire::{self, sleep_until, Settings, Waiting, Wake};
 use super::super::contact::Contact;
@@ -28,6 +28,7 @@ use super::lease_guard::LeaseGuard;
 use super::snapshot::{Kv, QueueEntry, Snapshot};
 use super::{EtcdSemaphore, BACKEND};
 use crate::state::Phase;
+use keep_alive::{keep_alive_response, KeepAlive};
 
 /// gRPC NotFound: etcd's "requested lease not found" (it expired while etcd was away).
 const GRPC_NOT_FOUND: i32 = 5;
@@ -85,18 +86,13 @@ pub(in crate::lock) fn waiting<'a>(store: &'a EtcdSemaphore, me: &'a Identity) -
         },
         watch: None,
         marker: None,
+        queue_unread: false,
         keep_alive: None,
         kept_alive_at: None,
         left: false,
         lost_race: LostRace::default(),
         contact: Contact::new(store.timeouts.queue_ttl),
     }
-}
-
-/// The lease keep-alive stream, opened at the first keep-alive after a read.
-struct KeepAlive {
-    keeper: LeaseKeeper,
-    stream: LeaseKeepAliveStream,
 }
 
 pub(in crate::lock) struct V3Waiting<'a> {
@@ -114,6 +110,9 @@ pub(in crate::lock) struct V3Waiting<'a> {
     watch: Option<WatchStream>,
     /// The queue entry that watch follows in place of the group, far back ([`super::marker`]).
     marker: Option<String>,
+    /// That marker was found after a start burst ([`super::marker::after_burst`]): the queue
+    /// ahead of me is not in my snapshot, so any wake but the pause's reads again first.
+    queue_unread: bool,
     keep_alive: Option<KeepAlive>,
     /// When my lease was granted or last kept alive.
     kept_alive_at: Option<Instant>,
@@ -144,65 +143,6 @@ impl V3Waiting<'_> {
         HolderRecord::after(None, self.me, Some(self.first.map(Phase::as_str)))
     }
 
-    /// When my lease needs its next keep-alive ([`acquire::beat_due`]: sparser far back).
-    fn keep_alive_due(&self) -> Option<Instant> {
-        let (_, ttl) = self.lease.lease?;
-        Some(acquire::beat_due(self.kept_alive_at?, ttl, self.far_back()))
-    }
-
-    /// Grant the lease of my queue entry.
-    async fn grant(&mut self) -> Result<i64, LockError> {
-        let ttl = i64::try_from(self.store.timeouts.queue_ttl.as_millis().div_ceil(1000))
-            .unwrap_or(i64::MAX)
-            .max(1);
-        let mut lease = self.store.client.lease_client();
-        let resp = self
-            .store
-            .request("granting a lease: ", lease.grant(ttl, None))
-            .await?;
-        let granted = Duration::from_secs(u64::try_from(resp.ttl()).unwrap_or(1).max(1));
-        self.lease.lease = Some((resp.id(), granted));
-        self.keep_alive = None;
-        self.kept_alive_at = Some(Instant::now());
-        Ok(resp.id())
-    }
-
-    /// Send a keep-alive for my lease, opening the keep-alive stream the first time. `false`
-    /// when the lease is gone.
-    async fn send_keep_alive(&mut self) -> Result<bool, LockError> {
-        let Some((id, _)) = self.lease.lease else {
-            return Ok(false);
-        };
-        if let Some(k) = self.keep_alive.as_mut() {
-            return match k.keeper.keep_alive().await {
-                Ok(()) => Ok(true),
-                Err(e) => Err(self.store.unreachable(format!("lease keep-alive: {e}"))),
-            };
-        }
-        let mut lease = self.store.client.lease_client();
-        match tokio::time::timeout(self.store.timeouts.request, lease.keep_alive(id)).await {
-            Err(_) => Err(self.store.unreachable(format!(
-                "lease keep-alive: no answer within {:?}",
-                self.store.timeouts.request
-            ))),
-            Ok(Ok((keeper, stream))) => {
-                self.keep_alive = Some(KeepAlive { keeper, stream });
-                Ok(true)
-            }
-            // What the client says when the server answers with a TTL of 0: lease not found.
-            Ok(Err(etcd_client::Error::LeaseKeepAliveError(_))) => Ok(false),
-            Ok(Err(e)) => Err(self.store.classify(e)),
-        }
-    }
-
-    /// My lease expired: its entry went with it. Forget both; the next decision queues again.
-    fn lease_lost(&mut self) {
-        tracing::warn!(key = %self.queue_key, lease = ?self.lease.lease.map(|(id, _)| id), "the lease of my queue entry expired; queueing again");
-        self.lease.lease = None;
-        self.keep_alive = None;
-        self.kept_alive_at = None;
-    }
-
     /// Open the watch of the group's pause, the holder records, the queue and the document (one
     /// key range, see [`super::super::document`]) from `revision`.
     async fn open_watch(&self, revision: i64) -> Result<WatchStream, LockError> {
@@ -221,14 +161,44 @@ impl V3Waiting<'_> {
             .await
     }
 
-    /// Watch my marker and the pause from the snapshot's revision on (it has every change
-    /// before), in place of the group's watch.
-    async fn follow(&mut self, marker: String) -> Result<(), LockError> {
-        let from = self.snap()?.revision + 1;
+    /// Watch my marker (from `seen`, the revision it was read at: by default the snapshot's)
+    /// and the pause from the snapshot's revision on (it has every change before), in place of
+    /// the group's watch.
+    async fn follow(&mut self, marker: String, seen: Option<i64>) -> Result<(), LockError> {
+        let read = self.snap()?.revision;
+        let from = seen.unwrap_or(read) + 1;
         tracing::debug!(key = %self.queue_key, marker = %crate::text::clean(&marker), "far back: watching the entry ahead and the pause");
-        self.watch = Some(super::marker::watch(self.store, &marker, from).await?);
+        self.watch = Some(super::marker::watch(self.store, &marker, from, read + 1).await?);
         self.marker = Some(marker);
         Ok(())
+    }
+
+    /// The watch of the first wait after a read: my marker when the snapshot or a start burst
+    /// places me far enough back ([`super::marker`]), else the group.
+    async fn open_first_watch(&mut self) -> Result<(), LockError> {
+        if let Some(marker) = self.place_marker() {
+            return self.follow(marker, None).await;
+        }
+        let snap = self.snap()?;
+        let max = self.store.effective_max(snap);
+        let zoned = self.store.max_per_zone.is_some();
+        let burst = super::marker::after_burst(self.store, snap, &self.queue_key, max, zoned);
+        if let Some((marker, seen)) = burst.await? {
+            self.queue_unread = true;
+            return self.follow(marker, Some(seen)).await;
+        }
+        self.watch = Some(self.open_watch(snap.revision + 1).await?);
+        Ok(())
+    }
+
+    /// A wake on which the arbiter decides again: on the snapshot, or on a new read when the
+    /// snapshot lacks the queue ahead of me.
+    fn changed(&self) -> Wake {
+        if self.queue_unread {
+            Wake::Reread
+        } else {
+            Wake::Changed
+        }
     }
 
     /// Whether `events` change nothing but other holders' records (their phase reports), which
@@ -247,11 +217,12 @@ impl V3Waiting<'_> {
     /// Whether I am far back in a long queue ([`super::marker::far_back`]). Nearer the head
     /// every change is decided on and logged.
     fn far_back(&self) -> bool {
-        self.snap.as_ref().is_some_and(|snap| {
-            let max = self.store.effective_max(snap);
-            let zoned = self.store.max_per_zone.is_some();
-            super::marker::far_back(snap, &self.store.keys, &self.queue_key, max, zoned)
-        })
+        self.queue_unread
+            || self.snap.as_ref().is_some_and(|snap| {
+                let max = self.store.effective_max(snap);
+                let zoned = self.store.max_per_zone.is_some();
+                super::marker::far_back(snap, &self.store.keys, &self.queue_key, max, zoned)
+            })
     }
 
     /// My marker in the snapshot, when I am far enough back for one ([`super::marker`]).
@@ -286,6 +257,7 @@ impl Waiting for V3Waiting<'_> {
         // The watch and the keep-alive stream start again from this read.
         self.watch = None;
         self.marker = None;
+        self.queue_unread = false;
         self.keep_alive = None;
         let snap = self.store.read(true).await?;
         self.lost_race.clear();
@@ -433,10 +405,7 @@ impl Waiting for V3Waiting<'_> {
 
     async fn wait(&mut self, until: Option<Instant>, _head: bool) -> Result<Wake, LockError> {
         if self.watch.is_none() {
-            match self.place_marker() {
-                Some(marker) => self.follow(marker).await?,
-                None => self.watch = Some(self.open_watch(self.snap()?.revision + 1).await?),
-            }
+            self.open_first_watch().await?;
         }
         loop {
             let keep_alive_at = self.keep_alive_due();
@@ -453,7 +422,7 @@ impl Waiting for V3Waiting<'_> {
                 m = watch.message() => Woken::Watch(m),
             };
             match woken {
-                Woken::Timer => return Ok(Wake::Changed),
+                Woken::Timer => return Ok(self.changed()),
                 Woken::LostRace => {
                     self.lost_race.clear();
                     tracing::debug!(
@@ -464,13 +433,13 @@ impl Waiting for V3Waiting<'_> {
                 Woken::KeepAliveDue => {
                     if !self.send_keep_alive().await? {
                         self.lease_lost();
-                        return Ok(Wake::Changed);
+                        return Ok(self.changed());
                     }
                     self.kept_alive_at = Some(Instant::now());
                 }
                 Woken::KeepAlive(Ok(Some(r))) if r.ttl() <= 0 => {
                     self.lease_lost();
-                    return Ok(Wake::Changed);
+                    return Ok(self.changed());
                 }
                 Woken::KeepAlive(Ok(Some(_))) => self.contact.answered(Instant::now()),
                 Woken::KeepAlive(Ok(None)) => {
@@ -524,18 +493,18 @@ impl Waiting for V3Waiting<'_> {
                         .iter()
                         .any(|(_, kv)| lost_race.decides(&String::from_utf8_lossy(&kv.key)));
                     if paused {
-                        return Ok(Wake::Changed);
+                        return Ok(self.changed());
                     }
                     if !awaited || self.only_others_records(&events) {
                         continue;
                     }
                     if !self.far_back() {
-                        return Ok(Wake::Changed);
+                        return Ok(self.changed());
                     }
                     // Moved far back on the group's watch (the queue ahead came after my read).
                     if self.marker.is_none() {
                         if let Some(marker) = self.place_marker() {
-                            self.follow(marker).await?;
+                            self.follow(marker, None).await?;
                         }
                     }
                 }
@@ -578,15 +547,5 @@ impl Waiting for V3Waiting<'_> {
         } else {
             self.lease.revoke();
         }
-    }
-}
-
-/// The next answer on the keep-alive stream, if one is open.
-async fn keep_alive_response(
-    keep_alive: &mut Option<KeepAlive>,
-) -> Result<Option<etcd_client::LeaseKeepAliveResponse>, etcd_client::Error> {
-    match keep_alive {
-        Some(k) => k.stream.message().await,
-        None => std::future::pending().await,
     }
 }
