@@ -245,6 +245,23 @@ impl EtcdSemaphore {
             .await
     }
 
+    /// A waiter's [`Self::read`]: with the queue, and when it has an entry (created at
+    /// revision `mine`), only the entries up to it. Those created after mine are behind me and
+    /// decide nothing of mine (the arbiter counts the waiters ahead), so the read costs bytes
+    /// for my place in the queue, not for the queue.
+    async fn read_waiter(&self, mine: Option<i64>) -> Result<Snapshot, LockError> {
+        let mut gets = self.read_ops(false, self.max_percent.is_some());
+        let mut queue = GetOptions::new().with_prefix();
+        if let Some(mine) = mine {
+            queue = queue.with_max_create_revision(mine);
+        }
+        gets.push(TxnOp::get(self.keys.queue.clone(), Some(queue)));
+        gets.push(TxnOp::get(self.keys.pause.clone(), None));
+        let expected = gets.len();
+        let resp = self.txn(Txn::new().and_then(gets)).await?;
+        self.snapshot_of(&resp, expected)
+    }
+
     /// [`Self::read`], with the fleet member records when `members` (to count the nodes).
     async fn read_with(&self, with_queue: bool, members: bool) -> Result<Snapshot, LockError> {
         let gets = self.read_ops(with_queue, members);

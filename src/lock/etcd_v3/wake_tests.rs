@@ -346,3 +346,45 @@ async fn a_waiter_far_back_watches_only_its_marker_and_the_pause() {
         );
     }
 }
+
+/// A waiter that has an entry reads the queue only up to it: the entries behind it decide
+/// nothing of its own, and the read then costs its place in the queue, not the queue. One
+/// whose entry went (its lease expired) reads the whole queue again, and queues again at the
+/// back.
+#[tokio::test]
+async fn a_waiter_reads_the_queue_only_up_to_its_own_entry() {
+    let Some(etcd) = etcd().await else { return };
+    let holder = connect(&etcd, "upto", None).await;
+    holder.acquire(&me("h")).await.expect("h takes the slot");
+    let store = connect(&etcd, "upto", None).await;
+    let ahead: Vec<_> = (0..3).map(|i| me(&format!("a{i}"))).collect();
+    let _ahead = queue_all(&store, &ahead).await;
+    let w = me("w");
+    let mut me_w = waiting(&store, &w);
+    me_w.read().await.expect("read");
+    me_w.enqueue().await.expect("queue");
+    let behind: Vec<_> = (0..5).map(|i| me(&format!("b{i}"))).collect();
+    let mut behind = queue_all(&store, &behind).await;
+    me_w.read().await.expect("read again");
+    let ids = |w: &super::waiting::V3Waiting<'_>| -> Vec<String> {
+        let view = w.view().expect("view");
+        view.waiters.iter().filter_map(|v| v.id.clone()).collect()
+    };
+    assert_eq!(ids(&me_w), ["a0", "a1", "a2", "w"], "only up to mine");
+    // My entry gone: the whole queue, so the next decision queues me at its back.
+    let mut kv = etcd_client::Client::connect([etcd.endpoint()], None)
+        .await
+        .expect("client");
+    kv.delete(store.keys.waiter("w"), None)
+        .await
+        .expect("delete");
+    me_w.read().await.expect("read after my entry went");
+    assert_eq!(
+        ids(&me_w),
+        ["a0", "a1", "a2", "b0", "b1", "b2", "b3", "b4"],
+        "the whole queue"
+    );
+    // The waiters behind the first still see everything ahead of them.
+    behind[4].read().await.expect("read");
+    assert_eq!(ids(&behind[4]).len(), 3 + 5, "{:?}", ids(&behind[4]));
+}

@@ -259,7 +259,16 @@ impl Waiting for V3Waiting<'_> {
         self.marker = None;
         self.queue_unread = false;
         self.keep_alive = None;
-        let snap = self.store.read(true).await?;
+        let mine = self
+            .snap
+            .as_ref()
+            .and_then(|s| s.queue.get(&self.queue_key));
+        let ticket = mine.map(|e| e.create_revision);
+        let mut snap = self.store.read_waiter(ticket).await?;
+        if ticket.is_some() && !snap.queue.contains_key(&self.queue_key) {
+            // My entry went (its lease expired) or came back further back: the whole queue.
+            snap = self.store.read_waiter(None).await?;
+        }
         self.lost_race.clear();
         self.store.note_share(&snap);
         self.snap = Some(snap);
