@@ -40,6 +40,19 @@ fn drain_failed(reboot_anyway: bool) -> Event {
     }
 }
 
+/// The events up to logind's call (a need, the window, the slot, the request on record), then
+/// `more`.
+fn asked(more: Vec<Event>) -> Vec<Event> {
+    let mut events = vec![
+        needed(),
+        Event::WindowOpen,
+        Event::SlotAcquired,
+        Event::ReadyToReboot(RebootPlan::default()),
+    ];
+    events.extend(more);
+    events
+}
+
 fn run(s: &State, events: Vec<Event>) -> State {
     let mut s = s.clone();
     for (i, e) in events.into_iter().enumerate() {
@@ -87,15 +100,7 @@ fn full_cycle_without_drain() {
 
 #[test]
 fn restart_in_same_boot_is_not_a_reboot_and_asks_again_at_once() {
-    let s = run(
-        &State::new("boot1", t(0)),
-        vec![
-            needed(),
-            Event::WindowOpen,
-            Event::SlotAcquired,
-            Event::ReadyToReboot(RebootPlan::default()),
-        ],
-    );
+    let s = run(&State::new("boot1", t(0)), asked(vec![]));
     // Crash after the marker was written, maybe before logind was called.
     let s = run(&s, vec![started("boot1")]);
     assert_eq!(s.phase, Phase::Rebooting);
@@ -133,14 +138,7 @@ fn restart_in_same_boot_is_not_a_reboot_and_asks_again_at_once() {
 fn a_pending_reboot_that_lands_after_a_restart_is_ours() {
     let s = run(
         &State::new("boot1", t(0)),
-        vec![
-            needed(),
-            Event::WindowOpen,
-            Event::SlotAcquired,
-            Event::ReadyToReboot(RebootPlan::default()),
-            Event::RebootAccepted,
-            started("boot1"),
-        ],
+        asked(vec![Event::RebootAccepted, started("boot1")]),
     );
     assert_eq!(s.reboot, None);
     assert_eq!(next_action(&s, &policy()), Action::PrepareReboot);
@@ -154,14 +152,7 @@ fn a_pending_reboot_that_lands_after_a_restart_is_ours() {
     // Not after a cycle that ended without a reboot: failed attempts start again from 0.
     let s = run(
         &State::new("boot1", t(0)),
-        vec![
-            needed(),
-            Event::WindowOpen,
-            Event::SlotAcquired,
-            Event::ReadyToReboot(RebootPlan::default()),
-            Event::RebootAccepted,
-            Event::RebootTimedOut,
-        ],
+        asked(vec![Event::RebootAccepted, Event::RebootTimedOut]),
     );
     assert_eq!(s.failed_attempts, 1);
 }
@@ -170,15 +161,9 @@ fn a_pending_reboot_that_lands_after_a_restart_is_ours() {
 fn refused_reboot_backs_off_then_retries() {
     let s = run(
         &State::new("b", t(0)),
-        vec![
-            needed(),
-            Event::WindowOpen,
-            Event::SlotAcquired,
-            Event::ReadyToReboot(RebootPlan::default()),
-            Event::RebootRefused {
-                error: "blocked by inhibitor of backup".into(),
-            },
-        ],
+        asked(vec![Event::RebootRefused {
+            error: "blocked by inhibitor of backup".into(),
+        }]),
     );
     assert!(matches!(next_action(&s, &policy()), Action::Sleep { .. }));
     assert!(s.last_error.as_deref().unwrap().contains("backup"));
@@ -193,15 +178,9 @@ fn refused_reboot_backs_off_then_retries() {
 fn an_unanswered_reboot_call_is_taken_as_accepted() {
     let s = run(
         &State::new("boot1", t(0)),
-        vec![
-            needed(),
-            Event::WindowOpen,
-            Event::SlotAcquired,
-            Event::ReadyToReboot(RebootPlan::default()),
-            Event::RebootUnanswered {
-                error: "NoReply".into(),
-            },
-        ],
+        asked(vec![Event::RebootUnanswered {
+            error: "NoReply".into(),
+        }]),
     );
     assert!(s.reboot.as_ref().is_some_and(|r| r.called), "{s:?}");
     assert!(s.logind_asked());
@@ -236,15 +215,7 @@ fn inhibitor(who: &str, uid: u32) -> Inhibitor {
 
 #[test]
 fn block_inhibitors_hold_the_call_until_released_then_everything_is_checked_again() {
-    let s = run(
-        &State::new("b", t(0)),
-        vec![
-            needed(),
-            Event::WindowOpen,
-            Event::SlotAcquired,
-            Event::ReadyToReboot(RebootPlan::default()),
-        ],
-    );
+    let s = run(&State::new("b", t(0)), asked(vec![]));
     assert_eq!(next_action(&s, &policy()), Action::CallReboot);
     let held = vec![inhibitor("backup", 0)];
     let s = run(&s, vec![Event::Inhibited { by: held.clone() }]);
@@ -979,15 +950,7 @@ fn a_users_warning_holds_the_reboot_until_its_time() {
         seat: String::new(),
         tty: "tty1".into(),
     }];
-    let ready = run(
-        &State::new("b1", t(0)),
-        vec![
-            needed(),
-            Event::WindowOpen,
-            Event::SlotAcquired,
-            Event::ReadyToReboot(RebootPlan::default()),
-        ],
-    );
+    let ready = run(&State::new("b1", t(0)), asked(vec![]));
     assert_eq!(next_action(&ready, &p), Action::CallReboot);
     let warned = run(
         &ready,
