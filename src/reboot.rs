@@ -122,7 +122,7 @@ fn error_name(e: &zbus::Error) -> Option<String> {
 /// Whether an error from a call sent to logind is logind's answer. The bus's own "no reply",
 /// time-outs, a lost connection or a broken read are not: the call may have been carried out.
 fn answered(e: &zbus::Error) -> bool {
-    use zbus::fdo::Error as Fdo;
+    use zbus::DBusError;
     const NOT_ANSWERS: [&str; 4] = [
         "org.freedesktop.DBus.Error.NoReply",
         "org.freedesktop.DBus.Error.Timeout",
@@ -131,10 +131,7 @@ fn answered(e: &zbus::Error) -> bool {
     ];
     match e {
         zbus::Error::MethodError(name, _, _) => !NOT_ANSWERS.contains(&name.as_str()),
-        zbus::Error::FDO(fdo) => !matches!(
-            **fdo,
-            Fdo::NoReply(_) | Fdo::Timeout(_) | Fdo::TimedOut(_) | Fdo::Disconnected(_)
-        ),
+        zbus::Error::FDO(fdo) => !NOT_ANSWERS.contains(&fdo.name().as_str()),
         _ => false,
     }
 }
@@ -231,7 +228,7 @@ impl Rebooter for Logind {
                 "{name}: {}",
                 msg.unwrap_or_default()
             ))),
-            Err(e) => Err(RebootError::Refused(e.to_string())),
+            Err(e) => Err(RebootError::Bus(e.to_string())),
         }
     }
 

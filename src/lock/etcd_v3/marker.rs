@@ -7,8 +7,8 @@
 //! marker's end. It follows a marker from the first wait after a read: placed by the read, or,
 //! when its entry came after a burst of writes that the read did not show ([`after_burst`]),
 //! by one narrow read of the entries nearest ahead of it (its snapshot then lacks the queue
-//! ahead, so any wake but its marker's reads again). Or from the change on the group's watch
-//! that showed it far enough back.
+//! ahead, so every wake reads again before the arbiter decides). Or from the change on the
+//! group's watch that showed it far enough back.
 //!
 //! The marker is the queue entry `max + FAR_BACK / 2` places ahead of mine, counting waiters'
 //! entries only (a holder's left-over entry may go at any time). While it is there I cannot

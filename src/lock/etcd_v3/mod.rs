@@ -251,12 +251,7 @@ impl EtcdSemaphore {
     /// for my place in the queue, not for the queue.
     async fn read_waiter(&self, mine: Option<i64>) -> Result<Snapshot, LockError> {
         let mut gets = self.read_ops(false, self.max_percent.is_some());
-        let mut queue = GetOptions::new().with_prefix();
-        if let Some(mine) = mine {
-            queue = queue.with_max_create_revision(mine);
-        }
-        gets.push(TxnOp::get(self.keys.queue.clone(), Some(queue)));
-        gets.push(TxnOp::get(self.keys.pause.clone(), None));
+        gets.extend(self.queue_ops(mine));
         let expected = gets.len();
         let resp = self.txn(Txn::new().and_then(gets)).await?;
         self.snapshot_of(&resp, expected)
@@ -280,13 +275,25 @@ impl EtcdSemaphore {
             prefix(&self.keys.records),
         ];
         if with_queue {
-            gets.push(prefix(&self.keys.queue));
-            gets.push(TxnOp::get(self.keys.pause.clone(), None));
+            gets.extend(self.queue_ops(None));
         }
         if members {
             gets.push(prefix(&self.keys.members));
         }
         gets
+    }
+
+    /// The reads of the queue (up to the entry created at revision `upto`, when given) and the
+    /// group's pause: what a waiter follows.
+    fn queue_ops(&self, upto: Option<i64>) -> [TxnOp; 2] {
+        let mut queue = GetOptions::new().with_prefix();
+        if let Some(upto) = upto {
+            queue = queue.with_max_create_revision(upto);
+        }
+        [
+            TxnOp::get(self.keys.queue.clone(), Some(queue)),
+            TxnOp::get(self.keys.pause.clone(), None),
+        ]
     }
 
     /// The snapshot in the answer to a transaction whose branch taken was [`Self::read_ops`]

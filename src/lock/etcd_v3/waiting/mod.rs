@@ -2,7 +2,8 @@
 //! `…/rebootd/waiters/<id>` under an etcd lease it keeps alive (every third of its time to live,
 //! on one keep-alive stream), and waits on one watch of the group's keys, from the group's pause
 //! to the document (far back in a long queue: one entry ahead and the pause, [`super::marker`]),
-//! opened after a read (of them all, in one transaction) from the revision read:
+//! opened after a read (of them all, the queue only up to my entry once I have one, in one
+//! transaction) from the revision read:
 //! the pause costs no request of its own (`acquire_unless_paused`); each change is applied to the
 //! snapshot and the arbiter decides again without a request. Decisions are committed in one
 //! transaction each, guarded by the document's mod revision (and, to reclaim or adopt a slot, by
@@ -111,7 +112,7 @@ pub(in crate::lock) struct V3Waiting<'a> {
     /// The queue entry that watch follows in place of the group, far back ([`super::marker`]).
     marker: Option<String>,
     /// That marker was found after a start burst ([`super::marker::after_burst`]): the queue
-    /// ahead of me is not in my snapshot, so any wake but the pause's reads again first.
+    /// ahead of me is not in my snapshot, so every wake reads again first.
     queue_unread: bool,
     keep_alive: Option<KeepAlive>,
     /// When my lease was granted or last kept alive.
