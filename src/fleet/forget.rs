@@ -137,6 +137,7 @@ mod tests {
                 waiters: vec![waiter],
                 node_is_identity: false,
                 my_zone: None,
+                unlisted_ahead: 0,
             },
             records: vec![
                 record("h1", "node-h"),

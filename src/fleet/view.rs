@@ -301,6 +301,7 @@ mod tests {
                 waiters: vec![waiter("b", 1, "id-b"), waiter("c", 2, "id-c")],
                 node_is_identity: by_node,
                 my_zone: None,
+                unlisted_ahead: 0,
             },
             records,
             pause: None,

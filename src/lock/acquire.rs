@@ -251,6 +251,7 @@ fn empty_view() -> View {
         waiters: Vec::new(),
         node_is_identity: false,
         my_zone: None,
+        unlisted_ahead: 0,
     }
 }
 

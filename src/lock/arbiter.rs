@@ -291,6 +291,8 @@ fn place<'a>(
             expiry = Some(expiry.map_or(at, |e: Instant| e.min(at)));
         }
     }
+    // Counted, not listed: ahead of me, live and wanting a slot, their zones unknown.
+    behind += view.unlisted_ahead;
     let room = zones.has_room(view.my_zone.as_deref(), None);
     Place {
         behind,

@@ -106,6 +106,9 @@ pub struct View {
     /// The asker's zone, as its store knows it (etcd: `lock.zone`; Leases: its Node's
     /// `zone_label`). `None`: unknown, so under `max_per_zone` it shares a zone with everyone.
     pub my_zone: Option<String>,
+    /// Waiters the store counted but did not list, all ahead of me (a newcomer's read of a
+    /// long queue): each counts as a live waiter ahead that wants a slot, in no known zone.
+    pub unlisted_ahead: usize,
 }
 
 impl View {
@@ -276,6 +279,7 @@ pub(crate) mod test_support {
             waiters,
             node_is_identity: false,
             my_zone: None,
+            unlisted_ahead: 0,
         }
     }
 }

@@ -117,6 +117,7 @@ impl Case {
             waiters,
             node_is_identity: b.next().is_multiple_of(2),
             my_zone: b.zone(),
+            unlisted_ahead: 0,
         };
         let policy = Policy {
             max_hold: b

@@ -227,6 +227,25 @@ fn take_only_what_my_place_in_the_queue_allows() {
             Decision::Take { rank: 0 },
         ),
         (
+            "300 counted, not listed, and 300 free: all ahead of me",
+            View {
+                unlisted_ahead: 300,
+                ..view(301, vec![holder("a", Some("ta"), "1")], vec![])
+            },
+            Decision::Wait {
+                until: None,
+                behind: 300,
+            },
+        ),
+        (
+            "one listed and 300 counted ahead, 302 free: the 302nd",
+            View {
+                unlisted_ahead: 300,
+                ..view(303, vec![holder("a", Some("ta"), "1")], vec![live("w1", 5)])
+            },
+            Decision::Take { rank: 301 },
+        ),
+        (
             "max forced below the holders: nothing free",
             view(
                 1,
@@ -359,6 +378,18 @@ fn reclaim_only_silent_or_gone_holders_and_only_as_head() {
         Decision::Wait {
             until: None,
             behind: 1
+        }
+    );
+    // Nor with waiters counted ahead of me, not listed.
+    let counted = View {
+        unlisted_ahead: 3,
+        ..full.clone()
+    };
+    assert_eq!(
+        after(&counted, p, s(500)),
+        Decision::Wait {
+            until: None,
+            behind: 3
         }
     );
     // Gone holders go first, even without max_hold.

@@ -449,6 +449,7 @@ impl Snapshot {
             waiters,
             node_is_identity: false,
             my_zone: None,
+            unlisted_ahead: 0,
         }
     }
 }

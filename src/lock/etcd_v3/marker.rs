@@ -97,7 +97,8 @@ fn waiting_ticket(snap: &Snapshot, keys: &Keys, mine: &str, zoned: bool) -> Opti
 
 /// After a start burst: my entry `mine` was put after my read (`snap`), with enough writes
 /// between them for a queue to have formed ahead of it that the read did not show (in a start
-/// burst every waiter reads an empty queue). On the group's watch each of those entries would
+/// burst every waiter reads an empty queue), or after a read that counted a long queue without
+/// listing it ([`read_newcomer`]). On the group's watch each of those entries would
 /// reach me before I knew I was far back. So I ask etcd first, in one transaction, for the
 /// document and the entries nearest ahead of mine (keys only, nearest first, at most `max` plus
 /// [`MARKER_BEYOND_MAX`] plus the holders and [`FAR_BACK`] of them: bytes O(max)). My marker
@@ -121,9 +122,10 @@ pub(super) async fn after_burst(
         .filter(|e| e.create_revision < ticket)
         .count();
     let since_read = usize::try_from(ticket - snap.revision - 1).unwrap_or(0);
+    let unread = since_read + snap.unlisted;
     let max = max.max(1);
-    if since_read == 0
-        || acquire::marker_distance(max, read_ahead + since_read, MARKER_BEYOND_MAX).is_none()
+    if unread == 0
+        || acquire::marker_distance(max, read_ahead + unread, MARKER_BEYOND_MAX).is_none()
     {
         return Ok(None);
     }
@@ -174,6 +176,42 @@ fn nearest_marker(
     let waiters: Vec<String> = nearest.filter(|k| !holders.contains(k)).collect();
     let distance = acquire::marker_distance(max, waiters.len(), MARKER_BEYOND_MAX)?;
     waiters.into_iter().nth(distance.checked_sub(1)?)
+}
+
+/// How many queue entries a newcomer's read lists at most: beyond that it counts them.
+const NEWCOMER_LISTS: i64 = 128;
+
+/// The read of a waiter with no entry in the queue (a newcomer, or one whose entry went): the
+/// document, the records and the pause, and the queue listed when it is short, or only counted
+/// when it holds more than [`NEWCOMER_LISTS`] entries ([`Snapshot::unlisted`]). Each of those
+/// is ahead of the entry I am about to put, so the arbiter needs how many, not which; after
+/// the put, [`after_burst`] finds my marker among the nearest. The read costs O(1) bytes, not
+/// O(N), however long the queue. Not with zones, where which zone each waiter ahead claims
+/// decides.
+pub(super) async fn read_newcomer(store: &EtcdSemaphore) -> Result<Snapshot, LockError> {
+    let mut gets = store.read_ops(false, store.max_percent.is_some());
+    let [_, pause] = store.queue_ops(None);
+    let queue = GetOptions::new().with_prefix().with_limit(NEWCOMER_LISTS);
+    gets.push(TxnOp::get(store.keys.queue.clone(), Some(queue)));
+    gets.push(pause);
+    let expected = gets.len();
+    let resp = store.txn(Txn::new().and_then(gets)).await?;
+    let counted = resp
+        .op_responses()
+        .into_iter()
+        .filter_map(|op| match op {
+            TxnOpResponse::Get(get) => Some(get),
+            _ => None,
+        })
+        .nth(expected - 2)
+        .filter(|queue| queue.more())
+        .map(|queue| queue.count());
+    let mut snap = store.snapshot_of(&resp, expected)?;
+    if let Some(count) = counted {
+        snap.queue.clear();
+        snap.unlisted = usize::try_from(count).unwrap_or(usize::MAX);
+    }
+    Ok(snap)
 }
 
 /// One watch stream of `marker` from revision `marker_from` and the group's pause from

@@ -144,6 +144,9 @@ pub struct Snapshot {
     /// The fleet member records by name (the id as escaped in the key): whether each parses.
     /// Read only to count the nodes (`lock.max = "N%"`); never watched.
     pub members: HashMap<String, bool>,
+    /// Queue entries counted, not listed: a newcomer's read of a long queue (every one of
+    /// them ahead of the entry it will put). The arbiter counts them as waiters ahead.
+    pub unlisted: usize,
 }
 
 impl Snapshot {
@@ -157,6 +160,7 @@ impl Snapshot {
             queue: HashMap::new(),
             pause: None,
             members: HashMap::new(),
+            unlisted: 0,
         }
     }
 
@@ -318,6 +322,7 @@ impl Snapshot {
             waiters,
             node_is_identity: false,
             my_zone: None,
+            unlisted_ahead: self.unlisted,
         }
     }
 }

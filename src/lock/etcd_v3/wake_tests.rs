@@ -388,3 +388,73 @@ async fn a_waiter_reads_the_queue_only_up_to_its_own_entry() {
     behind[4].read().await.expect("read");
     assert_eq!(ids(&behind[4]).len(), 3 + 5, "{:?}", ids(&behind[4]));
 }
+
+/// A newcomer to a queue longer than its read lists counts the queue without listing it: the
+/// read costs a bounded number of bytes however long the queue, the arbiter counts every entry
+/// as ahead of it, and after its put it finds its marker with one narrow read, so the queue's
+/// changes never reach it entry by entry. Its marker's leaving makes it read again, the queue
+/// listed up to its entry.
+#[tokio::test]
+async fn a_newcomer_counts_a_long_queue_without_listing_it() {
+    let Some(etcd) = etcd().await else { return };
+    let holder = connect(&etcd, "long", None).await;
+    holder
+        .acquire(&me("h"))
+        .await
+        .expect("h takes the only slot");
+    let store = connect(&etcd, "long", None).await;
+    let ids: Vec<_> = (0..500).map(|i| me(&format!("a{i:03}"))).collect();
+    let mut ahead = queue_all(&store, &ids).await;
+    let sent = || {
+        etcd.counter("etcd_network_client_grpc_sent_bytes_total")
+            .expect("etcd's count")
+    };
+    let before = sent();
+    let whole = store.read(true).await.expect("read the whole queue");
+    let whole_bytes = sent() - before;
+    assert_eq!(whole.queue.len(), 500);
+    let w = me("w");
+    let mut me_w = waiting(&store, &w);
+    let before = sent();
+    me_w.read().await.expect("read");
+    let read_bytes = sent() - before;
+    let view = me_w.view().expect("view");
+    assert_eq!(
+        (view.waiters.len(), view.unlisted_ahead),
+        (0, 500),
+        "counted, not listed"
+    );
+    assert!(
+        read_bytes * 3 < whole_bytes,
+        "the newcomer's read: {read_bytes} bytes; the whole queue's: {whole_bytes}"
+    );
+    me_w.enqueue().await.expect("queue");
+    let events = || {
+        etcd.counter("etcd_debugging_mvcc_events_total")
+            .expect("etcd's count")
+    };
+    let before = events();
+    assert!(quiet(&mut me_w, 300).await.is_err(), "woken far back");
+    let _behind = queue_all(&store, &[me("b0")]).await;
+    ahead.remove(0).leave(Vec::new()).await;
+    assert!(quiet(&mut me_w, 500).await.is_err(), "woken far back");
+    assert_eq!(
+        events() - before,
+        0,
+        "the queue's changes reached the newcomer"
+    );
+    // Its marker, 1 + FAR_BACK / 2 places ahead: a491, now the 491st.
+    ahead.remove(490).leave(Vec::new()).await;
+    let woken = quiet(&mut me_w, 10_000).await;
+    assert_eq!(
+        woken.expect("woken by the marker").expect("wait"),
+        Wake::Reread
+    );
+    me_w.read().await.expect("read again");
+    let view = me_w.view().expect("view");
+    assert_eq!(
+        (view.waiters.len(), view.unlisted_ahead),
+        (498 + 1, 0),
+        "listed up to mine"
+    );
+}

@@ -68,6 +68,7 @@ impl Snapshot {
             waiters: Vec::new(),
             node_is_identity: true,
             my_zone: None,
+            unlisted_ahead: 0,
         }
     }
 
@@ -295,6 +296,7 @@ impl KubeLeaseSemaphore {
             waiters,
             node_is_identity: true,
             my_zone: None,
+            unlisted_ahead: 0,
         })
     }
 }

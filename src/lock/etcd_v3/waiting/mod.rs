@@ -184,12 +184,26 @@ impl V3Waiting<'_> {
         let max = self.store.effective_max(snap);
         let zoned = self.store.max_per_zone.is_some();
         let burst = super::marker::after_burst(self.store, snap, &self.queue_key, max, zoned);
+        let unlisted = snap.unlisted > 0;
         if let Some((marker, seen)) = burst.await? {
             self.queue_unread = true;
             return self.follow(marker, Some(seen)).await;
         }
-        self.watch = Some(self.open_watch(snap.revision + 1).await?);
+        let from = snap.revision + 1;
+        // Not far enough back for a marker, but the queue ahead was not listed.
+        self.queue_unread = unlisted;
+        self.watch = Some(self.open_watch(from).await?);
         Ok(())
+    }
+
+    /// The read of a waiter without an entry: a long queue counted, not listed
+    /// ([`super::marker::read_newcomer`]), unless zones need each waiter's.
+    async fn read_without_entry(&self) -> Result<Snapshot, LockError> {
+        if self.store.max_per_zone.is_some() {
+            self.store.read_waiter(None).await
+        } else {
+            super::marker::read_newcomer(self.store).await
+        }
     }
 
     /// A wake on which the arbiter decides again: on the snapshot, or on a new read when the
@@ -265,10 +279,13 @@ impl Waiting for V3Waiting<'_> {
             .as_ref()
             .and_then(|s| s.queue.get(&self.queue_key));
         let ticket = mine.map(|e| e.create_revision);
-        let mut snap = self.store.read_waiter(ticket).await?;
+        let mut snap = match ticket {
+            Some(_) => self.store.read_waiter(ticket).await?,
+            None => self.read_without_entry().await?,
+        };
         if ticket.is_some() && !snap.queue.contains_key(&self.queue_key) {
             // My entry went (its lease expired) or came back further back: the whole queue.
-            snap = self.store.read_waiter(None).await?;
+            snap = self.read_without_entry().await?;
         }
         self.lost_race.clear();
         self.store.note_share(&snap);
