@@ -51,6 +51,10 @@ pub struct Args {
     /// Give up after this long (and print how far it got); default 3 x the ideal + 120 s.
     #[arg(long, value_parser = rebootd::config::parse_duration)]
     budget: Option<Duration>,
+    /// Start the nodes evenly over this long (node i at i x arrivals / nodes), as a fleet's
+    /// updates reach its nodes over time; default 0: all at once (a start burst).
+    #[arg(long, default_value = "0s", value_parser = rebootd::config::parse_duration)]
+    arrivals: Duration,
 }
 
 enum Store {
@@ -274,8 +278,13 @@ pub async fn run(a: Args) -> Result<(), String> {
     let config = Arc::new(load(root.path(), "node.toml", &node_config)?);
     let nodes = NodeRuntime::new(a.workers).map_err(|e| e.to_string())?;
     println!(
-        "store-level simulation: {} nodes, max {}, reboot time {:?}, {}; nodes' runtime {} thread(s)",
+        "store-level simulation: {} nodes{}, max {}, reboot time {:?}, {}; nodes' runtime {} thread(s)",
         a.nodes,
+        if a.arrivals.is_zero() {
+            String::new()
+        } else {
+            format!(" arriving over {:?}", a.arrivals)
+        },
         a.max,
         a.reboot_time,
         if a.direct { "no proxy" } else { "through a counting proxy" },
@@ -288,7 +297,9 @@ pub async fn run(a: Args) -> Result<(), String> {
     for i in 0..a.nodes {
         let (config, times, done) = (config.clone(), times.clone(), done_tx.clone());
         let reboot = a.reboot_time;
+        let start = t0 + a.arrivals.mul_f64(i as f64 / a.nodes as f64);
         nodes.handle().spawn(async move {
+            tokio::time::sleep_until(start.into()).await;
             match node(i, config, reboot).await {
                 Ok(t) => times.lock().unwrap_or_else(|p| p.into_inner())[i] = t,
                 Err(e) => eprintln!("node {i}: {e}"),
@@ -298,7 +309,8 @@ pub async fn run(a: Args) -> Result<(), String> {
     }
     drop(done_tx);
     let waves = a.nodes.div_ceil(a.max as usize) as u32;
-    let ideal = a.reboot_time * waves;
+    // The last node arrives at about `arrivals` and still reboots once.
+    let ideal = (a.reboot_time * waves).max(a.arrivals + a.reboot_time);
     let budget = a.budget.unwrap_or(ideal * 3 + Duration::from_secs(120));
     let mut ended = 0;
     let finished = tokio::time::timeout(budget, async {
@@ -347,7 +359,7 @@ fn report(
         Store::Lease(_) => (after.api_events - before.api_events) as f64,
     };
     println!(
-        "total {:.2}s; ideal ceil({}/{}) x {:.2}s = {:.2}s; ratio {:.4}",
+        "total {:.2}s; ideal max(ceil({}/{}) x {:.2}s, arrivals + one reboot) = {:.2}s; ratio {:.4}",
         total.as_secs_f64(),
         a.nodes,
         a.max,
@@ -422,4 +434,12 @@ fn report(
         },
         store.as_secs_f64()
     );
+    if let Store::Etcd(server) = &sim.store {
+        if let Some(peak) = server.pid().and_then(usage::peak_rss) {
+            println!(
+                "etcd's peak memory: {:.0} MB (VmHWM)",
+                peak as f64 / 1_048_576.0
+            );
+        }
+    }
 }

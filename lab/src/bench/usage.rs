@@ -34,6 +34,20 @@ pub fn process_cpu(pid: u32) -> Duration {
     stat_cpu(Path::new(&format!("/proc/{pid}/stat")), clock_ticks()).unwrap_or_default()
 }
 
+/// The peak resident memory of process `pid` (`VmHWM`), in bytes.
+pub fn peak_rss(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    Some(kb * 1024)
+}
+
 /// CPU time of this process so far.
 pub fn own_cpu() -> Duration {
     process_cpu(std::process::id())

@@ -458,3 +458,54 @@ async fn a_newcomer_counts_a_long_queue_without_listing_it() {
         "listed up to mine"
     );
 }
+
+/// A waiter near the front of a growing queue stops receiving the entries put behind it once
+/// `LEAVE_OUT_AFTER` came (counted by etcd: none of the next ones is sent to it), and is still
+/// woken by what decides for it: a waiter ahead leaving, and a slot given back.
+#[tokio::test]
+async fn a_waiter_near_the_front_leaves_out_the_entries_put_behind_it() {
+    let Some(etcd) = etcd().await else { return };
+    let holder = connect(&etcd, "growing", None).await;
+    let h = me("h");
+    holder.acquire(&h).await.expect("h takes the only slot");
+    let store = connect(&etcd, "growing", None).await;
+    let a = [me("a")];
+    let mut ahead = queue_all(&store, &a).await;
+    let w = me("w");
+    let mut me_w = waiting(&store, &w);
+    me_w.read().await.expect("read");
+    me_w.enqueue().await.expect("queue");
+    let first: Vec<_> = (0..300).map(|i| me(&format!("b{i:03}"))).collect();
+    let _first = queue_all(&store, &first).await;
+    assert!(
+        quiet(&mut me_w, 1_000).await.is_err(),
+        "woken by entries behind"
+    );
+    let events = || {
+        etcd.counter("etcd_debugging_mvcc_events_total")
+            .expect("etcd's count")
+    };
+    let before = events();
+    let then: Vec<_> = (0..100).map(|i| me(&format!("c{i:03}"))).collect();
+    let _then = queue_all(&store, &then).await;
+    assert!(
+        quiet(&mut me_w, 300).await.is_err(),
+        "woken by entries behind"
+    );
+    assert_eq!(
+        events() - before,
+        0,
+        "entries put behind reached the waiter"
+    );
+    ahead.remove(0).leave(Vec::new()).await;
+    let woken = quiet(&mut me_w, 10_000).await;
+    assert_eq!(woken.expect("woken").expect("wait"), Wake::Changed);
+    assert_eq!(
+        me_w.view().expect("view").waiters[0].id.as_deref(),
+        Some("w")
+    );
+    holder.release(&h).await.expect("release");
+    let woken = quiet(&mut me_w, 10_000).await;
+    assert_eq!(woken.expect("woken").expect("wait"), Wake::Changed);
+    assert_eq!(me_w.view().expect("view").holders.len(), 0);
+}

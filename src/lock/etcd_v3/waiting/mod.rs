@@ -13,11 +13,12 @@
 //! to expire instead of revoking it.
 
 mod keep_alive;
+mod watch;
 
 use std::time::Instant;
 
 use async_trait::async_trait;
-use etcd_client::{EventType, PutOptions, TxnOp, WatchOptions, WatchStream};
+use etcd_client::{EventType, PutOptions, TxnOp, WatchStream};
 
 use super::super::acquire::{self, sleep_until, Settings, Waiting, Wake};
 use super::super::contact::Contact;
@@ -88,6 +89,8 @@ pub(in crate::lock) fn waiting<'a>(store: &'a EtcdSemaphore, me: &'a Identity) -
         watch: None,
         marker: None,
         queue_unread: false,
+        puts_behind: 0,
+        puts_left_out: false,
         keep_alive: None,
         kept_alive_at: None,
         left: false,
@@ -114,6 +117,10 @@ pub(in crate::lock) struct V3Waiting<'a> {
     /// That marker was found after a start burst ([`super::marker::after_burst`]): the queue
     /// ahead of me is not in my snapshot, so every wake reads again first.
     queue_unread: bool,
+    /// Entries put behind mine that the group's watch brought; from [`watch::LEAVE_OUT_AFTER`]
+    /// on it leaves the queue's puts out ([`watch::without_queue_puts`]: `puts_left_out`).
+    puts_behind: usize,
+    puts_left_out: bool,
     keep_alive: Option<KeepAlive>,
     /// When my lease was granted or last kept alive.
     kept_alive_at: Option<Instant>,
@@ -142,24 +149,6 @@ impl V3Waiting<'_> {
     /// A fresh record of mine, for a slot just taken.
     fn fresh_record(&self) -> HolderRecord {
         HolderRecord::after(None, self.me, Some(self.first.map(Phase::as_str)))
-    }
-
-    /// Open the watch of the group's pause, the holder records, the queue and the document (one
-    /// key range, see [`super::super::document`]) from `revision`.
-    async fn open_watch(&self, revision: i64) -> Result<WatchStream, LockError> {
-        let keys = &self.store.keys;
-        let mut end = keys.doc.clone().into_bytes();
-        end.push(0);
-        let options = WatchOptions::new()
-            .with_range(end)
-            .with_start_revision(revision);
-        let mut watch = self.store.client.watch_client();
-        self.store
-            .request(
-                "opening a watch: ",
-                watch.watch(keys.pause.clone(), Some(options)),
-            )
-            .await
     }
 
     /// Watch my marker (from `seen`, the revision it was read at: by default the snapshot's)
@@ -192,7 +181,7 @@ impl V3Waiting<'_> {
         let from = snap.revision + 1;
         // Not far enough back for a marker, but the queue ahead was not listed.
         self.queue_unread = unlisted;
-        self.watch = Some(self.open_watch(from).await?);
+        self.watch = Some(watch::group(self.store, from).await?);
         Ok(())
     }
 
@@ -273,6 +262,8 @@ impl Waiting for V3Waiting<'_> {
         self.watch = None;
         self.marker = None;
         self.queue_unread = false;
+        self.puts_behind = 0;
+        self.puts_left_out = false;
         self.keep_alive = None;
         let mine = self
             .snap
@@ -510,8 +501,14 @@ impl Waiting for V3Waiting<'_> {
                         }
                     }
                     let keys = &self.store.keys;
+                    let behind = self.count_puts_behind(&events);
                     if let Some(snap) = self.snap.as_mut() {
                         snap.apply(keys, &events)?;
+                    }
+                    self.leave_out_puts_behind().await?;
+                    if behind == events.len() {
+                        // New entries behind mine decide nothing of mine.
+                        continue;
                     }
                     let paused = self.snap.as_ref().is_some_and(|s| s.pause.is_some());
                     // After a lost take, only the write that beat it decides again.
