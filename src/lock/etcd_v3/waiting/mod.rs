@@ -275,7 +275,7 @@ impl Waiting for V3Waiting<'_> {
             None => self.read_without_entry().await?,
         };
         if ticket.is_some() && !snap.queue.contains_key(&self.queue_key) {
-            // My entry went (its lease expired) or came back further back: the whole queue.
+            // My entry went (its lease expired) or came back further back: read as a newcomer.
             snap = self.read_without_entry().await?;
         }
         self.lost_race.clear();
