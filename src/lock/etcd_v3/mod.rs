@@ -18,7 +18,6 @@ mod pause;
 mod report;
 mod share;
 pub mod snapshot;
-mod update;
 pub(in crate::lock) mod waiting;
 #[cfg(test)]
 mod wake_tests;
@@ -32,6 +31,7 @@ use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpRespo
 
 use super::document::{HolderRecord, SemaphoreDoc};
 use super::holding;
+use super::retry::{cas_loop, Cas};
 use super::{
     Acquired, Admin, Fence, GroupPause, Identity, LockError, Reported, Semaphore, SemaphoreStatus,
 };
@@ -387,6 +387,69 @@ impl EtcdSemaphore {
         let revision = snap.records.get(&key).map_or(0, |e| e.mod_revision);
         Compare::mod_revision(key, CompareOp::Equal, revision)
     }
+
+    /// One attempt of an update other than `acquire`: `f` builds the operations from `snap`, or
+    /// from a fresh read when there is none (`None` = nothing to do).
+    async fn try_update<F>(&self, snap: Option<Snapshot>, f: &mut F) -> Result<Cas<()>, LockError>
+    where
+        F: FnMut(&Snapshot) -> Result<Option<Vec<TxnOp>>, LockError> + Send,
+    {
+        let snap = match snap {
+            Some(s) => s,
+            None => self.read(false).await?,
+        };
+        let Some(ops) = f(&snap)? else {
+            return Ok(Cas::Done(()));
+        };
+        Ok(match self.commit(&snap, Vec::new(), ops).await? {
+            true => Cas::Done(()),
+            false => Cas::Conflict,
+        })
+    }
+
+    /// The compare-and-swap loop of the calls other than `acquire`.
+    async fn update<F>(&self, what: &str, f: F) -> Result<(), LockError>
+    where
+        F: FnMut(&Snapshot) -> Result<Option<Vec<TxnOp>>, LockError> + Send,
+    {
+        self.update_from(what, None, f).await
+    }
+
+    /// [`EtcdSemaphore::update`], its first attempt on `first` (a read just made) when given:
+    /// the commit compares the document's mod revision, so a stale one only costs a retry.
+    async fn update_from<F>(
+        &self,
+        what: &str,
+        mut first: Option<Snapshot>,
+        mut f: F,
+    ) -> Result<(), LockError>
+    where
+        F: FnMut(&Snapshot) -> Result<Option<Vec<TxnOp>>, LockError> + Send,
+    {
+        cas_loop!(
+            BACKEND,
+            what,
+            &self.keys.doc,
+            self.try_update(first.take(), &mut f).await
+        )
+    }
+
+    /// Give the slot of `id` back (and delete orphan records), first on `first`.
+    async fn unlock_from(&self, id: &str, first: Option<Snapshot>) -> Result<(), LockError> {
+        self.update_from("release", first, |snap| {
+            let mut doc = snap.doc.clone();
+            let held = doc.unlock(id);
+            let mut ops = Vec::new();
+            if held {
+                ops.push(self.put_doc(&doc));
+            }
+            ops.extend(self.stale_record_deletes(snap, &doc));
+            Ok((!ops.is_empty()).then_some(ops))
+        })
+        .await?;
+        tracing::info!(key = %self.keys.doc, %id, "released");
+        Ok(())
+    }
 }
 
 #[async_trait]
@@ -428,7 +491,7 @@ impl Semaphore for EtcdSemaphore {
         self.written.forget();
         let key = self.record_key(&me.id);
         let mut fence = Fence::Held;
-        self.update("heartbeat", false, |snap| {
+        self.update("heartbeat", |snap| {
             fence = snap.fence(&self.keys, &me.as_me());
             if fence != Fence::Held {
                 return Ok(None);
@@ -506,7 +569,7 @@ impl Admin for EtcdSemaphore {
 
     #[tracing::instrument(skip(self), fields(key = %self.keys.doc))]
     async fn set_max(&self, max: u64, force: bool) -> Result<(), LockError> {
-        self.update("set-max", true, |snap| {
+        self.update("set-max", |snap| {
             let mut doc = snap.doc.clone();
             super::holding::may_set_max(max, doc.holders.len(), force)?;
             doc.set_max(max)

@@ -227,22 +227,6 @@ impl Snapshot {
         Ok(())
     }
 
-    /// Take the document from `now` (a read of its key alone, after a lost write): everything
-    /// else stays as read before, but the records of holders that left the document meanwhile
-    /// (each one's release deletes its own, so they are not orphans to this read).
-    pub fn reread_doc(&mut self, keys: &Keys, now: Snapshot) {
-        let before = std::mem::replace(&mut self.doc, now.doc);
-        self.doc_revision = now.doc_revision;
-        self.revision = self.revision.max(now.revision);
-        for gone in before
-            .holders
-            .iter()
-            .filter(|h| !self.doc.holders.contains(h))
-        {
-            self.records.remove(&keys.record(gone));
-        }
-    }
-
     /// The record of holder `id`, if it has one that parses.
     pub fn record(&self, keys: &Keys, id: &str) -> Option<&HolderRecord> {
         self.records
