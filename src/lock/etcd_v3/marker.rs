@@ -223,18 +223,34 @@ pub(super) async fn watch(
     pause_from: i64,
 ) -> Result<WatchStream, LockError> {
     let from = |revision| WatchOptions::new().with_start_revision(revision);
+    let watched = [
+        (marker.to_owned(), from(marker_from)),
+        (store.keys.pause.clone(), from(pause_from)),
+    ];
+    watchers(store, watched).await
+}
+
+/// One watch stream with a watcher for each of `watched` (a key, or the start of a range, with
+/// its options).
+pub(super) async fn watchers(
+    store: &EtcdSemaphore,
+    watched: impl IntoIterator<Item = (String, WatchOptions)>,
+) -> Result<WatchStream, LockError> {
+    let mut watched = watched.into_iter();
+    let Some((key, options)) = watched.next() else {
+        return Err(LockError::Backend {
+            backend: super::BACKEND,
+            reason: "a watch of nothing".into(),
+        });
+    };
     let mut watch = store.client.watch_client();
     let mut stream = store
-        .request(
-            "opening a watch: ",
-            watch.watch(marker.to_owned(), Some(from(marker_from))),
-        )
+        .request("opening a watch: ", watch.watch(key, Some(options)))
         .await?;
-    if let Err(e) = stream
-        .watch(store.keys.pause.clone(), Some(from(pause_from)))
-        .await
-    {
-        return Err(store.classify(e));
+    for (key, options) in watched {
+        if let Err(e) = stream.watch(key, Some(options)).await {
+            return Err(store.classify(e));
+        }
     }
     Ok(stream)
 }

@@ -9,6 +9,7 @@
 
 use etcd_client::{WatchFilterType, WatchOptions, WatchStream};
 
+use super::super::marker::watchers;
 use super::super::snapshot::{Keys, Kv};
 use super::super::EtcdSemaphore;
 use super::V3Waiting;
@@ -26,13 +27,7 @@ pub(super) async fn group(store: &EtcdSemaphore, revision: i64) -> Result<WatchS
     let options = WatchOptions::new()
         .with_range(end)
         .with_start_revision(revision);
-    let mut watch = store.client.watch_client();
-    store
-        .request(
-            "opening a watch: ",
-            watch.watch(keys.pause.clone(), Some(options)),
-        )
-        .await
+    watchers(store, [(keys.pause.clone(), options)]).await
 }
 
 /// The group's watch from `revision` without the queue's puts: three watchers on one stream,
@@ -43,23 +38,15 @@ pub(super) async fn without_queue_puts(
 ) -> Result<WatchStream, LockError> {
     let keys = &store.keys;
     let from = || WatchOptions::new().with_start_revision(revision);
-    let mut watch = store.client.watch_client();
-    let mut stream = store
-        .request(
-            "opening a watch: ",
-            watch.watch(
-                keys.pause.clone(),
-                Some(from().with_range(keys.queue.clone())),
-            ),
-        )
-        .await?;
-    let queue = from().with_prefix().with_filters([WatchFilterType::NoPut]);
-    for (key, options) in [(keys.queue.clone(), queue), (keys.doc.clone(), from())] {
-        if let Err(e) = stream.watch(key, Some(options)).await {
-            return Err(store.classify(e));
-        }
-    }
-    Ok(stream)
+    let watched = [
+        (keys.pause.clone(), from().with_range(keys.queue.clone())),
+        (
+            keys.queue.clone(),
+            from().with_prefix().with_filters([WatchFilterType::NoPut]),
+        ),
+        (keys.doc.clone(), from()),
+    ];
+    watchers(store, watched).await
 }
 
 impl V3Waiting<'_> {
