@@ -459,6 +459,53 @@ async fn a_newcomer_counts_a_long_queue_without_listing_it() {
     );
 }
 
+/// A newcomer that counted a queue longer than it lists, but not `max + FAR_BACK` long, has no
+/// marker and watches the group: the first change ahead of it that may decide for it (a waiter
+/// ahead leaving) wakes it to read the queue up to its entry. It took itself for far back
+/// once, found no marker in a queue it had not listed and waited for good: at 3000 simulated
+/// nodes, max 100, arriving over a minute, the whole queue stalled behind such a waiter with
+/// every slot free.
+#[tokio::test]
+async fn a_counted_newcomer_without_a_marker_is_woken_by_the_queue_ahead() {
+    let Some(etcd) = etcd().await else { return };
+    let store = connect(&etcd, "counted", None).await;
+    crate::lock::Admin::set_max(&store, 80, true)
+        .await
+        .expect("max 80");
+    let ids: Vec<_> = (0..140).map(|i| me(&format!("a{i:03}"))).collect();
+    let mut ahead = queue_all(&store, &ids).await;
+    let w = me("w");
+    let mut me_w = waiting(&store, &w);
+    me_w.read().await.expect("read");
+    let view = me_w.view().expect("view");
+    assert_eq!(
+        (view.waiters.len(), view.unlisted_ahead),
+        (0, 140),
+        "counted, not listed: more than a newcomer lists, fewer than max + FAR_BACK"
+    );
+    me_w.enqueue().await.expect("queue");
+    // My own entry comes on the group's watch: behind nobody, it decides nothing.
+    assert!(
+        quiet(&mut me_w, 300).await.is_err(),
+        "woken by my own entry"
+    );
+    ahead.remove(0).leave(Vec::new()).await;
+    let woken = quiet(&mut me_w, 10_000).await;
+    assert_eq!(
+        woken
+            .expect("woken by a waiter ahead leaving")
+            .expect("wait"),
+        Wake::Reread
+    );
+    me_w.read().await.expect("read again");
+    let view = me_w.view().expect("view");
+    assert_eq!(
+        (view.waiters.len(), view.unlisted_ahead),
+        (139 + 1, 0),
+        "listed up to mine"
+    );
+}
+
 /// A waiter near the front of a growing queue stops receiving the entries put behind it once
 /// `LEAVE_OUT_AFTER` came (counted by etcd: none of the next ones is sent to it), and is still
 /// woken by what decides for it: a waiter ahead leaving, and a slot given back.

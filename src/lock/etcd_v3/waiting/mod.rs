@@ -522,6 +522,11 @@ impl Waiting for V3Waiting<'_> {
                     if !awaited || self.only_others_records(&events) {
                         continue;
                     }
+                    if self.queue_unread && self.marker.is_none() {
+                        // A counted queue, not far enough back for a marker: this change may
+                        // decide for me; read the queue up to my entry.
+                        return Ok(Wake::Reread);
+                    }
                     if !self.far_back() {
                         return Ok(self.changed());
                     }
