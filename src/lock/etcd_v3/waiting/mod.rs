@@ -491,50 +491,8 @@ impl Waiting for V3Waiting<'_> {
                                 .map(|kv| (e.event_type() == EventType::Put, Kv::from(kv)))
                         })
                         .collect();
-                    if events.is_empty() {
-                        continue;
-                    }
-                    if let Some(marker) = &self.marker {
-                        if events.iter().any(|(_, kv)| kv.key == marker.as_bytes()) {
-                            tracing::debug!(marker = %crate::text::clean(marker), "the entry ahead changed or left; reading again");
-                            return Ok(Wake::Reread);
-                        }
-                    }
-                    let keys = &self.store.keys;
-                    let behind = self.count_puts_behind(&events);
-                    if let Some(snap) = self.snap.as_mut() {
-                        snap.apply(keys, &events)?;
-                    }
-                    self.leave_out_puts_behind().await?;
-                    if behind == events.len() {
-                        // New entries behind mine decide nothing of mine.
-                        continue;
-                    }
-                    let paused = self.snap.as_ref().is_some_and(|s| s.pause.is_some());
-                    // After a lost take, only the write that beat it decides again.
-                    let lost_race = &mut self.lost_race;
-                    let awaited = events
-                        .iter()
-                        .any(|(_, kv)| lost_race.decides(&String::from_utf8_lossy(&kv.key)));
-                    if paused {
-                        return Ok(self.changed());
-                    }
-                    if !awaited || self.only_others_records(&events) {
-                        continue;
-                    }
-                    if self.queue_unread && self.marker.is_none() {
-                        // A counted queue, not far enough back for a marker: this change may
-                        // decide for me; read the queue up to my entry.
-                        return Ok(Wake::Reread);
-                    }
-                    if !self.far_back() {
-                        return Ok(self.changed());
-                    }
-                    // Moved far back on the group's watch (the queue ahead came after my read).
-                    if self.marker.is_none() {
-                        if let Some(marker) = self.place_marker() {
-                            self.follow(marker, None).await?;
-                        }
+                    if let Some(wake) = self.on_events(&events).await? {
+                        return Ok(wake);
                     }
                 }
                 Woken::Watch(Ok(None)) => {

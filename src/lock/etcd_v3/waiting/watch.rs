@@ -1,5 +1,6 @@
-//! The group's watch of a waiter near the front, in two forms. At first one watcher from the
-//! group's pause to the document (one key range, see [`super::super::super::document`]). Once
+//! What a waiter's watch brings ([`V3Waiting::on_events`]), and the group's watch of a waiter
+//! near the front, in two forms. At first one watcher from the group's pause to the document
+//! (one key range, see [`super::super::super::document`]). Once
 //! [`LEAVE_OUT_AFTER`] entries were put behind mine, one that leaves the queue's puts out: every
 //! new entry is behind mine (an entry's key is put once, with its waiter's lease) and decides
 //! nothing of mine, while deletes (a waiter ahead gone, a take) still do. In a growing queue each
@@ -13,6 +14,7 @@ use super::super::marker::watchers;
 use super::super::snapshot::{Keys, Kv};
 use super::super::EtcdSemaphore;
 use super::V3Waiting;
+use crate::lock::acquire::Wake;
 use crate::lock::LockError;
 
 /// How many entries put behind mine make the watch leave the queue's puts out.
@@ -81,6 +83,61 @@ impl V3Waiting<'_> {
         self.watch = Some(without_queue_puts(self.store, from).await?);
         self.puts_left_out = true;
         Ok(())
+    }
+}
+
+impl V3Waiting<'_> {
+    /// What `events` from my watch come to: a wake for the arbiter, or `None` to wait on. They
+    /// go into the snapshot either way.
+    pub(super) async fn on_events(
+        &mut self,
+        events: &[(bool, Kv)],
+    ) -> Result<Option<Wake>, LockError> {
+        if events.is_empty() {
+            return Ok(None);
+        }
+        if let Some(marker) = &self.marker {
+            if events.iter().any(|(_, kv)| kv.key == marker.as_bytes()) {
+                tracing::debug!(marker = %crate::text::clean(marker), "the entry ahead changed or left; reading again");
+                return Ok(Some(Wake::Reread));
+            }
+        }
+        let keys = &self.store.keys;
+        let behind = self.count_puts_behind(events);
+        if let Some(snap) = self.snap.as_mut() {
+            snap.apply(keys, events)?;
+        }
+        self.leave_out_puts_behind().await?;
+        if behind == events.len() {
+            // New entries behind mine decide nothing of mine.
+            return Ok(None);
+        }
+        if self.snap.as_ref().is_some_and(|s| s.pause.is_some()) {
+            return Ok(Some(self.changed()));
+        }
+        // After a lost take, only the write that beat it decides again.
+        let lost_race = &mut self.lost_race;
+        let awaited = events
+            .iter()
+            .any(|(_, kv)| lost_race.decides(&String::from_utf8_lossy(&kv.key)));
+        if !awaited || self.only_others_records(events) {
+            return Ok(None);
+        }
+        if self.queue_unread && self.marker.is_none() {
+            // A counted queue, not far enough back for a marker: this change may decide for
+            // me; read the queue up to my entry.
+            return Ok(Some(Wake::Reread));
+        }
+        if !self.far_back() {
+            return Ok(Some(self.changed()));
+        }
+        // Moved far back on the group's watch (the queue ahead came after my read).
+        if self.marker.is_none() {
+            if let Some(marker) = self.place_marker() {
+                self.follow(marker, None).await?;
+            }
+        }
+        Ok(None)
     }
 }
 
