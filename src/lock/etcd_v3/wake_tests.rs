@@ -484,7 +484,7 @@ async fn a_counted_newcomer_without_a_marker_is_woken_by_the_queue_ahead() {
         "counted, not listed: more than a newcomer lists, fewer than max + FAR_BACK"
     );
     me_w.enqueue().await.expect("queue");
-    // My own entry comes on the group's watch: behind nobody, it decides nothing.
+    // My own entry comes on the group's watch: a put at mine decides nothing.
     assert!(
         quiet(&mut me_w, 300).await.is_err(),
         "woken by my own entry"

@@ -84,9 +84,7 @@ impl V3Waiting<'_> {
         self.puts_left_out = true;
         Ok(())
     }
-}
 
-impl V3Waiting<'_> {
     /// What `events` from my watch come to: a wake for the arbiter, or `None` to wait on. They
     /// go into the snapshot either way.
     pub(super) async fn on_events(
